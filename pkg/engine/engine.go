@@ -1,0 +1,135 @@
+// Package engine is the capability matrix of the inference engines the gateway
+// speaks to, kept as data so that rule validation, the capability API, the
+// KV-event ingesters and the P/D dispatcher all read one table instead of
+// repeating engine switches.
+package engine
+
+import "sort"
+
+// Name identifies an engine contract, as spelled in the rule field kvEngineType.
+type Name string
+
+// The engines the gateway knows. The empty string on the wire means VLLM.
+const (
+	VLLM     Name = "vllm"
+	SGLang   Name = "sglang"
+	TRTLLM   Name = "trtllm"
+	LlamaCpp Name = "llamacpp"
+)
+
+// Default is the engine a rule gets when kvEngineType is omitted.
+const Default = VLLM
+
+// Hash algorithm names as spelled in the rule field kvHashAlgo.
+const (
+	AlgoSHA256CBOR      = "sha256_cbor"
+	AlgoXXHashCBOR      = "xxhash_cbor"
+	AlgoSHA256SGLang    = "sha256_sglang"
+	AlgoBlockHashTRTLLM = "blockhash_trtllm"
+)
+
+// AllAlgos lists every hash algorithm a rule may name, in documentation order.
+var AllAlgos = []string{AlgoSHA256CBOR, AlgoXXHashCBOR, AlgoSHA256SGLang, AlgoBlockHashTRTLLM}
+
+// Transport says how an engine publishes its KV-cache events.
+type Transport string
+
+// Event transports.
+const (
+	TransportZMQ        Transport = "zmq"          // one PUB socket at kvZmqPort
+	TransportZMQPerRank Transport = "zmq_per_rank" // one PUB socket per DP rank at kvZmqPort+rank
+	TransportHTTPDrain  Transport = "http_drain"   // destructive POST /kv_cache_events on the serving port
+	TransportNone       Transport = "none"
+)
+
+// PDFlow says how an engine's prefill/decode disaggregation is driven.
+type PDFlow string
+
+// P/D request flows.
+const (
+	PDSequential     PDFlow = "sequential"         // vLLM: prefill, then decode with kv_transfer_params
+	PDConcurrentRoom PDFlow = "concurrent_room"    // SGLang: both legs at once sharing a bootstrap room
+	PDContextThenGen PDFlow = "context_generation" // TRT-LLM: context_only, then generation_only
+	PDNone           PDFlow = "none"
+)
+
+// Engine-independent limits and defaults of the rule fields.
+const (
+	DefaultZMQPort          = 5557
+	DefaultBootstrapPort    = 8998
+	MaxDPRanks              = 8
+	DefaultBlockSize        = 16
+	MaxVLLMSeedLen          = 23 // a one-byte CBOR text header: the gateway's limit, not vLLM's
+	DefaultReplayPortOffset = 1000
+)
+
+// Spec is one engine's row of the capability matrix.
+type Spec struct {
+	Name         Name
+	KVExact      bool      // the engine publishes a KV event feed the gateway can consume
+	PD           bool      // the gateway can drive this engine's P/D protocol
+	Algos        []string  // hash algorithms coherent with this engine
+	DefaultAlgo  string    // taken when kvHashAlgo is omitted
+	Transport    Transport // how KV events arrive
+	Flow         PDFlow
+	MultiRank    bool // kvDpRankCount > 1 is meaningful
+	SeedRequired bool // KV-exact needs LLB_KV_NONE_HASH_SEED (vLLM's PYTHONHASHSEED)
+}
+
+var matrix = map[Name]Spec{
+	VLLM: {Name: VLLM, KVExact: true, PD: true, Algos: []string{AlgoSHA256CBOR, AlgoXXHashCBOR},
+		DefaultAlgo: AlgoSHA256CBOR, Transport: TransportZMQ, Flow: PDSequential, MultiRank: true, SeedRequired: true},
+	SGLang: {Name: SGLang, KVExact: true, PD: true, Algos: []string{AlgoSHA256SGLang},
+		DefaultAlgo: AlgoSHA256SGLang, Transport: TransportZMQPerRank, Flow: PDConcurrentRoom, MultiRank: true},
+	TRTLLM: {Name: TRTLLM, KVExact: true, PD: true, Algos: []string{AlgoBlockHashTRTLLM},
+		DefaultAlgo: AlgoBlockHashTRTLLM, Transport: TransportHTTPDrain, Flow: PDContextThenGen},
+	LlamaCpp: {Name: LlamaCpp, Transport: TransportNone, Flow: PDNone},
+}
+
+// Lookup returns the row for name; the empty name is the default engine.
+func Lookup(name string) (Spec, bool) {
+	if name == "" {
+		name = string(Default)
+	}
+	s, ok := matrix[Name(name)]
+	return s, ok
+}
+
+// Names lists the known engines, sorted.
+func Names() []string {
+	out := make([]string, 0, len(matrix))
+	for n := range matrix {
+		out = append(out, string(n))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// All returns every row, sorted by name.
+func All() []Spec {
+	out := make([]Spec, 0, len(matrix))
+	for _, n := range Names() {
+		out = append(out, matrix[Name(n)])
+	}
+	return out
+}
+
+// AllowsAlgo reports whether algo is coherent with the engine.
+func (s Spec) AllowsAlgo(algo string) bool {
+	for _, a := range s.Algos {
+		if a == algo {
+			return true
+		}
+	}
+	return false
+}
+
+// KnownAlgo reports whether algo is any engine's hash algorithm.
+func KnownAlgo(algo string) bool {
+	for _, a := range AllAlgos {
+		if a == algo {
+			return true
+		}
+	}
+	return false
+}

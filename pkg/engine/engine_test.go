@@ -1,0 +1,33 @@
+package engine
+
+import "testing"
+
+func TestMatrixDefaults(t *testing.T) {
+	cases := map[string]string{"": AlgoSHA256CBOR, "vllm": AlgoSHA256CBOR, "sglang": AlgoSHA256SGLang, "trtllm": AlgoBlockHashTRTLLM}
+	for name, want := range cases {
+		s, ok := Lookup(name)
+		if !ok || s.DefaultAlgo != want {
+			t.Errorf("Lookup(%q) = %+v, %v; want default %s", name, s, ok, want)
+		}
+		if !s.AllowsAlgo(want) {
+			t.Errorf("%s does not allow its own default %s", name, want)
+		}
+	}
+	if s, _ := Lookup("llamacpp"); s.KVExact || s.PD {
+		t.Errorf("llamacpp must not offer KV-exact or P/D: %+v", s)
+	}
+	if _, ok := Lookup("tgi"); ok {
+		t.Error("unknown engine accepted")
+	}
+	if s, _ := Lookup("sglang"); s.AllowsAlgo(AlgoSHA256CBOR) {
+		t.Error("sglang must not accept a vLLM algorithm")
+	}
+	for _, a := range AllAlgos {
+		if !KnownAlgo(a) {
+			t.Errorf("KnownAlgo(%s) false", a)
+		}
+	}
+	if len(Names()) != 4 || len(All()) != 4 {
+		t.Errorf("Names=%v", Names())
+	}
+}
