@@ -1,0 +1,86 @@
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+func TestBoltSurvivesReopen(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id1, _ := s.NextID()
+	id2, _ := s.NextID()
+	if id1 != 1 || id2 != 2 {
+		t.Fatalf("ids %d %d", id1, id2)
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	rec := Record{ID: id1, Rule: json.RawMessage(`{"a":1}`), CreateBody: json.RawMessage(`{"raw":true}`), CreatedAt: now, UpdatedAt: now}
+	if err := s.Put(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(Record{ID: id2, Rule: json.RawMessage(`{"b":2}`), CreateBody: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(id2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(99); err != nil {
+		t.Fatal("deleting a missing id must not fail")
+	}
+	s.Close()
+
+	s, err = OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.List()
+	if err != nil || len(got) != 1 {
+		t.Fatalf("list %v %v", got, err)
+	}
+	if string(got[0].Rule) != `{"a":1}` || string(got[0].CreateBody) != `{"raw":true}` || !got[0].CreatedAt.Equal(now) {
+		t.Errorf("record changed across restart: %+v", got[0])
+	}
+	if id, _ := s.NextID(); id != 3 {
+		t.Errorf("ids reused after restart: %d", id)
+	}
+	if err := s.Put(Record{}); err == nil {
+		t.Error("id 0 accepted")
+	}
+}
+
+func TestBoltCorruptIsAnError(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "rules.db"), []byte("this is not a bolt file, just garbage bytes........"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := OpenBolt(dir)
+	if !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("want ErrCorrupt, got %v", err)
+	}
+}
+
+func TestBoltCorruptRecord(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A record whose body is not JSON, written behind Put's back.
+	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketRules).Put(be32(7), []byte("{not json")) }); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if _, err := OpenBolt(dir); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("want ErrCorrupt naming the record, got %v", err)
+	}
+}
