@@ -1,0 +1,120 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// normalizer transforms the plain text between added tokens before
+// pre-tokenization. Implementations must be safe for concurrent use.
+type normalizer interface {
+	normalize(s string) string
+}
+
+type normForm struct{ f norm.Form }
+
+func (n normForm) normalize(s string) string {
+	if n.f.IsNormalString(s) {
+		return s
+	}
+	return n.f.String(s)
+}
+
+type normSequence []normalizer
+
+func (q normSequence) normalize(s string) string {
+	for _, n := range q {
+		s = n.normalize(s)
+	}
+	return s
+}
+
+type normPrepend struct{ prefix string }
+
+func (p normPrepend) normalize(s string) string {
+	if s == "" {
+		return s
+	}
+	return p.prefix + s
+}
+
+type normReplace struct{ pattern, content string }
+
+func (r normReplace) normalize(s string) string { return strings.ReplaceAll(s, r.pattern, r.content) }
+
+type normLowercase struct{}
+
+func (normLowercase) normalize(s string) string { return strings.ToLower(s) }
+
+type rawNormalizer struct {
+	Type        string            `json:"type"`
+	Normalizers []json.RawMessage `json:"normalizers"`
+	Prepend     string            `json:"prepend"`
+	Pattern     *rawPattern       `json:"pattern"`
+	Content     string            `json:"content"`
+}
+
+type rawPattern struct {
+	String *string `json:"String"`
+	Regex  *string `json:"Regex"`
+}
+
+// parseNormalizer builds the normalizer described by tokenizer.json. A nil
+// result means "no normalization". Types that would change ids if ignored
+// are rejected rather than skipped.
+func parseNormalizer(raw json.RawMessage, depth int) (normalizer, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	if depth > 8 {
+		return nil, fmt.Errorf("normalizer nesting deeper than 8")
+	}
+	var r rawNormalizer
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, fmt.Errorf("normalizer: %w", err)
+	}
+	switch r.Type {
+	case "NFC":
+		return normForm{norm.NFC}, nil
+	case "NFD":
+		return normForm{norm.NFD}, nil
+	case "NFKC":
+		return normForm{norm.NFKC}, nil
+	case "NFKD":
+		return normForm{norm.NFKD}, nil
+	case "Lowercase":
+		return normLowercase{}, nil
+	case "Prepend":
+		return normPrepend{prefix: r.Prepend}, nil
+	case "Replace":
+		if r.Pattern == nil || r.Pattern.String == nil {
+			return nil, fmt.Errorf("normalizer Replace: only String patterns are supported")
+		}
+		if *r.Pattern.String == "" {
+			return nil, fmt.Errorf("normalizer Replace: empty pattern")
+		}
+		return normReplace{pattern: *r.Pattern.String, content: r.Content}, nil
+	case "Sequence":
+		var seq normSequence
+		for i, sub := range r.Normalizers {
+			n, err := parseNormalizer(sub, depth+1)
+			if err != nil {
+				return nil, fmt.Errorf("normalizer Sequence[%d]: %w", i, err)
+			}
+			if n != nil {
+				seq = append(seq, n)
+			}
+		}
+		if len(seq) == 0 {
+			return nil, nil
+		}
+		return seq, nil
+	case "":
+		return nil, fmt.Errorf("normalizer without type")
+	default:
+		return nil, fmt.Errorf("unsupported normalizer type %q", r.Type)
+	}
+}

@@ -1,0 +1,256 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+)
+
+// Tokenizer encodes text exactly as the HuggingFace Rust tokenizer does for
+// the same tokenizer.json, and renders chat prompts with the model's
+// chat_template. A Tokenizer is immutable after loading and safe for
+// concurrent use.
+type Tokenizer struct {
+	added      []AddedToken
+	rawMatch   *addedMatcher // added tokens with normalized=false: split before normalization
+	normMatch  *addedMatcher // added tokens with normalized=true: split after normalization
+	normalizer normalizer
+	pre        preTokenizer
+	model      *bpeModel
+	post       postProcessor
+	decoder    decoderKind
+	decodeTab  map[uint32][]byte
+	tokenToID  map[string]uint32 // vocab strings and added token contents, for lookups by text
+	specialIDs map[uint32]bool
+
+	cfg  Config
+	chat *chatTemplate // nil when tokenizer_config.json has no chat_template
+
+	pool sync.Pool // *encodeScratch
+}
+
+// Config is the subset of tokenizer_config.json the gateway needs.
+type Config struct {
+	ChatTemplate string // the default template; named templates are in ChatTemplates
+	// ChatTemplates holds named templates when chat_template is a list of
+	// {name, template} objects (e.g. "default", "tool_use").
+	ChatTemplates map[string]string
+	BOSToken      string
+	EOSToken      string
+	PADToken      string
+	UNKToken      string
+	AddBOSToken   *bool
+	AddEOSToken   *bool
+	TokenizerClass string
+}
+
+type encodeScratch struct {
+	segs   []segment
+	nsegs  []segment
+	pieces []string
+}
+
+// Load reads dir/tokenizer.json and, when present, dir/tokenizer_config.json.
+func Load(dir string) (*Tokenizer, error) {
+	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		return nil, fmt.Errorf("read tokenizer.json: %w", err)
+	}
+	cj, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("read tokenizer_config.json: %w", err)
+		}
+		cj = nil
+	}
+	t, err := LoadJSON(tj, cj)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	return t, nil
+}
+
+type rawTokenizer struct {
+	AddedTokens   []AddedToken    `json:"added_tokens"`
+	Normalizer    json.RawMessage `json:"normalizer"`
+	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
+	PostProcessor json.RawMessage `json:"post_processor"`
+	Decoder       json.RawMessage `json:"decoder"`
+	Model         json.RawMessage `json:"model"`
+}
+
+// LoadJSON builds a Tokenizer from the contents of tokenizer.json and,
+// optionally (nil is fine), tokenizer_config.json. Every construct that
+// would change token ids if ignored is either implemented or rejected with
+// an error naming it.
+func LoadJSON(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
+	var raw rawTokenizer
+	if err := json.Unmarshal(tokenizerJSON, &raw); err != nil {
+		return nil, fmt.Errorf("parse tokenizer.json: %w", err)
+	}
+	if len(raw.Model) == 0 || string(raw.Model) == "null" {
+		return nil, fmt.Errorf("tokenizer.json: missing model")
+	}
+	t := &Tokenizer{added: raw.AddedTokens, specialIDs: map[uint32]bool{}}
+	var err error
+	if t.normalizer, err = parseNormalizer(raw.Normalizer, 0); err != nil {
+		return nil, fmt.Errorf("tokenizer.json: %w", err)
+	}
+	var byteLevel bool
+	if t.pre, byteLevel, err = parsePreTokenizer(raw.PreTokenizer, 0); err != nil {
+		return nil, fmt.Errorf("tokenizer.json: %w", err)
+	}
+	if t.decoder, err = parseDecoder(raw.Decoder); err != nil {
+		return nil, fmt.Errorf("tokenizer.json: %w", err)
+	}
+	alpha := newByteLevelAlphabet()
+	model, idToToken, err := newBPEModel(raw.Model, byteLevel, alpha)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer.json: %w", err)
+	}
+	t.model = model
+	t.tokenToID = make(map[string]uint32, len(idToToken)+len(raw.AddedTokens))
+	for id, s := range idToToken {
+		t.tokenToID[s] = id
+	}
+	for i, a := range raw.AddedTokens {
+		if a.Content == "" {
+			return nil, fmt.Errorf("tokenizer.json: added_tokens[%d] (id %d) has empty content", i, a.ID)
+		}
+		idToToken[a.ID] = a.Content
+		t.tokenToID[a.Content] = a.ID
+		if a.Special {
+			t.specialIDs[a.ID] = true
+		}
+	}
+	t.rawMatch = newAddedMatcher(raw.AddedTokens, func(a AddedToken) bool { return !a.Normalized || t.normalizer == nil })
+	t.normMatch = newAddedMatcher(raw.AddedTokens, func(a AddedToken) bool { return a.Normalized && t.normalizer != nil })
+
+	t.decodeTab = make(map[uint32][]byte, len(idToToken))
+	for id, s := range idToToken {
+		t.decodeTab[id] = t.decoder.tokenBytes(s, alpha)
+	}
+	if t.post, err = parsePostProcessor(raw.PostProcessor, t.tokenToID, 0); err != nil {
+		return nil, fmt.Errorf("tokenizer.json: %w", err)
+	}
+	if len(tokenizerConfigJSON) > 0 {
+		if t.cfg, err = parseConfig(tokenizerConfigJSON); err != nil {
+			return nil, fmt.Errorf("tokenizer_config.json: %w", err)
+		}
+		if t.cfg.ChatTemplate != "" {
+			if t.chat, err = compileChatTemplate(t.cfg.ChatTemplate); err != nil {
+				return nil, fmt.Errorf("tokenizer_config.json: %w", err)
+			}
+		}
+	}
+	t.pool.New = func() any { return &encodeScratch{} }
+	return t, nil
+}
+
+// Config returns the parsed tokenizer_config.json fields.
+func (t *Tokenizer) Config() Config { return t.cfg }
+
+// HasChatTemplate reports whether tokenizer_config.json carried a chat template.
+func (t *Tokenizer) HasChatTemplate() bool { return t.chat != nil }
+
+// TokenID returns the id of a vocab entry or added token given its text as
+// written in tokenizer.json.
+func (t *Tokenizer) TokenID(token string) (uint32, bool) {
+	id, ok := t.tokenToID[token]
+	return id, ok
+}
+
+// IsSpecial reports whether id is an added token flagged special.
+func (t *Tokenizer) IsSpecial(id uint32) bool { return t.specialIDs[id] }
+
+// AddedTokens returns a copy of the added tokens, sorted by id.
+func (t *Tokenizer) AddedTokens() []AddedToken {
+	out := append([]AddedToken(nil), t.added...)
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Encode returns the token ids of text. With addSpecialTokens the
+// tokenizer.json post-processor (e.g. Llama-3's BOS template) is applied,
+// as HuggingFace's encode(text, add_special_tokens=True) does. Literal
+// special-token text such as "<|im_end|>" maps to the special id, as in
+// HuggingFace with the default split_special_tokens=False.
+func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
+	return t.AppendEncode(make([]uint32, 0, len(text)/3+4), text, addSpecialTokens)
+}
+
+// AppendEncode is Encode appending to dst, for callers that reuse buffers.
+func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens bool) []uint32 {
+	if !addSpecialTokens || t.post == nil {
+		return t.encodeBody(dst, text)
+	}
+	return t.post.apply(dst, func(d []uint32) []uint32 { return t.encodeBody(d, text) })
+}
+
+func (t *Tokenizer) encodeBody(dst []uint32, text string) []uint32 {
+	sc := t.pool.Get().(*encodeScratch)
+	defer t.pool.Put(sc)
+	sc.segs = t.rawMatch.split(sc.segs[:0], t.added, text, 0, len(text))
+	for _, seg := range sc.segs {
+		if seg.added {
+			dst = append(dst, seg.id)
+			continue
+		}
+		s := text[seg.start:seg.end]
+		if t.normalizer == nil {
+			dst = t.encodePlain(dst, sc, s)
+			continue
+		}
+		s = t.normalizer.normalize(s)
+		sc.nsegs = t.normMatch.split(sc.nsegs[:0], t.added, s, 0, len(s))
+		for _, ns := range sc.nsegs {
+			if ns.added {
+				dst = append(dst, ns.id)
+				continue
+			}
+			dst = t.encodePlain(dst, sc, s[ns.start:ns.end])
+		}
+	}
+	return dst
+}
+
+func (t *Tokenizer) encodePlain(dst []uint32, sc *encodeScratch, s string) []uint32 {
+	if s == "" {
+		return dst
+	}
+	if t.pre == nil {
+		return t.model.encodeWord(dst, s)
+	}
+	sc.pieces = t.pre.split(sc.pieces[:0], s)
+	for _, p := range sc.pieces {
+		dst = t.model.encodeWord(dst, p)
+	}
+	clear(sc.pieces) // drop references to the input text
+	return dst
+}
+
+// Decode turns ids back into text, keeping special tokens, as HuggingFace
+// decode(ids, skip_special_tokens=False). Unknown ids are skipped.
+func (t *Tokenizer) Decode(ids []uint32) string {
+	return t.decode(ids, false)
+}
+
+// DecodeSkipSpecial is Decode with skip_special_tokens=True.
+func (t *Tokenizer) DecodeSkipSpecial(ids []uint32) string {
+	return t.decode(ids, true)
+}
+
+func (t *Tokenizer) decode(ids []uint32, skipSpecial bool) string {
+	var raw []byte
+	for _, id := range ids {
+		if skipSpecial && t.specialIDs[id] {
+			continue
+		}
+		raw = append(raw, t.decodeTab[id]...)
+	}
+	return t.decoder.finish(raw)
+}
