@@ -38,13 +38,13 @@ type Config struct {
 	ChatTemplate string // the default template; named templates are in ChatTemplates
 	// ChatTemplates holds named templates when chat_template is a list of
 	// {name, template} objects (e.g. "default", "tool_use").
-	ChatTemplates map[string]string
-	BOSToken      string
-	EOSToken      string
-	PADToken      string
-	UNKToken      string
-	AddBOSToken   *bool
-	AddEOSToken   *bool
+	ChatTemplates  map[string]string
+	BOSToken       string
+	EOSToken       string
+	PADToken       string
+	UNKToken       string
+	AddBOSToken    *bool
+	AddEOSToken    *bool
 	TokenizerClass string
 }
 
