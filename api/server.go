@@ -1,0 +1,361 @@
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+)
+
+//go:embed openapi.json
+var openAPIDoc []byte
+
+// OpenAPI returns the embedded OpenAPI document.
+func OpenAPI() []byte { return openAPIDoc }
+
+// Rules is the rule table the API drives (*control.Controller).
+type Rules interface {
+	Create(ctx context.Context, body []byte) (control.Service, bool, error)
+	Delete(ctx context.Context, k lbrule.Key) error
+	DeleteByName(ctx context.Context, name string) (int, error)
+	List() []control.Service
+	Get(id uint32) (control.Service, bool)
+}
+
+// CapabilitySource lists capability entries; it must be cheap and never fail.
+type CapabilitySource func() []Capability
+
+// EndpointStates reports an endpoint's health for read-back ("active" or
+// "inactive"); empty when the endpoint is not monitored.
+type EndpointStates func(service uint32, ep int) string
+
+// KVInspector exposes the live inventories and their ingestion state.
+type KVInspector interface {
+	// Snapshot returns up to limit block keys and the total held.
+	Snapshot(service uint32, ep int, limit int) (blocks []uint64, total int)
+	// Subscriber returns the ingestion state of one endpoint (JSON-ready).
+	Subscriber(service uint32, ep int) (any, bool)
+}
+
+// Config configures the server.
+type Config struct {
+	Addr            string // listen address, default 127.0.0.1:11111
+	Token           string // bearer token; empty disables authentication
+	TLSCert, TLSKey string // serve HTTPS when both are set
+	MetricsEnabled  bool   // initial state of the metrics export
+	Version         string
+}
+
+// Deps are the server's collaborators. Rules is required.
+type Deps struct {
+	Rules        Rules
+	Capabilities CapabilitySource
+	States       EndpointStates
+	KV           KVInspector
+	Gatherer     prometheus.Gatherer
+	Logger       *slog.Logger
+}
+
+// Server is the management REST server.
+type Server struct {
+	cfg     Config
+	deps    Deps
+	engine  *gin.Engine
+	metrics atomic.Bool
+	http    *http.Server
+}
+
+// ErrInsecureBind: a non-loopback management address needs a token.
+var ErrInsecureBind = errors.New("refusing to serve the management API on a non-loopback address without a bearer token (set --api-token-file)")
+
+// New validates the configuration and builds the routes.
+func New(cfg Config, deps Deps) (*Server, error) {
+	if deps.Rules == nil {
+		return nil, errors.New("api: Rules is required")
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:11111"
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.Default()
+	}
+	if cfg.Token == "" && !loopbackAddr(cfg.Addr) {
+		return nil, fmt.Errorf("%w: %s", ErrInsecureBind, cfg.Addr)
+	}
+	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
+		return nil, errors.New("api: --tls-cert and --tls-key go together")
+	}
+	gin.SetMode(gin.ReleaseMode)
+	s := &Server{cfg: cfg, deps: deps, engine: gin.New()}
+	s.metrics.Store(cfg.MetricsEnabled)
+	s.routes()
+	return s, nil
+}
+
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Handler exposes the routes (for tests and embedding).
+func (s *Server) Handler() http.Handler { return s.engine }
+
+// Serve listens on ln until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	s.http = &http.Server{Handler: s.engine, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	errc := make(chan error, 1)
+	go func() {
+		if s.cfg.TLSCert != "" {
+			errc <- s.http.ServeTLS(ln, s.cfg.TLSCert, s.cfg.TLSKey)
+		} else {
+			errc <- s.http.Serve(ln)
+		}
+	}()
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.http.Shutdown(sctx)
+		return nil
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return err
+	}
+}
+
+func (s *Server) routes() {
+	e := s.engine
+	e.Use(gin.Recovery(), s.logRequests, s.auth)
+	e.NoRoute(func(c *gin.Context) {
+		s.fail(c, fmt.Errorf("%w: no route %s %s", errNotFound, c.Request.Method, c.Request.URL.Path))
+	})
+	e.HandleMethodNotAllowed = true
+	e.NoMethod(func(c *gin.Context) {
+		c.JSON(http.StatusMethodNotAllowed, ErrorBody{Code: http.StatusMethodNotAllowed, Message: "method " + c.Request.Method + " not allowed on " + c.Request.URL.Path})
+	})
+	g := e.Group(BasePath)
+	g.POST("/config/loadbalancer", s.createLB)
+	g.GET("/config/loadbalancer/all", s.listLB)
+	g.DELETE("/config/loadbalancer/externalipaddress/:ip/port/:port/protocol/:proto", s.deleteLB)
+	g.DELETE("/config/loadbalancer/name/:name", s.deleteLBByName)
+	g.GET("/status/capabilities", s.capabilities)
+	g.GET("/config/metrics", s.metricsState)
+	g.POST("/config/metrics", s.metricsSet(true))
+	g.DELETE("/config/metrics", s.metricsSet(false))
+	g.GET("/metrics", s.metricsExport)
+	g.GET("/config/ai/kv/inventory", s.inventory)
+	g.GET("/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", openAPIDoc) })
+	g.GET("/version", func(c *gin.Context) { c.JSON(http.StatusOK, Version{Version: s.cfg.Version}) })
+}
+
+func (s *Server) logRequests(c *gin.Context) {
+	start := time.Now()
+	c.Next()
+	s.deps.Logger.Debug("api", "method", c.Request.Method, "path", c.Request.URL.Path, "status", c.Writer.Status(), "dur", time.Since(start))
+}
+
+// auth enforces the bearer token on every route when one is configured.
+// The comparison is constant-time so the token cannot be guessed by timing.
+func (s *Server) auth(c *gin.Context) {
+	if s.cfg.Token == "" {
+		return
+	}
+	h := c.GetHeader("Authorization")
+	tok, ok := strings.CutPrefix(h, "Bearer ")
+	if h == "" || !ok {
+		c.Header("WWW-Authenticate", `Bearer realm="loxilb"`)
+		s.fail(c, errUnauthorized)
+		c.Abort()
+		return
+	}
+	if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(s.cfg.Token)) != 1 {
+		s.fail(c, errForbidden)
+		c.Abort()
+	}
+}
+
+func (s *Server) fail(c *gin.Context, err error) {
+	b := errorBody(err)
+	if b.Code >= 500 {
+		s.deps.Logger.Error("api request failed", "path", c.Request.URL.Path, "err", err)
+	}
+	c.JSON(b.Code, b)
+}
+
+func (s *Server) createLB(c *gin.Context) {
+	body, err := io.ReadAll(io.LimitReader(c.Request.Body, lbrule.MaxBodyBytes+1))
+	if err != nil {
+		s.fail(c, fmt.Errorf("%w: read body: %v", errBadRequest, err))
+		return
+	}
+	svc, created, err := s.deps.Rules.Create(c.Request.Context(), body)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, ResultBody{Result: "Success", ServiceID: svc.ID, Created: &created})
+}
+
+func (s *Server) listLB(c *gin.Context) {
+	out := LBList{LBAttr: []lbrule.Rule{}}
+	for _, svc := range s.deps.Rules.List() {
+		r := svc.Rule.Clone()
+		r.ServiceID = svc.ID
+		if s.deps.States != nil {
+			for i := range r.Endpoints {
+				r.Endpoints[i].State = s.deps.States(svc.ID, i)
+			}
+		}
+		out.LBAttr = append(out.LBAttr, *r)
+	}
+	c.JSON(http.StatusOK, out)
+}
+
+func (s *Server) deleteLB(c *gin.Context) {
+	port, err := strconv.Atoi(c.Param("port"))
+	if err != nil || port < 0 || port > 65535 {
+		s.fail(c, fmt.Errorf("%w: port %q is not a number in 0..65535", errBadRequest, c.Param("port")))
+		return
+	}
+	ip := net.ParseIP(c.Param("ip"))
+	if ip == nil {
+		s.fail(c, fmt.Errorf("%w: %q is not an IP address", errBadRequest, c.Param("ip")))
+		return
+	}
+	block := 0
+	if b := c.Query("block"); b != "" {
+		if block, err = strconv.Atoi(b); err != nil {
+			s.fail(c, fmt.Errorf("%w: block %q is not a number", errBadRequest, b))
+			return
+		}
+	}
+	k := lbrule.Key{IP: canonical(ip), Port: port, Proto: strings.ToLower(c.Param("proto")), Block: block}
+	if err := s.deps.Rules.Delete(c.Request.Context(), k); err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, ResultBody{Result: "Success", Deleted: 1})
+}
+
+func canonical(ip net.IP) string {
+	if v4 := ip.To4(); v4 != nil {
+		return v4.String()
+	}
+	return ip.String()
+}
+
+func (s *Server) deleteLBByName(c *gin.Context) {
+	n, err := s.deps.Rules.DeleteByName(c.Request.Context(), c.Param("name"))
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, ResultBody{Result: "Success", Deleted: n})
+}
+
+func (s *Server) capabilities(c *gin.Context) {
+	out := Capabilities{Capabilities: []Capability{}}
+	if s.deps.Capabilities != nil {
+		out.Capabilities = append(out.Capabilities, s.deps.Capabilities()...)
+	}
+	c.JSON(http.StatusOK, out)
+}
+
+func (s *Server) metricsState(c *gin.Context) {
+	c.JSON(http.StatusOK, MetricsState{Enabled: s.metrics.Load()})
+}
+
+func (s *Server) metricsSet(on bool) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		s.metrics.Store(on)
+		s.deps.Logger.Info("metrics export", "enabled", on)
+		c.JSON(http.StatusOK, MetricsState{Enabled: on})
+	}
+}
+
+func (s *Server) metricsExport(c *gin.Context) {
+	if !s.metrics.Load() {
+		s.fail(c, fmt.Errorf("%w: metrics export is disabled: POST %s/config/metrics to enable it", errUnavailable, BasePath))
+		return
+	}
+	if s.deps.Gatherer == nil {
+		s.fail(c, fmt.Errorf("%w: no metrics registry", errUnavailable))
+		return
+	}
+	promhttp.HandlerFor(s.deps.Gatherer, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}).ServeHTTP(c.Writer, c.Request)
+}
+
+// DefaultInventoryLimit bounds an inventory reply unless ?limit= says otherwise.
+const (
+	DefaultInventoryLimit = 1000
+	MaxInventoryLimit     = 100000
+)
+
+func (s *Server) inventory(c *gin.Context) {
+	sid, err := strconv.ParseUint(c.Query("service_id"), 10, 32)
+	if err != nil {
+		s.fail(c, fmt.Errorf("%w: service_id is required and must be a uint32 (got %q)", errBadRequest, c.Query("service_id")))
+		return
+	}
+	ep, err := strconv.Atoi(c.Query("ep_idx"))
+	if err != nil || ep < 0 {
+		s.fail(c, fmt.Errorf("%w: ep_idx is required and must be a non-negative integer (got %q)", errBadRequest, c.Query("ep_idx")))
+		return
+	}
+	limit := DefaultInventoryLimit
+	if l := c.Query("limit"); l != "" {
+		if limit, err = strconv.Atoi(l); err != nil || limit < 0 || limit > MaxInventoryLimit {
+			s.fail(c, fmt.Errorf("%w: limit must be within 0..%d (got %q)", errBadRequest, MaxInventoryLimit, l))
+			return
+		}
+	}
+	svc, ok := s.deps.Rules.Get(uint32(sid))
+	if !ok {
+		s.fail(c, fmt.Errorf("%w: no service %d", errNotFound, sid))
+		return
+	}
+	if ep >= len(svc.Rule.Endpoints) {
+		s.fail(c, fmt.Errorf("%w: service %d has %d endpoints; ep_idx %d does not exist", errNotFound, sid, len(svc.Rule.Endpoints), ep))
+		return
+	}
+	if s.deps.KV == nil {
+		s.fail(c, fmt.Errorf("%w: KV inventory is not running", errUnavailable))
+		return
+	}
+	keys, total := s.deps.KV.Snapshot(uint32(sid), ep, limit)
+	epr := svc.Rule.Endpoints[ep]
+	out := Inventory{ServiceID: uint32(sid), EPIdx: ep, Endpoint: net.JoinHostPort(epr.IP, strconv.Itoa(epr.Port)),
+		HashAlgo: svc.Rule.Service.KVHashAlgo, Blocks: make([]InventoryBlock, 0, len(keys)), Total: total, Limit: limit, Truncated: total > len(keys)}
+	for i, k := range keys {
+		out.Blocks = append(out.Blocks, InventoryBlock{BlockIdx: i, Hash: k})
+	}
+	if st, ok := s.deps.KV.Subscriber(uint32(sid), ep); ok {
+		out.Subscriber = st
+	}
+	c.JSON(http.StatusOK, out)
+}

@@ -1,0 +1,75 @@
+package api
+
+import (
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+)
+
+// BasePath prefixes every route.
+const BasePath = "/netlox/v1"
+
+// ErrorBody is the stable shape of every error response.
+type ErrorBody struct {
+	Code       int    `json:"code"`
+	Message    string `json:"message"`
+	Field      string `json:"field,omitempty"`
+	ReasonCode string `json:"reason_code,omitempty"`
+}
+
+// ResultBody answers successful changes, as loxilb does.
+type ResultBody struct {
+	Result    string `json:"result"`
+	ServiceID uint32 `json:"serviceID,omitempty"`
+	Created   *bool  `json:"created,omitempty"`
+	Deleted   int    `json:"deleted,omitempty"`
+}
+
+// LBList is the body of GET /config/loadbalancer/all.
+type LBList struct {
+	LBAttr []lbrule.Rule `json:"lbAttr"`
+}
+
+// Capability is one entry of GET /status/capabilities. Clients must ignore
+// names they do not know.
+type Capability struct {
+	Name       string `json:"name"`
+	Ready      bool   `json:"ready"`
+	ReasonCode string `json:"reason_code,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+}
+
+// Capabilities is the body of GET /status/capabilities.
+type Capabilities struct {
+	Capabilities []Capability `json:"capabilities"`
+}
+
+// MetricsState is the body of GET/POST/DELETE /config/metrics.
+type MetricsState struct {
+	Enabled bool `json:"enabled"`
+}
+
+// InventoryBlock is one block of an endpoint's KV inventory. BlockIdx is a
+// synthetic index in listing order, not a position in any prompt.
+type InventoryBlock struct {
+	BlockIdx int    `json:"block_idx"`
+	Hash     uint64 `json:"hash_uint64"`
+}
+
+// Inventory is the body of GET /config/ai/kv/inventory.
+type Inventory struct {
+	ServiceID uint32           `json:"service_id"`
+	EPIdx     int              `json:"ep_idx"`
+	Endpoint  string           `json:"endpoint"`
+	HashAlgo  string           `json:"hash_algo"`
+	Blocks    []InventoryBlock `json:"blocks"`
+	Total     int              `json:"total"`
+	Limit     int              `json:"limit"`
+	Truncated bool             `json:"truncated"`
+	// Subscriber carries the ingestion state: connection, sequence numbers,
+	// gaps, replays, resets, decode errors and the parity verdict.
+	Subscriber any `json:"subscriber,omitempty"`
+}
+
+// Version is the body of GET /version.
+type Version struct {
+	Version string `json:"version"`
+}
