@@ -118,6 +118,9 @@ type Endpoint struct {
 
 // Rule is one load-balancer rule: the body of POST /config/loadbalancer.
 type Rule struct {
+	// ServiceID is read-back only (the numeric service_id of the inventory
+	// API and metric labels); ignored on input so read-back bodies re-post.
+	ServiceID uint32      `json:"serviceID,omitempty"`
 	Service   ServiceArgs `json:"serviceArguments"`
 	Endpoints []Endpoint  `json:"endpoints"`
 }

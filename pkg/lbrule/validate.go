@@ -35,6 +35,7 @@ func SeedPrecondition(env LookupEnv) *RuleError {
 // default applied. All semantic checks of a rule live here.
 func Prepare(in *Rule, env LookupEnv) (*Rule, error) {
 	r := in.Clone()
+	r.ServiceID = 0
 	if err := validateService(r); err != nil {
 		return nil, err
 	}
