@@ -1,0 +1,213 @@
+package enginesim
+
+import (
+	"container/list"
+	"sort"
+)
+
+// cachedBlock is one resident KV block. A block with refs > 0 belongs to a
+// running request and cannot be evicted; unreferenced blocks sit in the LRU.
+type cachedBlock struct {
+	key          uint64
+	digest       []byte
+	parent       uint64
+	hasParent    bool
+	parentDigest []byte
+	refs         int
+	elem         *list.Element // in lru while refs == 0
+	dead         bool          // removed by eviction or a clear; late releases ignore it
+}
+
+// blockCache is one rank's prefix cache: a fixed pool of blocks with LRU
+// eviction of unreferenced blocks. It is not safe for concurrent use; the
+// owning rank serialises access.
+type blockCache struct {
+	capacity  int
+	blockSize int
+	perBlock  bool // SGLang publishes one event per page
+	blocks    map[uint64]*cachedBlock
+	lru       *list.List // front = most recently released
+
+	evictions uint64
+	dropped   uint64 // blocks that could not be cached because the pool was pinned
+}
+
+func newBlockCache(capacity, blockSize int, perBlock bool) *blockCache {
+	return &blockCache{capacity: capacity, blockSize: blockSize, perBlock: perBlock,
+		blocks: make(map[uint64]*cachedBlock), lru: list.New()}
+}
+
+// match returns how many leading blocks of hbs (at most limit) are resident.
+func (c *blockCache) match(hbs []hashedBlock, limit int) int {
+	if limit > len(hbs) {
+		limit = len(hbs)
+	}
+	n := 0
+	for n < limit {
+		if _, ok := c.blocks[hbs[n].key]; !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+func (c *blockCache) ref(b *cachedBlock) {
+	if b.refs == 0 && b.elem != nil {
+		c.lru.Remove(b.elem)
+		b.elem = nil
+	}
+	b.refs++
+}
+
+// acquire pins the first n blocks of hbs, which match reported as resident.
+func (c *blockCache) acquire(hbs []hashedBlock, n int) []*cachedBlock {
+	out := make([]*cachedBlock, 0, len(hbs))
+	for i := 0; i < n; i++ {
+		b, ok := c.blocks[hbs[i].key]
+		if !ok {
+			break
+		}
+		c.ref(b)
+		out = append(out, b)
+	}
+	return out
+}
+
+// insert makes every block of hbs resident and pinned, evicting the least
+// recently used unreferenced blocks when the pool is full. It returns the
+// pinned blocks (to release later) and the events describing the change:
+// removals first (they happen at allocation), then the stored runs. When the
+// pool is entirely pinned the remaining blocks are not cached, as in an
+// engine that cannot allocate.
+func (c *blockCache) insert(hbs []hashedBlock, held []*cachedBlock) ([]*cachedBlock, []kvEvent) {
+	var removed []uint64
+	type run struct{ from, to int }
+	var runs []run
+	have := make(map[*cachedBlock]bool, len(held))
+	for _, b := range held {
+		have[b] = true
+	}
+	for i := range hbs {
+		hb := &hbs[i]
+		if b, ok := c.blocks[hb.key]; ok {
+			if !have[b] {
+				c.ref(b)
+				held = append(held, b)
+				have[b] = true
+			}
+			continue
+		}
+		if len(c.blocks) >= c.capacity {
+			back := c.lru.Back()
+			if back == nil {
+				c.dropped += uint64(len(hbs) - i)
+				break
+			}
+			victim := back.Value.(*cachedBlock)
+			c.lru.Remove(back)
+			victim.elem = nil
+			victim.dead = true
+			delete(c.blocks, victim.key)
+			c.evictions++
+			removed = append(removed, victim.key)
+		}
+		b := &cachedBlock{key: hb.key, digest: hb.digest, refs: 1}
+		if i > 0 {
+			b.hasParent = true
+			b.parent = hbs[i-1].key
+			b.parentDigest = hbs[i-1].digest
+		}
+		c.blocks[hb.key] = b
+		held = append(held, b)
+		have[b] = true
+		if n := len(runs); n > 0 && runs[n-1].to == i {
+			runs[n-1].to = i + 1
+		} else {
+			runs = append(runs, run{i, i + 1})
+		}
+	}
+	var evs []kvEvent
+	if len(removed) > 0 {
+		if c.perBlock {
+			for _, k := range removed {
+				evs = append(evs, kvEvent{kind: evRemoved, keys: []uint64{k}})
+			}
+		} else {
+			evs = append(evs, kvEvent{kind: evRemoved, keys: removed})
+		}
+	}
+	for _, r := range runs {
+		step := r.to - r.from
+		if c.perBlock {
+			step = 1
+		}
+		for s := r.from; s < r.to; s += step {
+			evs = append(evs, storedEvent(hbs, s, s+step, c.blockSize))
+		}
+	}
+	return held, evs
+}
+
+func storedEvent(hbs []hashedBlock, from, to, blockSize int) kvEvent {
+	e := kvEvent{kind: evStored, blockSize: blockSize}
+	for i := from; i < to; i++ {
+		e.keys = append(e.keys, hbs[i].key)
+		e.digests = append(e.digests, hbs[i].digest)
+		e.tokens = append(e.tokens, hbs[i].tokens...)
+	}
+	if from > 0 {
+		e.hasParent = true
+		e.parent = hbs[from-1].key
+		e.parentDigest = hbs[from-1].digest
+	}
+	return e
+}
+
+// release unpins blocks; the last release makes a block evictable. Blocks
+// are pushed tail first so that the deepest block of a prefix is evicted
+// before its parents, as engines free a request's blocks in reverse order.
+func (c *blockCache) release(held []*cachedBlock) {
+	for i := len(held) - 1; i >= 0; i-- {
+		b := held[i]
+		if b.dead || b.refs == 0 {
+			continue
+		}
+		b.refs--
+		if b.refs == 0 {
+			b.elem = c.lru.PushFront(b)
+		}
+	}
+}
+
+// clear drops every block (engine reset); pinned blocks are orphaned and
+// their later release is ignored.
+func (c *blockCache) clear() {
+	for _, b := range c.blocks {
+		b.dead = true
+		b.elem = nil
+	}
+	c.blocks = make(map[uint64]*cachedBlock)
+	c.lru.Init()
+}
+
+// BlockInfo describes one resident block in /sim/cache.
+type BlockInfo struct {
+	Hash      uint64  `json:"hash"`
+	Parent    *uint64 `json:"parent"`
+	Refs      int     `json:"refs"`
+}
+
+func (c *blockCache) snapshot() []BlockInfo {
+	out := make([]BlockInfo, 0, len(c.blocks))
+	for _, b := range c.blocks {
+		bi := BlockInfo{Hash: b.key, Refs: b.refs}
+		if b.hasParent {
+			p := b.parent
+			bi.Parent = &p
+		}
+		out = append(out, bi)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Hash < out[j].Hash })
+	return out
+}

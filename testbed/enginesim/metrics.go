@@ -1,0 +1,66 @@
+package enginesim
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// registerMetrics exposes the load and cache gauges under the engine's own
+// metric names, which is what gateways scrape.
+func (e *Engine) registerMetrics(reg prometheus.Registerer) error {
+	labels := prometheus.Labels{"model_name": e.cfg.Model}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, f)
+	}
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, f)
+	}
+	running := func() float64 { return float64(e.sched.running.Load()) }
+	waiting := func() float64 { return float64(e.sched.waiting.Load()) }
+	hitRate := func() float64 {
+		q := e.promptTok.Load()
+		if q == 0 {
+			return 0
+		}
+		return float64(e.hitTok.Load()) / float64(q)
+	}
+	var cs []prometheus.Collector
+	switch e.cfg.Engine {
+	case EngineVLLM:
+		labels["engine"] = "0"
+		cs = []prometheus.Collector{
+			gauge("vllm:num_requests_running", "Number of requests in model execution batches.", running),
+			gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting),
+			gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.kvUsage),
+			gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage (older name). 1 means 100 percent usage.", e.kvUsage),
+			counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
+				func() float64 { return float64(e.promptTok.Load()) }),
+			counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
+				func() float64 { return float64(e.hitTok.Load()) }),
+		}
+	case EngineSGLang:
+		cs = []prometheus.Collector{
+			gauge("sglang:num_running_reqs", "The number of running requests.", running),
+			gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", waiting),
+			gauge("sglang:token_usage", "The token usage.", e.kvUsage),
+			gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", hitRate),
+		}
+	case EngineLlamaCpp:
+		cs = []prometheus.Collector{
+			gauge("llamacpp:requests_processing", "Number of requests processing.", running),
+			gauge("llamacpp:requests_deferred", "Number of requests deferred.", waiting),
+			gauge("llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.", e.kvUsage),
+		}
+	default:
+		cs = []prometheus.Collector{
+			gauge("trtllm:num_requests_running", "Number of running requests.", running),
+			gauge("trtllm:num_requests_waiting", "Number of waiting requests.", waiting),
+			gauge("trtllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.kvUsage),
+		}
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
