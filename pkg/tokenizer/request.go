@@ -1,0 +1,448 @@
+package tokenizer
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+)
+
+// Engine names accepted by EncodeRequest.
+const (
+	EngineVLLM     = "vllm"
+	EngineSGLang   = "sglang"
+	EngineTRTLLM   = "trtllm"
+	EngineLlamaCPP = "llamacpp"
+)
+
+// Request kinds.
+const (
+	KindCompletions = "completions"
+	KindChat        = "chat"
+)
+
+// API paths EncodeRequest understands.
+const (
+	PathCompletions     = "/v1/completions"
+	PathChatCompletions = "/v1/chat/completions"
+)
+
+// Sentinel errors of EncodeRequest; the returned errors wrap them with
+// detail. Callers map them to HTTP statuses with errors.Is.
+var (
+	ErrUnknownEngine   = errors.New("unknown engine")
+	ErrUnsupportedPath = errors.New("unsupported request path")
+	ErrBadRequest      = errors.New("malformed request body")
+)
+
+// RequestTokens is a request's prompt as the engine will see it.
+type RequestTokens struct {
+	// IDs are the prompt token ids, exactly as the engine computes them.
+	IDs []uint32
+	// Model is the request's "model" field.
+	Model string
+	// Kind is KindCompletions or KindChat.
+	Kind string
+	// Prompts is the number of prompts in a batched /v1/completions
+	// request; IDs are those of the first one (the engines run each prompt
+	// as its own sequence, and the first is what this request's routing
+	// keys on).
+	Prompts int
+	// Rendered is the chat template output (chat requests only).
+	Rendered string
+	// Unhashable is non-empty when the engine's block hashes for this
+	// request include more than the token ids (LoRA adapter, cache_salt,
+	// multimodal inputs, prompt embeddings, a request-supplied template).
+	// IDs are still filled in when they could be computed, but they must
+	// not be hashed as a plain request.
+	Unhashable string
+}
+
+// RequestOptions are per-deployment quirks of how an engine renders
+// prompts (model profile settings).
+type RequestOptions struct {
+	// CompletionsBOS makes SGLang /v1/completions prompts BOS + text
+	// encoded without the post-processor, unconditionally (a profile quirk
+	// some SGLang deployments need). Ignored for other engines.
+	CompletionsBOS bool
+}
+
+// EncodeRequest returns the prompt token ids of an OpenAI-style request
+// body for the given engine, as that engine computes them:
+//
+//   - /v1/completions: a prompt string is encoded with the tokenizer's
+//     post-processor (add_special_tokens=true; vLLM and TRT-LLM honour a
+//     request "add_special_tokens"); token ids are used as given; for a
+//     list of prompts the first one is used and Prompts says how many.
+//   - /v1/chat/completions: messages are rendered with the chat template
+//     (add_generation_prompt defaults to true; tools, documents,
+//     chat_template_kwargs and continue_final_message are honoured; request
+//     values keep their key order), then encoded without adding special
+//     tokens again (vLLM and TRT-LLM honour "add_special_tokens").
+//
+// Content parts are flattened for templates that expect string content:
+// text parts joined with "\n" (vLLM, TRT-LLM, llama.cpp) or " " (SGLang).
+func (t *Tokenizer) EncodeRequest(engine, path string, body []byte) (RequestTokens, error) {
+	return t.EncodeRequestWith(engine, path, body, RequestOptions{})
+}
+
+// chatRequest holds the fields of both request kinds that affect the prompt.
+type promptRequest struct {
+	Model                string          `json:"model"`
+	Prompt               json.RawMessage `json:"prompt"`
+	Messages             json.RawMessage `json:"messages"`
+	AddSpecialTokens     *bool           `json:"add_special_tokens"`
+	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+	ContinueFinalMessage bool            `json:"continue_final_message"`
+	Tools                json.RawMessage `json:"tools"`
+	Documents            json.RawMessage `json:"documents"`
+	ChatTemplate         json.RawMessage `json:"chat_template"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	CacheSalt            json.RawMessage `json:"cache_salt"`
+	PromptEmbeds         json.RawMessage `json:"prompt_embeds"`
+	LoRAPath             json.RawMessage `json:"lora_path"`
+	LoRAName             json.RawMessage `json:"lora_name"`
+	LoRARequest          json.RawMessage `json:"lora_request"`
+	MultiModalData       json.RawMessage `json:"multi_modal_data"`
+	ImageData            json.RawMessage `json:"image_data"`
+}
+
+// EncodeRequestWith is EncodeRequest with deployment quirks.
+func (t *Tokenizer) EncodeRequestWith(engine, path string, body []byte, opts RequestOptions) (RequestTokens, error) {
+	switch engine {
+	case EngineVLLM, EngineSGLang, EngineTRTLLM, EngineLlamaCPP:
+	default:
+		return RequestTokens{}, fmt.Errorf("%w %q (want vllm, sglang, trtllm or llamacpp)", ErrUnknownEngine, engine)
+	}
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	var kind string
+	switch strings.TrimSuffix(path, "/") {
+	case PathCompletions:
+		kind = KindCompletions
+	case PathChatCompletions:
+		kind = KindChat
+	default:
+		return RequestTokens{}, fmt.Errorf("%w %q (want %s or %s)", ErrUnsupportedPath, path, PathCompletions, PathChatCompletions)
+	}
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return RequestTokens{}, fmt.Errorf("%w: body is not a JSON object", ErrBadRequest)
+	}
+	var req promptRequest
+	if err := json.Unmarshal(trimmed, &req); err != nil {
+		return RequestTokens{}, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	out := RequestTokens{Model: req.Model, Kind: kind, Unhashable: unhashableReason(&req)}
+	var err error
+	if kind == KindCompletions {
+		err = t.encodeCompletions(&out, engine, &req, opts)
+	} else {
+		err = t.encodeChat(&out, engine, &req)
+	}
+	if err != nil {
+		return RequestTokens{}, err
+	}
+	return out, nil
+}
+
+func present(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
+
+// unhashableReason names request fields that make the engine's block hash
+// depend on more than token ids.
+func unhashableReason(r *promptRequest) string {
+	var reasons []string
+	if present(r.CacheSalt) {
+		reasons = append(reasons, "cache_salt")
+	}
+	if present(r.LoRAPath) || present(r.LoRAName) || present(r.LoRARequest) {
+		reasons = append(reasons, "LoRA adapter")
+	}
+	if present(r.PromptEmbeds) {
+		reasons = append(reasons, "prompt_embeds")
+	}
+	if present(r.MultiModalData) || present(r.ImageData) {
+		reasons = append(reasons, "multimodal input")
+	}
+	if present(r.ChatTemplate) {
+		reasons = append(reasons, "request-supplied chat_template")
+	}
+	if present(r.Messages) {
+		if part := firstNonTextPart(r.Messages); part != "" {
+			reasons = append(reasons, "multimodal content part "+part)
+		}
+	}
+	return strings.Join(reasons, ", ")
+}
+
+// firstNonTextPart returns the type of the first non-text content part in
+// messages, or "".
+func firstNonTextPart(messages json.RawMessage) string {
+	var msgs []struct {
+		Content json.RawMessage `json:"content"`
+	}
+	if json.Unmarshal(messages, &msgs) != nil {
+		return "" // reported as a malformed request by the renderer
+	}
+	for _, m := range msgs {
+		c := bytes.TrimSpace(m.Content)
+		if len(c) == 0 || c[0] != '[' {
+			continue
+		}
+		var parts []struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(c, &parts) != nil {
+			continue
+		}
+		for _, p := range parts {
+			if p.Type != "" && p.Type != "text" {
+				return p.Type
+			}
+		}
+	}
+	return ""
+}
+
+func (t *Tokenizer) encodeCompletions(out *RequestTokens, engine string, req *promptRequest, opts RequestOptions) error {
+	if !present(req.Prompt) {
+		if present(req.PromptEmbeds) {
+			out.Prompts = 1
+			return nil // nothing to encode; Unhashable already says why
+		}
+		return fmt.Errorf("%w: /v1/completions needs \"prompt\"", ErrBadRequest)
+	}
+	encode := func(text string) []uint32 {
+		switch engine {
+		case EngineSGLang:
+			if opts.CompletionsBOS {
+				var ids []uint32
+				if bos, ok := t.TokenID(t.cfg.BOSToken); ok && t.cfg.BOSToken != "" {
+					ids = append(ids, bos)
+				}
+				return t.AppendEncode(ids, text, false)
+			}
+			return t.Encode(text, true)
+		case EngineVLLM, EngineTRTLLM:
+			return t.Encode(text, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+		default:
+			return t.Encode(text, true)
+		}
+	}
+	p := bytes.TrimSpace(req.Prompt)
+	switch p[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(p, &s); err != nil {
+			return fmt.Errorf("%w: prompt: %v", ErrBadRequest, err)
+		}
+		out.IDs, out.Prompts = encode(s), 1
+		return nil
+	case '[':
+	default:
+		return fmt.Errorf("%w: prompt must be a string, a list of strings, or token ids", ErrBadRequest)
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(p, &items); err != nil {
+		return fmt.Errorf("%w: prompt: %v", ErrBadRequest, err)
+	}
+	if len(items) == 0 {
+		return fmt.Errorf("%w: prompt is an empty list", ErrBadRequest)
+	}
+	first := bytes.TrimSpace(items[0])
+	switch {
+	case len(first) > 0 && first[0] == '"':
+		// A batch of strings; all must be strings.
+		strs := make([]string, len(items))
+		for i, it := range items {
+			if err := json.Unmarshal(it, &strs[i]); err != nil {
+				return fmt.Errorf("%w: prompt[%d] must be a string like prompt[0]", ErrBadRequest, i)
+			}
+		}
+		out.IDs, out.Prompts = encode(strs[0]), len(strs)
+	case len(first) > 0 && first[0] == '[':
+		// A batch of token-id lists.
+		for i, it := range items {
+			ids, err := parseTokenIDs(it)
+			if err != nil {
+				return fmt.Errorf("%w: prompt[%d]: %v", ErrBadRequest, i, err)
+			}
+			if i == 0 {
+				out.IDs = ids
+			}
+		}
+		out.Prompts = len(items)
+	default:
+		ids, err := parseTokenIDs(p)
+		if err != nil {
+			return fmt.Errorf("%w: prompt: %v", ErrBadRequest, err)
+		}
+		out.IDs, out.Prompts = ids, 1
+	}
+	return nil
+}
+
+// parseTokenIDs reads a JSON list of token ids, which engines take as given.
+func parseTokenIDs(raw json.RawMessage) ([]uint32, error) {
+	var nums []json.Number
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if err := dec.Decode(&nums); err != nil {
+		return nil, fmt.Errorf("want a list of token ids: %v", err)
+	}
+	if len(nums) == 0 {
+		return nil, errors.New("empty token id list")
+	}
+	ids := make([]uint32, len(nums))
+	for i, n := range nums {
+		v, err := n.Int64()
+		if err != nil || v < 0 || v > math.MaxUint32 {
+			return nil, fmt.Errorf("token id %s at %d is not an integer in [0, %d]", n, i, uint32(math.MaxUint32))
+		}
+		ids[i] = uint32(v)
+	}
+	return ids, nil
+}
+
+func (t *Tokenizer) encodeChat(out *RequestTokens, engine string, req *promptRequest) error {
+	if !present(req.Messages) {
+		return fmt.Errorf("%w: /v1/chat/completions needs \"messages\"", ErrBadRequest)
+	}
+	messages := req.Messages
+	co := ChatOptions{
+		AddGenerationPrompt:  req.AddGenerationPrompt,
+		ContinueFinalMessage: req.ContinueFinalMessage,
+		Tools:                req.Tools,
+		Documents:            req.Documents,
+		Kwargs:               req.ChatTemplateKwargs,
+		ParseToolArguments:   true,
+	}
+	// All engines turn a null content (assistant tool-call turns) into "".
+	messages, err := nullContentToEmpty(messages)
+	if err != nil {
+		return fmt.Errorf("%w: messages: %v", ErrBadRequest, err)
+	}
+	addSpecial := false
+	switch engine {
+	case EngineSGLang:
+		// SGLang flattens text parts with a space and drops null-valued
+		// message keys before rendering.
+		co.PartSeparator = " "
+		if messages, err = dropNullKeys(messages); err != nil {
+			return fmt.Errorf("%w: messages: %v", ErrBadRequest, err)
+		}
+	case EngineVLLM, EngineTRTLLM:
+		addSpecial = req.AddSpecialTokens != nil && *req.AddSpecialTokens
+	}
+	rendered, err := t.RenderChatJSON(messages, co)
+	if err != nil {
+		if errors.Is(err, ErrNoChatTemplate) {
+			return fmt.Errorf("model %q: %w", req.Model, err)
+		}
+		return fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	out.Rendered = rendered
+	out.IDs = t.Encode(rendered, addSpecial)
+	out.Prompts = 1
+	return nil
+}
+
+// rewriteMessages applies f to each message object, keeping key order.
+func rewriteMessages(raw json.RawMessage, f func(keys []string, vals []json.RawMessage) ([]string, []json.RawMessage)) (json.RawMessage, error) {
+	var msgs []json.RawMessage
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		return nil, fmt.Errorf("want a JSON array: %v", err)
+	}
+	var buf bytes.Buffer
+	buf.WriteByte('[')
+	for i, m := range msgs {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		keys, vals, err := objectFields(m)
+		if err != nil {
+			return nil, fmt.Errorf("[%d]: %v", i, err)
+		}
+		keys, vals = f(keys, vals)
+		buf.WriteByte('{')
+		for j, k := range keys {
+			if j > 0 {
+				buf.WriteByte(',')
+			}
+			kb, _ := json.Marshal(k)
+			buf.Write(kb)
+			buf.WriteByte(':')
+			buf.Write(vals[j])
+		}
+		buf.WriteByte('}')
+	}
+	buf.WriteByte(']')
+	return buf.Bytes(), nil
+}
+
+// objectFields splits a JSON object into its keys and raw values in order.
+func objectFields(raw json.RawMessage) ([]string, []json.RawMessage, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	tok, err := dec.Token()
+	if err != nil || tok != json.Delim('{') {
+		return nil, nil, errors.New("want a JSON object")
+	}
+	var keys []string
+	var vals []json.RawMessage
+	for dec.More() {
+		kt, err := dec.Token()
+		if err != nil {
+			return nil, nil, err
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, nil, err
+		}
+		keys = append(keys, kt.(string))
+		vals = append(vals, v)
+	}
+	return keys, vals, nil
+}
+
+func dropNullKeys(raw json.RawMessage) (json.RawMessage, error) {
+	return rewriteMessages(raw, func(keys []string, vals []json.RawMessage) ([]string, []json.RawMessage) {
+		k2, v2 := keys[:0:0], vals[:0:0]
+		for i := range keys {
+			if string(bytes.TrimSpace(vals[i])) != "null" {
+				k2, v2 = append(k2, keys[i]), append(v2, vals[i])
+			}
+		}
+		return k2, v2
+	})
+}
+
+// nullContentToEmpty turns a null content (assistant tool-call turns) into
+// an empty string, as vLLM's message parser and SGLang's chat handler do.
+func nullContentToEmpty(raw json.RawMessage) (json.RawMessage, error) {
+	return rewriteMessages(raw, func(keys []string, vals []json.RawMessage) ([]string, []json.RawMessage) {
+		for i, k := range keys {
+			if k == "content" && string(bytes.TrimSpace(vals[i])) == "null" {
+				vals[i] = json.RawMessage(`""`)
+			}
+		}
+		return keys, vals
+	})
+}
+
+// RequestModel returns the "model" field of a request body, so a caller can
+// pick the tokenizer before encoding.
+func RequestModel(body []byte) (string, error) {
+	var req struct {
+		Model *string `json:"model"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return "", fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	if req.Model == nil || *req.Model == "" {
+		return "", fmt.Errorf("%w: missing \"model\"", ErrBadRequest)
+	}
+	return *req.Model, nil
+}
