@@ -1,0 +1,149 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/loxilb-llm/loxilb/pkg/selector"
+)
+
+// ErrConfig marks an invalid router setting; the message names the
+// environment variable or field.
+var ErrConfig = errors.New("invalid kv router setting")
+
+// Environment variables read by ConfigFromEnv. They are process-wide, as in
+// loxilb; change them with a staged workload test.
+const (
+	EnvMinMatchTokens = "LLB_KV_MIN_MATCH_TOKENS"
+	EnvSpillRelief    = "LOXILB_KV_SPILL_RELIEF"
+	EnvSpillMinLoad   = "LOXILB_KV_SPILL_MIN_LOAD"
+	EnvColdSeedN      = "LOXILB_KV_COLDSTART_SEED_N"
+	EnvColdMinBlocks  = "LOXILB_KV_COLDSTART_MIN_BLOCKS"
+	EnvZeroHitN       = "LOXILB_KV_ZERO_HIT_N"
+	EnvMeanLoadFactor = "LOXILB_KV_MEAN_LOAD_FACTOR"
+	EnvLoadPenalty    = "LOXILB_KV_LOAD_PENALTY"
+)
+
+// Config tunes the Tier-1.5 decision. Build it with DefaultConfig or
+// ConfigFromEnv; New validates it.
+type Config struct {
+	// MinMatchTokens skips KV routing when the longest cached prefix is
+	// shorter than this many tokens (rounded up to blocks, capped at the
+	// request's block count). 0 disables the guard. Range 0..4096, default 16.
+	MinMatchTokens int
+	// SpillRelief forces spill relief on or off for every rule; nil means on
+	// for kvExactMode 3 (single pool) and off for kvExactMode 1 (P/D).
+	SpillRelief *bool
+	// SpillMinLoad is the load (request-equivalents, see selector.Load) below
+	// which relief never moves a request: continuous batching absorbs a few
+	// concurrent requests almost for free, while a spill throws the cache hit
+	// away. loxilb has no such floor, so at low load its cap (1 when one
+	// request is in flight fleet-wide) spills the second request of any
+	// conversation. 0 restores that behaviour. Range 0..1000, default 2.
+	SpillMinLoad int
+	// ColdSeedN diverts every Nth Tier-1.5 hit of a service to its
+	// lowest-index cold endpoint while one exists. 0 disables. Default 16.
+	ColdSeedN int
+	// ColdMinBlocks: an endpoint whose inventory holds fewer blocks is cold.
+	// 0 means only an empty inventory is cold. Default 16.
+	ColdMinBlocks int
+	// ZeroHitN is the run of zero-overlap lookups against non-empty
+	// inventories that trips the watchdog. Range 1..1000000, default 50.
+	ZeroHitN int
+	// MeanLoadFactor (percent) sets the spill-relief cap:
+	// ceil(MeanLoadFactor/100 * (L+1)/n). Range 100..1000, default 175.
+	MeanLoadFactor int
+	// LoadPenalty is how many cached prefix tokens one request-equivalent of
+	// load is worth in the blend score. 0 makes the blend pure overlap (load
+	// only breaks ties). Range 0..100000, default 32.
+	LoadPenalty int
+	// LoadWeights convert engine metrics into load; zero means
+	// selector.DefaultLoadWeights.
+	LoadWeights selector.LoadWeights
+}
+
+// DefaultConfig returns the documented defaults.
+func DefaultConfig() Config {
+	return Config{
+		MinMatchTokens: 16,
+		SpillMinLoad:   2,
+		ColdSeedN:      16,
+		ColdMinBlocks:  16,
+		ZeroHitN:       50,
+		MeanLoadFactor: 175,
+		LoadPenalty:    32,
+		LoadWeights:    selector.DefaultLoadWeights,
+	}
+}
+
+// Validate checks every range and names the offending setting.
+func (c Config) Validate() error {
+	for _, r := range []struct {
+		name     string
+		v, lo, h int
+	}{
+		{EnvMinMatchTokens, c.MinMatchTokens, 0, 4096},
+		{EnvSpillMinLoad, c.SpillMinLoad, 0, 1000},
+		{EnvColdSeedN, c.ColdSeedN, 0, 1 << 30},
+		{EnvColdMinBlocks, c.ColdMinBlocks, 0, 1 << 30},
+		{EnvZeroHitN, c.ZeroHitN, 1, 1000000},
+		{EnvMeanLoadFactor, c.MeanLoadFactor, 100, 1000},
+		{EnvLoadPenalty, c.LoadPenalty, 0, 100000},
+	} {
+		if r.v < r.lo || r.v > r.h {
+			return fmt.Errorf("%w: %s=%d outside %d..%d", ErrConfig, r.name, r.v, r.lo, r.h)
+		}
+	}
+	if c.LoadWeights.Queue < 0 || c.LoadWeights.KV < 0 {
+		return fmt.Errorf("%w: negative load weights %+v", ErrConfig, c.LoadWeights)
+	}
+	return nil
+}
+
+// ConfigFromEnv reads the environment through getenv (os.Getenv in the
+// daemon, a map in tests). Unset or empty variables keep their defaults; a
+// malformed or out-of-range value is an error naming the variable, never a
+// silent default.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	c := DefaultConfig()
+	ints := []struct {
+		name string
+		dst  *int
+	}{
+		{EnvMinMatchTokens, &c.MinMatchTokens},
+		{EnvSpillMinLoad, &c.SpillMinLoad},
+		{EnvColdSeedN, &c.ColdSeedN},
+		{EnvColdMinBlocks, &c.ColdMinBlocks},
+		{EnvZeroHitN, &c.ZeroHitN},
+		{EnvMeanLoadFactor, &c.MeanLoadFactor},
+		{EnvLoadPenalty, &c.LoadPenalty},
+	}
+	for _, v := range ints {
+		s := strings.TrimSpace(getenv(v.name))
+		if s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return Config{}, fmt.Errorf("%w: %s=%q is not an integer", ErrConfig, v.name, s)
+		}
+		*v.dst = n
+	}
+	switch s := strings.ToLower(strings.TrimSpace(getenv(EnvSpillRelief))); s {
+	case "":
+	case "1", "true", "on", "yes":
+		on := true
+		c.SpillRelief = &on
+	case "0", "false", "off", "no":
+		off := false
+		c.SpillRelief = &off
+	default:
+		return Config{}, fmt.Errorf("%w: %s=%q, want on/off (1/0, true/false, yes/no) or unset", ErrConfig, EnvSpillRelief, s)
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}

@@ -1,0 +1,43 @@
+// Package router makes the Tier-1.5 decision of a mode-4 rule: which
+// endpoint already holds the longest prefix of the request in its KV cache,
+// tempered by load so one hot prefix cannot monopolise a worker, and with
+// every decision explainable.
+//
+// In: the request's block hashes (package blockhash, after tokenizing),
+// the rule's candidates with health (package health) and load (in-flight
+// requests counted by the proxy, engine metrics scraped from /metrics), the
+// rule's fallback selector (package selector), and an Inventory (package
+// kvindex, fed by the engines' KV events).
+// Out: a Decision naming the endpoint, the tier (tier1.5, spill, cold_seed,
+// fallback), matched/total blocks and a reason; Decision.Receipt formats it
+// for the X-Loxilb-Route response header and for logs.
+//
+// The algorithm is documented on Router.Decide. Compared with loxilb's
+// gateway it scores the longest consecutive prefix rather than an unordered
+// overlap count, blends overlap and load in one formula (score = cached
+// tokens − LoadPenalty·load) instead of switching between modes, breaks
+// every tie deterministically, never spills below a small absolute load
+// floor, and labels every metric by service and endpoint so two rules never
+// share a series.
+//
+// The router is pure logic: no HTTP, no goroutines. Its only state is per
+// service (cold-seed tick, zero-hit run) and is dropped by Forget.
+//
+// Settings come from the process environment (ConfigFromEnv):
+//
+//	LLB_KV_MIN_MATCH_TOKENS        16   0..4096, 0 = guard off
+//	LOXILB_KV_SPILL_RELIEF         unset = on for kvExactMode 3, off for 1; on/off forces
+//	LOXILB_KV_SPILL_MIN_LOAD       2    0..1000, relief floor in request-equivalents
+//	LOXILB_KV_COLDSTART_SEED_N     16   0 = seeding off
+//	LOXILB_KV_COLDSTART_MIN_BLOCKS 16   0 = only empty inventories are cold
+//	LOXILB_KV_ZERO_HIT_N           50   1..1000000
+//	LOXILB_KV_MEAN_LOAD_FACTOR     175  100..1000 (percent)
+//	LOXILB_KV_LOAD_PENALTY         32   0..100000 (tokens per request-equivalent)
+//
+// Metrics: loxilb_pd_kv_tier15_hits_total{service,ep_idx},
+// loxilb_pd_kv_tier15_spills_total{service,ep_idx},
+// loxilb_pd_kv_tier15_cold_seeds_total{service,ep_idx},
+// loxilb_pd_kv_tier15_miss_reason_total{service,reason},
+// loxilb_pd_kv_zero_hit_watchdog_total{service} and
+// loxilb_pd_kv_tier15_decision_seconds{service}.
+package router

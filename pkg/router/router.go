@@ -1,0 +1,510 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/loxilb-llm/loxilb/pkg/selector"
+)
+
+// Inventory is the per-endpoint KV block inventory the router scores
+// against. *kvindex.Index satisfies it.
+type Inventory interface {
+	// PrefixMatch writes to out[i] the number of leading keys (a
+	// consecutive prefix, stopping at the first absent key) present in the
+	// inventory of endpoint eps[i] of service. len(out) == len(eps). Unknown
+	// services or endpoints match 0. Safe for concurrent use; must not
+	// retain its arguments.
+	PrefixMatch(service uint32, keys []uint64, eps []int, out []int)
+	// Len returns the number of blocks held for the endpoint (0 if unknown).
+	Len(service uint32, ep int) int
+}
+
+// Tiers of a Decision.
+const (
+	TierKV       = "tier1.5"   // routed to the endpoint with the best overlap/load score
+	TierSpill    = "spill"     // moved off the warmest endpoint because of load
+	TierColdSeed = "cold_seed" // diverted to a cold endpoint so it can re-enter the fleet
+	TierFallback = "fallback"  // Tier 1.5 declined; the rule's selector chose
+)
+
+// Reasons. Hit reasons explain why the chosen endpoint won; miss reasons
+// (TierFallback) are also the values of the miss_reason metric.
+const (
+	ReasonLongestPrefix = "longest_prefix" // best blended score, which is the warmest endpoint
+	ReasonLoadBlend     = "load_blend"     // the blend preferred a less loaded, less warm endpoint
+	ReasonOverCap       = "over_cap"       // spill relief: the chosen endpoint was above the fleet cap
+	ReasonColdSeed      = "cold_seed"
+
+	ReasonModeOff        = "mode_off"        // rule has kvExactMode 0
+	ReasonShortPrompt    = "short_prompt"    // prompt has no full block
+	ReasonNoTokenizer    = "no_tokenizer"    // no tokenizer staged for the model (reported by the proxy)
+	ReasonUnhashable     = "unhashable"      // request could not be rendered/hashed (reported by the proxy)
+	ReasonNoHealthy      = "no_healthy"      // no healthy candidate
+	ReasonEmptyInventory = "empty_inventory" // every healthy inventory is empty (cold fleet)
+	ReasonNoMatch        = "no_match"        // inventories non-empty but nothing matched
+	ReasonShallow        = "shallow"         // best match below LLB_KV_MIN_MATCH_TOKENS
+)
+
+// ServiceView is what the router needs to know about a rule.
+type ServiceView struct {
+	ID          uint32 // rule number; labels metrics
+	KVExactMode int    // 0 off, 1 P/D (prefill candidates), 3 single pool
+}
+
+// Decision is the outcome of Decide.
+type Decision struct {
+	EP            int // endpoint index, -1 if none is healthy
+	Tier          string
+	MatchedBlocks int // consecutive prefix blocks cached on EP
+	TotalBlocks   int
+	BlockSize     int
+	From          int     // warmest endpoint when a spill or seed displaced it, else -1
+	Load          float64 // EP's load in request-equivalents at decision time
+	Reason        string
+}
+
+// PredictedCachedTokens is how many prompt tokens the router expects EP to
+// serve from cache; compare with the engine's reported cached tokens.
+func (d Decision) PredictedCachedTokens() int { return d.MatchedBlocks * d.BlockSize }
+
+// Receipt returns the explainable summary of the decision.
+func (d Decision) Receipt() Receipt {
+	return Receipt{Tier: d.Tier, EP: d.EP, Matched: d.MatchedBlocks, Total: d.TotalBlocks, From: d.From, Reason: d.Reason}
+}
+
+// Router makes Tier-1.5 decisions. It is safe for concurrent use.
+type Router struct {
+	cfg    Config
+	inv    Inventory
+	logger *slog.Logger
+	m      metrics
+
+	mu       sync.RWMutex
+	services map[uint32]*serviceState
+
+	scratch sync.Pool
+}
+
+// serviceState is the per-rule memory of the decision: the cold-seed tick
+// and the zero-hit streak.
+type serviceState struct {
+	label  string
+	tick   atomic.Uint64
+	streak atomic.Int64
+	warned atomic.Bool
+}
+
+type scratch struct {
+	eps   []int
+	pos   []int
+	match []int
+	load  []float64
+}
+
+type metrics struct {
+	hits      *prometheus.CounterVec
+	spills    *prometheus.CounterVec
+	seeds     *prometheus.CounterVec
+	miss      *prometheus.CounterVec
+	watchdog  *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	collected []prometheus.Collector
+}
+
+func newMetrics() metrics {
+	m := metrics{
+		hits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_pd_kv_tier15_hits_total",
+			Help: "Requests routed by KV-cache overlap (tiers tier1.5, spill and cold_seed), by final endpoint.",
+		}, []string{"service", "ep_idx"}),
+		spills: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_pd_kv_tier15_spills_total",
+			Help: "Tier-1.5 requests moved off the warmest endpoint because of load, by destination endpoint.",
+		}, []string{"service", "ep_idx"}),
+		seeds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_pd_kv_tier15_cold_seeds_total",
+			Help: "Tier-1.5 hits diverted to a cold endpoint, by destination endpoint.",
+		}, []string{"service", "ep_idx"}),
+		miss: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_pd_kv_tier15_miss_reason_total",
+			Help: "Requests Tier 1.5 declined, by reason; they were routed by the rule's selector.",
+		}, []string{"service", "reason"}),
+		watchdog: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_pd_kv_zero_hit_watchdog_total",
+			Help: "Zero-overlap lookups against non-empty inventories once the run reached LOXILB_KV_ZERO_HIT_N; any increase means a probable hash-parity mismatch.",
+		}, []string{"service"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "loxilb_pd_kv_tier15_decision_seconds",
+			Help:    "Time to score inventories and choose an endpoint (excludes tokenizing and hashing).",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 9), // 1µs .. 65ms
+		}, []string{"service"}),
+	}
+	m.collected = []prometheus.Collector{m.hits, m.spills, m.seeds, m.miss, m.watchdog, m.latency}
+	return m
+}
+
+// New returns a Router scoring against inv. reg may be nil (metrics are
+// then kept but not exported).
+func New(cfg Config, inv Inventory, logger *slog.Logger, reg prometheus.Registerer) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if inv == nil {
+		return nil, errors.New("router: nil inventory")
+	}
+	if cfg.LoadWeights == (selector.LoadWeights{}) {
+		cfg.LoadWeights = selector.DefaultLoadWeights
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	r := &Router{
+		cfg:      cfg,
+		inv:      inv,
+		logger:   logger,
+		m:        newMetrics(),
+		services: make(map[uint32]*serviceState),
+	}
+	r.scratch.New = func() any { return &scratch{} }
+	if reg != nil {
+		for _, c := range r.m.collected {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register router metrics: %w", err)
+			}
+		}
+	}
+	return r, nil
+}
+
+// Config returns the effective configuration.
+func (r *Router) Config() Config { return r.cfg }
+
+func (r *Router) service(id uint32) *serviceState {
+	r.mu.RLock()
+	st := r.services[id]
+	r.mu.RUnlock()
+	if st != nil {
+		return st
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if st = r.services[id]; st == nil {
+		st = &serviceState{label: strconv.FormatUint(uint64(id), 10)}
+		r.services[id] = st
+	}
+	return st
+}
+
+// Forget drops a deleted rule's state and metric series, so a later rule
+// reusing the number starts clean and co-tenant series are untouched.
+func (r *Router) Forget(service uint32) {
+	r.mu.Lock()
+	delete(r.services, service)
+	r.mu.Unlock()
+	l := prometheus.Labels{"service": strconv.FormatUint(uint64(service), 10)}
+	r.m.hits.DeletePartialMatch(l)
+	r.m.spills.DeletePartialMatch(l)
+	r.m.seeds.DeletePartialMatch(l)
+	r.m.miss.DeletePartialMatch(l)
+	r.m.watchdog.DeletePartialMatch(l)
+	r.m.latency.DeletePartialMatch(l)
+}
+
+// ZeroHitStreak reports the current run of zero-overlap lookups against
+// non-empty inventories for a service (status pages, tests).
+func (r *Router) ZeroHitStreak(service uint32) int {
+	return int(r.service(service).streak.Load())
+}
+
+// Fallback records a miss decided before scoring (for example no tokenizer
+// for the model, or a body that could not be rendered) and lets the rule's
+// selector choose. reason should be one of the Reason constants.
+func (r *Router) Fallback(svc ServiceView, reason string, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
+	return r.fallback(r.service(svc.ID), reason, 0, 0, cands, fallback, freq)
+}
+
+func (r *Router) fallback(st *serviceState, reason string, total, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
+	d := Decision{EP: -1, Tier: TierFallback, TotalBlocks: total, BlockSize: blockSize, From: -1, Reason: reason}
+	var ok bool
+	if fallback != nil {
+		d.EP, ok = fallback.Pick(freq, cands)
+	} else {
+		d.EP, ok = leastLoaded(cands, r.cfg.LoadWeights)
+	}
+	if !ok {
+		d.EP, d.Reason = -1, ReasonNoHealthy
+	} else {
+		for i := range cands {
+			if cands[i].Idx == d.EP {
+				d.Load = selector.Load(cands[i], r.cfg.LoadWeights)
+				break
+			}
+		}
+	}
+	r.m.miss.WithLabelValues(st.label, d.Reason).Inc()
+	return d
+}
+
+func leastLoaded(cands []selector.Candidate, w selector.LoadWeights) (int, bool) {
+	best, bestLoad := -1, 0.0
+	for i := range cands {
+		if !cands[i].Healthy {
+			continue
+		}
+		if l := selector.Load(cands[i], w); best < 0 || l < bestLoad {
+			best, bestLoad = i, l
+		}
+	}
+	if best < 0 {
+		return -1, false
+	}
+	return cands[best].Idx, true
+}
+
+// spillRelief reports whether relief applies to the service.
+func (r *Router) spillRelief(svc ServiceView) bool {
+	if r.cfg.SpillRelief != nil {
+		return *r.cfg.SpillRelief
+	}
+	return svc.KVExactMode == 3
+}
+
+// Decide routes one request.
+//
+// keys are the request's full-block hashes in prompt order; blockSize is the
+// rule's kvBlockSize; cands are the rule's KV candidates (prefill endpoints
+// for kvExactMode 1, all endpoints for 3) with health and load; fallback is
+// the rule's selector, used with freq on a miss.
+//
+// The decision, in order:
+//
+//  1. Overlap. For every healthy candidate, m = the longest consecutive
+//     prefix of keys in its inventory. Let best = max m. best == 0 is a
+//     miss (no_match, or empty_inventory when every inventory is empty);
+//     best < minBlocks is a miss (shallow), where minBlocks =
+//     min(ceil(LLB_KV_MIN_MATCH_TOKENS/blockSize), len(keys)), at least 1.
+//     A miss goes to the fallback selector.
+//
+//  2. Blend. Each healthy candidate scores
+//
+//     score = m'·blockSize − LoadPenalty·load
+//
+//     where m' = m if m >= minBlocks else 0 (a shallow match must not
+//     attract traffic), and load = selector.Load (in-flight requests, or the
+//     engine's running+waiting requests plus queue and KV-pressure terms
+//     when metrics are fresh). Highest score wins; ties go to lower load,
+//     then more overlap, then lower index. So a cached token is worth one
+//     token of prefill and one request-equivalent of load is worth
+//     LoadPenalty tokens: a 2k-token prefix stays put until its endpoint
+//     is 64 requests busier than an empty one, while a 16-token match only
+//     breaks ties.
+//
+//  3. Spill relief (when enabled). cap = ceil(MeanLoadFactor/100·(L+1)/n),
+//     L the summed load of the n healthy candidates. If the winner has at
+//     least SpillMinLoad load and load+1 > cap, the request moves to the
+//     best-scoring candidate with load+1 <= cap; since the score includes
+//     overlap, a second warm endpoint is preferred over a cold one.
+//
+//  4. Cold seeding. Every ColdSeedN-th hit of the service is diverted to the
+//     lowest-index healthy candidate whose inventory is below ColdMinBlocks,
+//     so a restarted endpoint re-enters a warm fleet.
+//
+// Zero-hit watchdog: every lookup where all healthy inventories miss
+// although one is non-empty extends a per-service run; a hit resets it. When
+// the run reaches ZeroHitN, one warning is logged for the episode and
+// loxilb_pd_kv_zero_hit_watchdog_total counts each further such lookup
+// (as loxilb does, so rate() stays positive while the mismatch lasts).
+func (r *Router) Decide(svc ServiceView, keys []uint64, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
+	start := time.Now()
+	st := r.service(svc.ID)
+	d := r.decide(st, svc, keys, blockSize, cands, fallback, freq)
+	r.m.latency.WithLabelValues(st.label).Observe(time.Since(start).Seconds())
+	return d
+}
+
+func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
+	total := len(keys)
+	switch {
+	case svc.KVExactMode == 0:
+		return r.fallback(st, ReasonModeOff, total, blockSize, cands, fallback, freq)
+	case blockSize <= 0:
+		return r.fallback(st, ReasonUnhashable, total, blockSize, cands, fallback, freq)
+	case total == 0:
+		return r.fallback(st, ReasonShortPrompt, total, blockSize, cands, fallback, freq)
+	}
+
+	s := r.scratch.Get().(*scratch)
+	defer r.scratch.Put(s)
+	s.eps, s.pos, s.load = s.eps[:0], s.pos[:0], s.load[:0]
+	for i := range cands {
+		if cands[i].Healthy {
+			s.eps = append(s.eps, cands[i].Idx)
+			s.pos = append(s.pos, i)
+			s.load = append(s.load, selector.Load(cands[i], r.cfg.LoadWeights))
+		}
+	}
+	n := len(s.eps)
+	if n == 0 {
+		return r.fallback(st, ReasonNoHealthy, total, blockSize, cands, fallback, freq)
+	}
+	if cap(s.match) < n {
+		s.match = make([]int, n)
+	}
+	s.match = s.match[:n]
+	clear(s.match)
+	r.inv.PrefixMatch(svc.ID, keys, s.eps, s.match)
+
+	// 1. Overlap. warm is the endpoint with the most overlap (ties: lower
+	// load, then lower index); it is what a spill or seed displaces.
+	warm := -1
+	for i := 0; i < n; i++ {
+		s.match[i] = min(max(s.match[i], 0), total)
+		if s.match[i] == 0 {
+			continue
+		}
+		if warm < 0 || s.match[i] > s.match[warm] ||
+			(s.match[i] == s.match[warm] && (s.load[i] < s.load[warm] || (s.load[i] == s.load[warm] && s.eps[i] < s.eps[warm]))) {
+			warm = i
+		}
+	}
+	if warm < 0 {
+		nonEmpty := false
+		for _, ep := range s.eps {
+			if r.inv.Len(svc.ID, ep) > 0 {
+				nonEmpty = true
+				break
+			}
+		}
+		if !nonEmpty {
+			return r.fallback(st, ReasonEmptyInventory, total, blockSize, cands, fallback, freq)
+		}
+		r.zeroHit(st, svc)
+		return r.fallback(st, ReasonNoMatch, total, blockSize, cands, fallback, freq)
+	}
+	st.streak.Store(0)
+	st.warned.Store(false)
+
+	minBlocks := 1
+	if r.cfg.MinMatchTokens > 0 {
+		minBlocks = min((r.cfg.MinMatchTokens+blockSize-1)/blockSize, total)
+	}
+	if s.match[warm] < minBlocks {
+		return r.fallback(st, ReasonShallow, total, blockSize, cands, fallback, freq)
+	}
+
+	// 2. Blend.
+	score := func(i int) float64 {
+		m := s.match[i]
+		if m < minBlocks {
+			m = 0
+		}
+		return float64(m*blockSize) - float64(r.cfg.LoadPenalty)*s.load[i]
+	}
+	better := func(i, j int) bool { // is i preferred over j?
+		si, sj := score(i), score(j)
+		if si != sj {
+			return si > sj
+		}
+		if s.load[i] != s.load[j] {
+			return s.load[i] < s.load[j]
+		}
+		if s.match[i] != s.match[j] {
+			return s.match[i] > s.match[j]
+		}
+		return s.eps[i] < s.eps[j]
+	}
+	win := 0
+	for i := 1; i < n; i++ {
+		if better(i, win) {
+			win = i
+		}
+	}
+	tier, reason := TierKV, ReasonLongestPrefix
+	if win != warm {
+		if s.match[win] >= minBlocks {
+			reason = ReasonLoadBlend
+		} else {
+			tier, reason = TierSpill, ReasonLoadBlend
+		}
+	}
+
+	// 3. Spill relief.
+	if r.spillRelief(svc) && s.load[win] >= float64(r.cfg.SpillMinLoad) {
+		sum := 0.0
+		for _, l := range s.load {
+			sum += l
+		}
+		capLoad := math.Ceil(float64(r.cfg.MeanLoadFactor) * (sum + 1) / (100 * float64(n)))
+		if s.load[win]+1 > capLoad {
+			alt := -1
+			for i := 0; i < n; i++ {
+				if s.load[i]+1 <= capLoad && (alt < 0 || better(i, alt)) {
+					alt = i
+				}
+			}
+			if alt >= 0 {
+				win, tier, reason = alt, TierSpill, ReasonOverCap
+			}
+		}
+	}
+
+	// 4. Cold seeding.
+	if r.cfg.ColdSeedN > 0 && st.tick.Add(1)%uint64(r.cfg.ColdSeedN) == 0 {
+		floor := max(r.cfg.ColdMinBlocks, 1)
+		cold := -1
+		for i := 0; i < n; i++ {
+			if i != win && (cold < 0 || s.eps[i] < s.eps[cold]) && r.inv.Len(svc.ID, s.eps[i]) < floor {
+				cold = i
+			}
+		}
+		if cold >= 0 {
+			win, tier, reason = cold, TierColdSeed, ReasonColdSeed
+		}
+	}
+
+	d := Decision{
+		EP:            s.eps[win],
+		Tier:          tier,
+		MatchedBlocks: s.match[win],
+		TotalBlocks:   total,
+		BlockSize:     blockSize,
+		From:          -1,
+		Load:          s.load[win],
+		Reason:        reason,
+	}
+	if win != warm {
+		d.From = s.eps[warm]
+	}
+	ep := strconv.Itoa(d.EP)
+	r.m.hits.WithLabelValues(st.label, ep).Inc()
+	switch tier {
+	case TierSpill:
+		r.m.spills.WithLabelValues(st.label, ep).Inc()
+	case TierColdSeed:
+		r.m.seeds.WithLabelValues(st.label, ep).Inc()
+	}
+	return d
+}
+
+func (r *Router) zeroHit(st *serviceState, svc ServiceView) {
+	run := st.streak.Add(1)
+	if run < int64(r.cfg.ZeroHitN) {
+		return
+	}
+	r.m.watchdog.WithLabelValues(st.label).Inc()
+	if st.warned.CompareAndSwap(false, true) {
+		r.logger.Warn("kv zero-hit watchdog: inventories are non-empty but no request prefix matched",
+			slog.Uint64("service", uint64(svc.ID)),
+			slog.Int64("consecutive_lookups", run),
+			slog.String("probable_cause", "kvBlockSize/page-size mismatch, hash-algo or seed drift, or tokenizer/chat-template mismatch"))
+	}
+}
