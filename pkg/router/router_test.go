@@ -167,8 +167,13 @@ func TestDecideTable(t *testing.T) {
 			cands:  func(c []selector.Candidate) { c[1].InFlight = 1 },
 			wantEP: 3, wantTier: TierKV, wantWhy: ReasonLongestPrefix, wantMatch: 8, wantFrom: -1},
 		{name: "short match loses to load (blend)", keys: q, bs: 16,
-			setup:  func(f *fakeInv) { f.add(7, 0, q[:2]...) },
-			cands:  func(c []selector.Candidate) { c[0].InFlight = 5; c[1].InFlight = 2; c[2].InFlight = 2; c[3].InFlight = 2 },
+			setup: func(f *fakeInv) { f.add(7, 0, q[:2]...) },
+			cands: func(c []selector.Candidate) {
+				c[0].InFlight = 5
+				c[1].InFlight = 2
+				c[2].InFlight = 2
+				c[3].InFlight = 2
+			},
 			wantEP: 1, wantTier: TierSpill, wantWhy: ReasonLoadBlend, wantMatch: 0, wantFrom: 0},
 		{name: "pure overlap with zero penalty", keys: q, bs: 16, cfg: func(c *Config) { c.LoadPenalty = 0 },
 			setup:  func(f *fakeInv) { f.add(7, 0, q[:2]...) },
