@@ -1,0 +1,60 @@
+// Package kvindex keeps the KV-cache block inventory of every (service,
+// endpoint) pair and answers the router's question: for this request's
+// ordered block keys, how long a consecutive prefix does each candidate
+// endpoint already hold?
+//
+// In: block keys (uint64, as produced by blockhash and as published by the
+// engines) from the KV-event ingester: Store, Remove, ClearRank (one DP
+// rank's AllBlocksCleared), ClearEndpoint (publisher reset), DropService
+// (rule deleted); speculative entries from the router (StoreSpeculative).
+// Out: PrefixMatch for the router, Len and Snapshot for the inventory API,
+// and the metrics loxilb_pd_kv_blocks{service,ep_idx},
+// loxilb_kv_inv_cap_evictions_total{service,ep},
+// loxilb_kv_inv_speculative_dropped_total{service,ep} and
+// loxilb_kv_inv_rejected_total{service,reason}.
+//
+// # Layout
+//
+// Each service owns one open-addressing hash table mapping a block key to
+// the 64-bit mask of endpoints holding it. A prefix query therefore probes
+// once per request block for all candidates together and stops at the first
+// block none of the remaining candidates holds; its cost does not grow with
+// the number of endpoints. Endpoint indices are limited to 0..63 (rules
+// hold at most 32 endpoints).
+//
+// Per endpoint the index keeps the block count, the insertion order (a
+// slice of keys, for eviction) and, only when a rank other than 0 has
+// published, a small table of rank masks (ranks 0..7). A block leaves an
+// endpoint when its last rank removes it, so AllBlocksCleared from rank 1
+// never erases what rank 0 holds.
+//
+// # Caps and eviction
+//
+// Each endpoint holds at most Config.MaxBlocksPerEndpoint real blocks. A
+// Store beyond the cap evicts the endpoint's oldest-inserted blocks (from
+// all its ranks) and counts them. Engines evict least-recently-used leaves
+// first, so the oldest insertions are the likeliest to be gone from the GPU
+// already. Re-storing a present block does not refresh its position; a
+// block removed and stored again may, until the next internal compaction of
+// the order, be evicted at its earlier position. The cap is a memory bound,
+// not an accuracy feature: size it above the engine's block count.
+//
+// # Speculative entries
+//
+// After routing a request the router may record its blocks for the chosen
+// endpoint with a short TTL, so siblings sharing a brand-new prefix follow
+// it before the engine's BlockStored events arrive. PrefixMatch counts them
+// until they expire (checked on every read against the injectable clock);
+// Len, Snapshot and the block gauge never do; a real BlockStored for the
+// same key and endpoint replaces the entry. Run sweeps expired entries
+// periodically to reclaim memory and cap room.
+//
+// # Concurrency
+//
+// All methods are safe for concurrent use. Each service has its own
+// read-write lock: writers to one service are serialised (the ingester
+// applies each endpoint's events in order), queries share the lock and never
+// wait on other services. Memory per block is about 16 bytes per table slot
+// at a load factor of 0.4 to 0.8 plus 8 to 12 bytes of insertion order,
+// roughly 30 to 55 bytes in total.
+package kvindex

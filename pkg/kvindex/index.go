@@ -1,0 +1,672 @@
+package kvindex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+const (
+	// MaxEndpoints bounds endpoint indices (0..MaxEndpoints-1) per service.
+	// Rules hold at most 32 endpoints; one 64-bit membership mask per block
+	// is what lets a prefix query test every candidate with one probe.
+	MaxEndpoints = 64
+	// MaxRanks bounds data-parallel ranks (0..MaxRanks-1) per endpoint
+	// (kvDpRankCount is 1..8).
+	MaxRanks = 8
+
+	// DefaultMaxBlocksPerEndpoint is the default inventory cap.
+	DefaultMaxBlocksPerEndpoint = 1_000_000
+	// DefaultMaxSpeculativePerEndpoint is the default cap on live
+	// speculative entries per endpoint.
+	DefaultMaxSpeculativePerEndpoint = 65536
+	// DefaultSweepInterval is how often Run removes expired speculative
+	// entries.
+	DefaultSweepInterval = time.Second
+)
+
+// ErrBadConfig is returned by New for an invalid Config.
+var ErrBadConfig = errors.New("invalid kv index config")
+
+// Config sizes an Index.
+type Config struct {
+	// MaxBlocksPerEndpoint caps each endpoint's inventory; 0 means
+	// DefaultMaxBlocksPerEndpoint. Beyond it, the oldest-inserted blocks
+	// are evicted and counted.
+	MaxBlocksPerEndpoint int
+	// MaxSpeculativePerEndpoint caps live speculative entries per endpoint;
+	// 0 means DefaultMaxSpeculativePerEndpoint. Beyond it new speculative
+	// entries are dropped and counted.
+	MaxSpeculativePerEndpoint int
+	// SweepInterval is the period of Run's expiry sweep; 0 means
+	// DefaultSweepInterval.
+	SweepInterval time.Duration
+	// Now is the clock for speculative expiry; nil means time.Now. Tests
+	// inject a fake clock.
+	Now func() time.Time
+}
+
+// Index holds the block inventories of every (service, endpoint).
+// All methods are safe for concurrent use. Writers to one service are
+// serialised by that service's lock; readers (PrefixMatch, Len, Snapshot)
+// share it, so queries never wait on another service's writers.
+type Index struct {
+	maxBlocks int
+	maxSpec   int
+	sweep     time.Duration
+	now       func() time.Time
+	m         *metrics
+
+	mu       sync.RWMutex
+	services map[uint32]*service
+}
+
+// service is one rule's inventories. tab maps each block key held anywhere
+// in the service to the bitmask of endpoints holding it, so PrefixMatch
+// costs one probe per request block for all candidates together.
+type service struct {
+	id    uint32
+	label string
+
+	mu      sync.RWMutex
+	dropped bool
+	tab     table[uint64]
+	eps     [MaxEndpoints]*endpoint
+
+	// Speculative entries: specMask[k] = endpoints with a speculative k
+	// (live or not yet swept); specExp[{k,ep}] = expiry in UnixNano.
+	specMask map[uint64]uint64
+	specExp  map[specKey]int64
+}
+
+type specKey struct {
+	key uint64
+	ep  uint8
+}
+
+// endpoint is the per-endpoint bookkeeping: real block count, insertion
+// order for eviction, and rank masks when more than rank 0 publishes.
+type endpoint struct {
+	label string
+	n     int
+
+	// order lists keys in insertion order from order[head:]. It may hold
+	// stale elements (keys removed since, or older copies of keys stored
+	// again); every present key has at least one element. The number of
+	// stale elements is len(order)-head-n, and compaction keeps it below
+	// about n/2.
+	order []uint64
+	head  int
+
+	// ranks maps a key to its rank bitmask when that mask is not exactly
+	// {rank 0}. Single-rank engines never allocate it: a present key with
+	// no entry is held by rank 0 only.
+	ranks *table[uint8]
+
+	specN int
+
+	blocks    prometheus.Gauge
+	evictions prometheus.Counter
+	specDrops prometheus.Counter
+}
+
+// New returns an empty Index, registering its metrics on reg (nil: no
+// registration).
+func New(cfg Config, reg prometheus.Registerer) (*Index, error) {
+	if cfg.MaxBlocksPerEndpoint < 0 {
+		return nil, fmt.Errorf("%w: MaxBlocksPerEndpoint %d is negative", ErrBadConfig, cfg.MaxBlocksPerEndpoint)
+	}
+	if cfg.MaxSpeculativePerEndpoint < 0 {
+		return nil, fmt.Errorf("%w: MaxSpeculativePerEndpoint %d is negative", ErrBadConfig, cfg.MaxSpeculativePerEndpoint)
+	}
+	if cfg.SweepInterval < 0 {
+		return nil, fmt.Errorf("%w: SweepInterval %s is negative", ErrBadConfig, cfg.SweepInterval)
+	}
+	ix := &Index{
+		maxBlocks: cfg.MaxBlocksPerEndpoint,
+		maxSpec:   cfg.MaxSpeculativePerEndpoint,
+		sweep:     cfg.SweepInterval,
+		now:       cfg.Now,
+		services:  make(map[uint32]*service),
+	}
+	if ix.maxBlocks == 0 {
+		ix.maxBlocks = DefaultMaxBlocksPerEndpoint
+	}
+	if ix.maxSpec == 0 {
+		ix.maxSpec = DefaultMaxSpeculativePerEndpoint
+	}
+	if ix.sweep == 0 {
+		ix.sweep = DefaultSweepInterval
+	}
+	if ix.now == nil {
+		ix.now = time.Now
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	ix.m = m
+	return ix, nil
+}
+
+// MaxBlocksPerEndpoint is the effective per-endpoint cap.
+func (ix *Index) MaxBlocksPerEndpoint() int { return ix.maxBlocks }
+
+func (ix *Index) lookup(id uint32) *service {
+	ix.mu.RLock()
+	s := ix.services[id]
+	ix.mu.RUnlock()
+	return s
+}
+
+// writeLocked returns the service with its write lock held, creating it if
+// needed. A service dropped between lookup and lock is looked up again, so a
+// write racing DropService lands in the new incarnation or nowhere.
+func (ix *Index) writeLocked(id uint32) *service {
+	for {
+		s := ix.lookup(id)
+		if s == nil {
+			ix.mu.Lock()
+			s = ix.services[id]
+			if s == nil {
+				s = &service{id: id, label: strconv.FormatUint(uint64(id), 10)}
+				ix.services[id] = s
+			}
+			ix.mu.Unlock()
+		}
+		s.mu.Lock()
+		if !s.dropped {
+			return s
+		}
+		s.mu.Unlock()
+	}
+}
+
+// validEP reports whether ep and rank are in range, counting a rejection
+// otherwise: an out-of-range index is a caller bug or a misconfigured rule,
+// and must be visible rather than silently ignored.
+func (ix *Index) validEP(service uint32, ep, rank int) bool {
+	if ep < 0 || ep >= MaxEndpoints {
+		ix.m.rejected.WithLabelValues(strconv.FormatUint(uint64(service), 10), "ep_out_of_range").Inc()
+		return false
+	}
+	if rank < 0 || rank >= MaxRanks {
+		ix.m.rejected.WithLabelValues(strconv.FormatUint(uint64(service), 10), "rank_out_of_range").Inc()
+		return false
+	}
+	return true
+}
+
+// ep returns endpoint i of s, creating it (and its metric series) if needed.
+// s.mu must be held for writing.
+func (ix *Index) ep(s *service, i int) *endpoint {
+	e := s.eps[i]
+	if e == nil {
+		e = &endpoint{label: strconv.Itoa(i)}
+		e.blocks = ix.m.blocks.WithLabelValues(s.label, e.label)
+		e.evictions = ix.m.evictions.WithLabelValues(s.label, e.label)
+		e.specDrops = ix.m.specDrops.WithLabelValues(s.label, e.label)
+		s.eps[i] = e
+	}
+	return e
+}
+
+// rankMask is the rank set holding k at e; k must be present at e.
+func (e *endpoint) rankMask(k uint64) uint8 {
+	if e.ranks != nil {
+		if m := e.ranks.get(k); m != 0 {
+			return m
+		}
+	}
+	return 1
+}
+
+func (e *endpoint) setRankMask(k uint64, m uint8) {
+	if m == 1 {
+		if e.ranks != nil {
+			e.ranks.del(k)
+		}
+		return
+	}
+	if e.ranks == nil {
+		t := newTable[uint8](0)
+		e.ranks = &t
+	}
+	e.ranks.put(k, m)
+}
+
+// Store records that rank of endpoint ep in service holds keys (a
+// BlockStored event). Keys already present gain the rank; new keys are
+// appended to the eviction order; a real entry replaces a speculative one.
+// When the endpoint exceeds its cap, its oldest-inserted blocks are evicted
+// and counted.
+func (ix *Index) Store(service uint32, ep int, rank int, keys []uint64) {
+	if !ix.validEP(service, ep, rank) || len(keys) == 0 {
+		return
+	}
+	s := ix.writeLocked(service)
+	defer s.mu.Unlock()
+	e := ix.ep(s, ep)
+	bit := uint64(1) << ep
+	rbit := uint8(1) << rank
+	for _, k := range keys {
+		if i := s.tab.find(k); i >= 0 {
+			if s.tab.vals[i]&bit != 0 {
+				if rank != 0 || e.ranks != nil {
+					e.setRankMask(k, e.rankMask(k)|rbit)
+				}
+				if s.specMask != nil {
+					s.dropSpec(e, k, ep)
+				}
+				continue
+			}
+			s.tab.vals[i] |= bit
+		} else {
+			s.tab.put(k, bit)
+		}
+		if rank != 0 {
+			e.setRankMask(k, rbit)
+		}
+		e.order = append(e.order, k)
+		e.n++
+		if s.specMask != nil {
+			s.dropSpec(e, k, ep)
+		}
+	}
+	for e.n > ix.maxBlocks {
+		ix.evictOldest(s, e, ep)
+	}
+	s.compact(e, ep)
+	e.blocks.Set(float64(e.n))
+}
+
+// evictOldest removes the oldest-inserted block of e from every rank.
+func (ix *Index) evictOldest(s *service, e *endpoint, ep int) {
+	bit := uint64(1) << ep
+	for e.head < len(e.order) {
+		k := e.order[e.head]
+		e.head++
+		if i := s.tab.find(k); i >= 0 && s.tab.vals[i]&bit != 0 {
+			s.removeAt(e, i, k, bit)
+			e.evictions.Inc()
+			return
+		}
+	}
+}
+
+// removeAt drops key k (at slot i of s.tab) from endpoint e entirely.
+func (s *service) removeAt(e *endpoint, i int, k uint64, bit uint64) {
+	if v := s.tab.vals[i] &^ bit; v != 0 {
+		s.tab.vals[i] = v
+	} else {
+		s.tab.delAt(i)
+	}
+	if e.ranks != nil {
+		e.ranks.del(k)
+	}
+	e.n--
+}
+
+// compact bounds the stale part of e's insertion order: it drops the
+// consumed prefix and, when stale elements exceed about half the live count,
+// rebuilds the order keeping the newest element of every present key.
+func (s *service) compact(e *endpoint, ep int) {
+	if e.n == 0 {
+		e.order, e.head = e.order[:0], 0
+		if cap(e.order) > 1024 {
+			e.order = nil
+		}
+		return
+	}
+	live := len(e.order) - e.head
+	stale := live - e.n
+	if stale > e.n/2+64 {
+		bit := uint64(1) << ep
+		seen := newTable[uint8](e.n)
+		out := make([]uint64, e.n, e.n+e.n/4)
+		w := e.n
+		for i := len(e.order) - 1; i >= e.head && w > 0; i-- {
+			k := e.order[i]
+			if s.tab.get(k)&bit == 0 || seen.get(k) != 0 {
+				continue
+			}
+			seen.put(k, 1)
+			w--
+			out[w] = k
+		}
+		e.order, e.head = out[w:], 0
+		return
+	}
+	if e.head > 1024 && e.head > len(e.order)/2 {
+		n := copy(e.order, e.order[e.head:])
+		e.order, e.head = e.order[:n], 0
+	}
+}
+
+// Remove records that rank of endpoint ep no longer holds keys (a
+// BlockRemoved event). A key leaves the endpoint when its last rank drops
+// it; keys the rank does not hold are ignored.
+func (ix *Index) Remove(service uint32, ep int, rank int, keys []uint64) {
+	if !ix.validEP(service, ep, rank) || len(keys) == 0 {
+		return
+	}
+	s := ix.lookup(service)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.eps[ep]
+	if s.dropped || e == nil || e.n == 0 {
+		return
+	}
+	bit := uint64(1) << ep
+	rbit := uint8(1) << rank
+	for _, k := range keys {
+		i := s.tab.find(k)
+		if i < 0 || s.tab.vals[i]&bit == 0 {
+			continue
+		}
+		m := e.rankMask(k)
+		if m&rbit == 0 {
+			continue
+		}
+		if m &^= rbit; m != 0 {
+			e.setRankMask(k, m)
+			continue
+		}
+		s.removeAt(e, i, k, bit)
+	}
+	s.compact(e, ep)
+	e.blocks.Set(float64(e.n))
+}
+
+// ClearRank removes every block held only by rank of endpoint ep (an
+// AllBlocksCleared event from that rank's publisher). Blocks other ranks
+// also hold stay, minus this rank. Speculative entries are kept: they
+// describe requests routed to the endpoint, not one rank's cache.
+func (ix *Index) ClearRank(service uint32, ep int, rank int) {
+	if !ix.validEP(service, ep, rank) {
+		return
+	}
+	s := ix.lookup(service)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.eps[ep]
+	if s.dropped || e == nil || e.n == 0 {
+		return
+	}
+	bit := uint64(1) << ep
+	rbit := uint8(1) << rank
+	if rank != 0 {
+		if e.ranks == nil {
+			return // only rank 0 holds anything
+		}
+		e.ranks.update(func(k uint64, m uint8) uint8 {
+			if m&rbit == 0 {
+				return m
+			}
+			m &^= rbit
+			if m == 0 {
+				// Drop k from the endpoint; s.tab is not being iterated.
+				i := s.tab.find(k)
+				if v := s.tab.vals[i] &^ bit; v != 0 {
+					s.tab.vals[i] = v
+				} else {
+					s.tab.delAt(i)
+				}
+				e.n--
+				return 0
+			}
+			if m == 1 {
+				return 0 // back to the implicit rank-0-only state
+			}
+			return m
+		})
+	} else {
+		s.tab.update(func(k uint64, v uint64) uint64 {
+			if v&bit == 0 {
+				return v
+			}
+			m := e.rankMask(k)
+			if m&rbit == 0 {
+				return v
+			}
+			m &^= rbit
+			if m == 0 {
+				if e.ranks != nil {
+					e.ranks.del(k)
+				}
+				e.n--
+				return v &^ bit
+			}
+			e.setRankMask(k, m)
+			return v
+		})
+	}
+	s.compact(e, ep)
+	e.blocks.Set(float64(e.n))
+}
+
+// ClearEndpoint forgets everything endpoint ep holds, real and speculative
+// (a publisher reset: the engine restarted or its sequence went backwards).
+func (ix *Index) ClearEndpoint(service uint32, ep int) {
+	if !ix.validEP(service, ep, 0) {
+		return
+	}
+	s := ix.lookup(service)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.eps[ep]
+	if s.dropped || e == nil {
+		return
+	}
+	bit := uint64(1) << ep
+	if e.n > 0 {
+		s.tab.update(func(_ uint64, v uint64) uint64 { return v &^ bit })
+	}
+	e.n, e.order, e.head, e.ranks = 0, nil, 0, nil
+	if e.specN > 0 {
+		for k, m := range s.specMask {
+			if m&bit != 0 {
+				s.dropSpec(e, k, ep)
+			}
+		}
+	}
+	e.blocks.Set(0)
+}
+
+// DropService forgets a service (its rule was deleted) and removes its
+// metric series.
+func (ix *Index) DropService(service uint32) {
+	ix.mu.Lock()
+	s := ix.services[service]
+	delete(ix.services, service)
+	ix.mu.Unlock()
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dropped = true
+	for _, e := range s.eps {
+		if e == nil {
+			continue
+		}
+		ix.m.blocks.DeleteLabelValues(s.label, e.label)
+		ix.m.evictions.DeleteLabelValues(s.label, e.label)
+		ix.m.specDrops.DeleteLabelValues(s.label, e.label)
+	}
+	for _, reason := range []string{"ep_out_of_range", "rank_out_of_range"} {
+		ix.m.rejected.DeleteLabelValues(s.label, reason)
+	}
+	s.tab, s.eps, s.specMask, s.specExp = table[uint64]{}, [MaxEndpoints]*endpoint{}, nil, nil
+}
+
+// Len is the number of real blocks endpoint ep holds (speculative entries
+// are not counted).
+func (ix *Index) Len(service uint32, ep int) int {
+	if ep < 0 || ep >= MaxEndpoints {
+		return 0
+	}
+	s := ix.lookup(service)
+	if s == nil {
+		return 0
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if e := s.eps[ep]; e != nil {
+		return e.n
+	}
+	return 0
+}
+
+// PrefixMatch sets out[i] to the length of the longest prefix keys[0:j] all
+// present at endpoint eps[i] (real, or speculative and unexpired). It walks
+// keys once for all candidates and stops at the first key no candidate
+// holds. out must be at least as long as eps; out-of-range endpoints get 0.
+func (ix *Index) PrefixMatch(service uint32, keys []uint64, eps []int, out []int) {
+	out = out[:len(eps)]
+	for i := range out {
+		out[i] = 0
+	}
+	var alive uint64
+	for _, ep := range eps {
+		if ep >= 0 && ep < MaxEndpoints {
+			alive |= 1 << ep
+		}
+	}
+	if alive == 0 || len(keys) == 0 {
+		return
+	}
+	s := ix.lookup(service)
+	if s == nil {
+		return
+	}
+	var depth [MaxEndpoints]int32
+	s.mu.RLock()
+	hasSpec := len(s.specMask) > 0
+	var now int64
+	if hasSpec {
+		now = ix.now().UnixNano()
+	}
+	n := len(keys)
+	for i, k := range keys {
+		m := s.tab.get(k)
+		if hasSpec {
+			m |= s.liveSpec(k, alive&^m, now)
+		}
+		if lost := alive &^ m; lost != 0 {
+			for lost != 0 {
+				b := bits.TrailingZeros64(lost)
+				depth[b] = int32(i)
+				lost &= lost - 1
+			}
+			alive &= m
+			if alive == 0 {
+				n = -1
+				break
+			}
+		}
+	}
+	s.mu.RUnlock()
+	for alive != 0 {
+		b := bits.TrailingZeros64(alive)
+		depth[b] = int32(n)
+		alive &= alive - 1
+	}
+	for i, ep := range eps {
+		if ep >= 0 && ep < MaxEndpoints {
+			out[i] = int(depth[ep])
+		}
+	}
+}
+
+// Snapshot returns up to limit of endpoint ep's real block keys (limit <= 0
+// means all) and the total count. The order is the table's slot order, which
+// is stable only while the inventory does not change.
+func (ix *Index) Snapshot(service uint32, ep int, limit int) (blocks []uint64, total int) {
+	if ep < 0 || ep >= MaxEndpoints {
+		return nil, 0
+	}
+	s := ix.lookup(service)
+	if s == nil {
+		return nil, 0
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	e := s.eps[ep]
+	if e == nil || e.n == 0 {
+		return nil, 0
+	}
+	total = e.n
+	if limit <= 0 || limit > total {
+		limit = total
+	}
+	blocks = make([]uint64, 0, limit)
+	bit := uint64(1) << ep
+	s.tab.each(func(k uint64, v uint64) bool {
+		if v&bit != 0 {
+			blocks = append(blocks, k)
+		}
+		return len(blocks) < limit
+	})
+	return blocks, total
+}
+
+// Services lists the service ids with any state, for diagnostics.
+func (ix *Index) Services() []uint32 {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	out := make([]uint32, 0, len(ix.services))
+	for id := range ix.services {
+		out = append(out, id)
+	}
+	return out
+}
+
+// Run sweeps expired speculative entries every SweepInterval until ctx is
+// done. Expired entries are already ignored by PrefixMatch; the sweep only
+// reclaims their memory and their share of the speculative cap.
+func (ix *Index) Run(ctx context.Context) error {
+	t := time.NewTicker(ix.sweep)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			ix.Sweep()
+		}
+	}
+}
+
+// Sweep removes expired speculative entries now.
+func (ix *Index) Sweep() {
+	ix.mu.RLock()
+	svcs := make([]*service, 0, len(ix.services))
+	for _, s := range ix.services {
+		svcs = append(svcs, s)
+	}
+	ix.mu.RUnlock()
+	now := ix.now().UnixNano()
+	for _, s := range svcs {
+		s.mu.Lock()
+		if !s.dropped {
+			s.sweepSpec(now)
+		}
+		s.mu.Unlock()
+	}
+}
