@@ -193,9 +193,9 @@ func (c *blockCache) clear() {
 
 // BlockInfo describes one resident block in /sim/cache.
 type BlockInfo struct {
-	Hash      uint64  `json:"hash"`
-	Parent    *uint64 `json:"parent"`
-	Refs      int     `json:"refs"`
+	Hash   uint64  `json:"hash"`
+	Parent *uint64 `json:"parent"`
+	Refs   int     `json:"refs"`
 }
 
 func (c *blockCache) snapshot() []BlockInfo {

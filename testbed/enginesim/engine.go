@@ -54,10 +54,10 @@ type Engine struct {
 	advertiseHost string
 	engineID      string
 
-	rr                                          atomic.Uint64
-	requests, failed, promptTok, hitTok       atomic.Uint64
-	completed, outputTok, transfers, claimed    atomic.Uint64
-	ctxReqID                                    atomic.Uint64
+	rr                                       atomic.Uint64
+	requests, failed, promptTok, hitTok      atomic.Uint64
+	completed, outputTok, transfers, claimed atomic.Uint64
+	ctxReqID                                 atomic.Uint64
 
 	closeOnce sync.Once
 	closeErr  error

@@ -258,7 +258,6 @@ func (t *trackingWriter) Flush() {
 	}
 }
 
-
 // parsedRequest is a validated generation request.
 type parsedRequest struct {
 	genRequest
