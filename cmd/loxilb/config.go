@@ -1,0 +1,96 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+)
+
+// config is everything the daemon reads at start-up: flags first, then the
+// documented environment variables. All are read once; restart to change.
+type config struct {
+	apiAddr      string
+	apiTokenFile string
+	apiToken     string
+	tlsCert      string
+	tlsKey       string
+	stateDir     string
+	tokenizerDir string
+	interfaces   []string
+	noDataplane  bool
+	bpfPinPath   string
+	metrics      bool
+	logLevel     slog.Level
+	logJSON      bool
+	showVersion  bool
+}
+
+func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer) (*config, error) {
+	c := &config{}
+	fs := flag.NewFlagSet("loxilb", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	getenv := func(k, def string) string {
+		if v, ok := env(k); ok && v != "" {
+			return v
+		}
+		return def
+	}
+	var ifaces, level, format string
+	fs.StringVar(&c.apiAddr, "api-addr", getenv("LOXILB_API_ADDR", "127.0.0.1:11111"), "management API listen address (a non-loopback address requires a token)")
+	fs.StringVar(&c.apiTokenFile, "api-token-file", getenv("LOXILB_API_TOKEN_FILE", ""), "file holding the bearer token required on every API route (env LOXILB_API_TOKEN_FILE)")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "serve the API over HTTPS with this certificate (PEM)")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "private key (PEM) for --tls-cert")
+	fs.StringVar(&c.stateDir, "state-dir", getenv("LOXILB_STATE_DIR", "/var/lib/loxilb"), "directory of the embedded rule store")
+	fs.StringVar(&c.tokenizerDir, "tokenizer-dir", getenv("LOXILB_TOKENIZER_DIR", "/etc/loxilb/tokenizers"), "staged tokenizers: <dir>/<model-slug>/tokenizer.json")
+	fs.StringVar(&ifaces, "interfaces", "", "comma-separated interfaces the eBPF data plane attaches to (none by default)")
+	fs.BoolVar(&c.noDataplane, "no-dataplane", false, "run proxy-only: never load BPF programs")
+	fs.StringVar(&c.bpfPinPath, "bpf-pin-path", "/sys/fs/bpf/loxilb", "bpffs directory where data-plane maps are pinned")
+	fs.BoolVar(&c.metrics, "metrics", false, "enable the Prometheus export at start (otherwise POST /netlox/v1/config/metrics)")
+	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&format, "log-format", "text", "text or json")
+	fs.BoolVar(&c.showVersion, "version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if err := c.logLevel.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	switch format {
+	case "text":
+	case "json":
+		c.logJSON = true
+	default:
+		return nil, fmt.Errorf("--log-format %q: want text or json", format)
+	}
+	for _, i := range strings.Split(ifaces, ",") {
+		if i = strings.TrimSpace(i); i != "" {
+			c.interfaces = append(c.interfaces, i)
+		}
+	}
+	if c.apiTokenFile != "" {
+		b, err := os.ReadFile(c.apiTokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("read --api-token-file: %w", err)
+		}
+		c.apiToken = strings.TrimSpace(string(b))
+		if c.apiToken == "" {
+			return nil, errors.New("--api-token-file is empty")
+		}
+	}
+	return c, nil
+}
+
+func (c *config) logger(w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: c.logLevel}
+	if c.logJSON {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
