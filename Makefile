@@ -1,0 +1,57 @@
+# Build, test and run the load balancer. `make help` lists the targets.
+GO        ?= go
+BIN       := bin
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+STATE_DIR ?= $(CURDIR)/.state
+FUZZTIME  ?= 8s
+
+.PHONY: help build run test test-unit fuzz-smoke check-generated gen-bpf regen-parity bench demo fmt vet clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+
+build: ## build bin/loxilb, bin/loxicmd and bin/engine-sim
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/loxilb ./cmd/loxilb
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/loxicmd ./loxicmd
+	@if [ -d testbed/cmd/engine-sim ]; then $(GO) build -o $(BIN)/engine-sim ./testbed/cmd/engine-sim; fi
+
+run: build ## run the daemon with a local state dir and the bundled tokenizers (API on 127.0.0.1:11111)
+	$(BIN)/loxilb --state-dir $(STATE_DIR) --tokenizer-dir $(CURDIR)/testdata/tokenizers --metrics $(ARGS)
+
+test: vet test-unit fuzz-smoke ## everything CI runs after installing dependencies
+
+vet:
+	$(GO) vet ./...
+
+test-unit: ## unit, conformance, privileged (when root) and end-to-end tests, with the race detector
+	$(GO) test -race -count=1 -timeout 25m ./...
+
+# Each fuzz target runs for a bounded time; a crash fails the build.
+fuzz-smoke: ## run every fuzz target for $(FUZZTIME)
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
+	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/^func //'); do \
+	    echo "fuzz $$pkg $$f"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg >/tmp/fuzz.$$f.log 2>&1 || { cat /tmp/fuzz.$$f.log; exit 1; }; \
+	  done; \
+	done
+
+check-generated: ## regenerate BPF objects and tokenizer goldens and fail if they differ from the committed ones
+	sh bpf/gen.sh && git diff --exit-code -- pkg/dataplane/ebpf
+	sh testbed/parity/regen.sh --no-bench
+
+gen-bpf: ## regenerate the bpf2go output with the pinned clang
+	sh bpf/gen.sh
+
+regen-parity: ## regenerate tokenizer goldens and compare Go and Rust tokenizer speed
+	sh testbed/parity/regen.sh
+
+bench: ## hot-path micro-benchmarks
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./pkg/...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf $(BIN) $(STATE_DIR)
