@@ -247,9 +247,22 @@ func (e *endpoint) setRankMask(k uint64, m uint8) {
 // When the endpoint exceeds its cap, its oldest-inserted blocks are evicted
 // and counted.
 func (ix *Index) Store(service uint32, ep int, rank int, keys []uint64) {
-	if !ix.validEP(service, ep, rank) || len(keys) == 0 {
+	if !ix.validEP(service, ep, rank) {
 		return
 	}
+	for len(keys) > 0 {
+		n := min(len(keys), writeChunk)
+		ix.store(service, ep, rank, keys[:n])
+		keys = keys[n:]
+	}
+}
+
+// writeChunk bounds how many keys one write applies under the service lock,
+// so a huge event does not stall prefix queries for long. Readers may see a
+// prefix of a large batch, which is as valid as any moment between events.
+const writeChunk = 1024
+
+func (ix *Index) store(service uint32, ep int, rank int, keys []uint64) {
 	s := ix.writeLocked(service)
 	defer s.mu.Unlock()
 	e := ix.ep(s, ep)
@@ -353,9 +366,17 @@ func (s *service) compact(e *endpoint, ep int) {
 // BlockRemoved event). A key leaves the endpoint when its last rank drops
 // it; keys the rank does not hold are ignored.
 func (ix *Index) Remove(service uint32, ep int, rank int, keys []uint64) {
-	if !ix.validEP(service, ep, rank) || len(keys) == 0 {
+	if !ix.validEP(service, ep, rank) {
 		return
 	}
+	for len(keys) > 0 {
+		n := min(len(keys), writeChunk)
+		ix.remove(service, ep, rank, keys[:n])
+		keys = keys[n:]
+	}
+}
+
+func (ix *Index) remove(service uint32, ep int, rank int, keys []uint64) {
 	s := ix.lookup(service)
 	if s == nil {
 		return
@@ -382,6 +403,10 @@ func (ix *Index) Remove(service uint32, ep int, rank int, keys []uint64) {
 			continue
 		}
 		s.removeAt(e, i, k, bit)
+	}
+	s.tab.maybeShrink()
+	if e.ranks != nil {
+		e.ranks.maybeShrink()
 	}
 	s.compact(e, ep)
 	e.blocks.Set(float64(e.n))
@@ -595,8 +620,7 @@ func (ix *Index) PrefixMatch(service uint32, keys []uint64, eps []int, out []int
 }
 
 // Snapshot returns up to limit of endpoint ep's real block keys (limit <= 0
-// means all) and the total count. The order is the table's slot order, which
-// is stable only while the inventory does not change.
+// means all), oldest inserted first, and the total count.
 func (ix *Index) Snapshot(service uint32, ep int, limit int) (blocks []uint64, total int) {
 	if ep < 0 || ep >= MaxEndpoints {
 		return nil, 0
@@ -617,12 +641,25 @@ func (ix *Index) Snapshot(service uint32, ep int, limit int) (blocks []uint64, t
 	}
 	blocks = make([]uint64, 0, limit)
 	bit := uint64(1) << ep
-	s.tab.each(func(k uint64, v uint64) bool {
-		if v&bit != 0 {
-			blocks = append(blocks, k)
+	// The order holds every present key at least once; duplicates (keys
+	// stored again after a removal) exist only while it has stale elements.
+	var seen table[uint8]
+	dups := len(e.order)-e.head > e.n
+	for _, k := range e.order[e.head:] {
+		if s.tab.get(k)&bit == 0 {
+			continue
 		}
-		return len(blocks) < limit
-	})
+		if dups {
+			if seen.get(k) != 0 {
+				continue
+			}
+			seen.put(k, 1)
+		}
+		blocks = append(blocks, k)
+		if len(blocks) == limit {
+			break
+		}
+	}
 	return blocks, total
 }
 

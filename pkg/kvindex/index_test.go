@@ -560,3 +560,107 @@ func TestConcurrent(t *testing.T) {
 	}
 	checkInvariants(t, ix)
 }
+
+func TestSnapshotOldestFirst(t *testing.T) {
+	ix, _ := newIndex(t, Config{})
+	ix.Store(1, 0, 0, []uint64{30, 10, 20})
+	ix.Store(1, 0, 1, []uint64{10, 40})
+	got, total := ix.Snapshot(1, 0, 0)
+	if want := []uint64{30, 10, 20, 40}; !slices.Equal(got, want) || total != 4 {
+		t.Fatalf("Snapshot = %v (%d), want %v", got, total, want)
+	}
+	got, _ = ix.Snapshot(1, 0, 2)
+	if want := []uint64{30, 10}; !slices.Equal(got, want) {
+		t.Fatalf("Snapshot limit 2 = %v, want %v", got, want)
+	}
+	// A re-stored key appears once.
+	ix.Remove(1, 0, 0, []uint64{30})
+	ix.Store(1, 0, 0, []uint64{30})
+	got, total = ix.Snapshot(1, 0, 0)
+	slices.Sort(got)
+	if want := []uint64{10, 20, 30, 40}; !slices.Equal(got, want) || total != 4 {
+		t.Fatalf("Snapshot after re-store = %v (%d)", got, total)
+	}
+}
+
+// TestBulkClears exercises the in-place bulk update on large, shared tables
+// (probe runs wrap around and the table shrinks) against the model.
+func TestBulkClears(t *testing.T) {
+	ix, _ := newIndex(t, Config{})
+	ref := model{}
+	r := rand.New(rand.NewPCG(6, 7))
+	for ep := 0; ep < 3; ep++ {
+		for rank := 0; rank < 3; rank++ {
+			ks := make([]uint64, 6000) // > writeChunk: several chunks
+			for i := range ks {
+				ks[i] = uint64(r.IntN(30000))
+			}
+			ix.Store(1, ep, rank, ks)
+			m := ref.ep(1, ep)
+			for _, k := range ks {
+				m[k] |= 1 << rank
+			}
+		}
+	}
+	check := func(what string) {
+		t.Helper()
+		checkInvariants(t, ix)
+		for ep := 0; ep < 3; ep++ {
+			m := ref.ep(1, ep)
+			if ix.Len(1, ep) != len(m) {
+				t.Fatalf("%s: ep %d Len = %d, want %d", what, ep, ix.Len(1, ep), len(m))
+			}
+			got, _ := ix.Snapshot(1, ep, 0)
+			if len(got) != len(m) {
+				t.Fatalf("%s: ep %d snapshot has %d", what, ep, len(got))
+			}
+			for _, k := range got {
+				if _, ok := m[k]; !ok {
+					t.Fatalf("%s: ep %d holds %d", what, ep, k)
+				}
+			}
+		}
+	}
+	check("filled")
+	clearModelRank := func(ep, rank int) {
+		m := ref.ep(1, ep)
+		for k := range m {
+			if m[k] &^= 1 << rank; m[k] == 0 {
+				delete(m, k)
+			}
+		}
+	}
+	ix.ClearRank(1, 1, 0)
+	clearModelRank(1, 0)
+	check("rank 0 of ep 1")
+	ix.ClearRank(1, 1, 2)
+	clearModelRank(1, 2)
+	check("rank 2 of ep 1")
+	ix.ClearEndpoint(1, 0)
+	clear(ref.ep(1, 0))
+	check("ep 0")
+	ix.ClearRank(1, 1, 1)
+	clearModelRank(1, 1)
+	ix.ClearEndpoint(1, 2)
+	clear(ref.ep(1, 2))
+	check("all")
+	if s := ix.lookup(1); s.tab.n != 0 || len(s.tab.keys) > 1024 {
+		t.Fatalf("table not shrunk: n=%d slots=%d", s.tab.n, len(s.tab.keys))
+	}
+}
+
+func TestLargeBatchesAreChunked(t *testing.T) {
+	ix, _ := newIndex(t, Config{MaxBlocksPerEndpoint: 3000})
+	ix.Store(1, 0, 0, seq(0, 5000))
+	if ix.Len(1, 0) != 3000 {
+		t.Fatalf("Len = %d", ix.Len(1, 0))
+	}
+	if got := match(ix, 1, seq(2000, 5000), 0); got[0] != 3000 {
+		t.Fatalf("newest 3000 not kept: %v", got)
+	}
+	ix.Remove(1, 0, 0, seq(0, 5000))
+	if ix.Len(1, 0) != 0 {
+		t.Fatalf("Len after remove = %d", ix.Len(1, 0))
+	}
+	checkInvariants(t, ix)
+}

@@ -150,27 +150,39 @@ func (t *table[V]) resize(slots int) {
 	}
 }
 
-// update replaces every value with fn(key, value); entries mapped to 0 are
-// removed and the table is rebuilt at a size fitting the survivors. It is
-// O(slots) and meant for rare bulk operations (rank and endpoint clears).
-// fn must not touch t.
+// update replaces every value with fn(key, value) and removes entries
+// mapped to 0, in place. After a deletion the same slot is examined again,
+// because backward shifting may have moved an unvisited entry into it; an
+// entry may also be shifted from the already-visited start of the array
+// into the unvisited tail and be seen twice, so fn must be idempotent
+// (applying it to its own result changes nothing). fn must not touch t.
+// It is O(slots) and meant for rare bulk operations (rank and endpoint
+// clears); it does not allocate.
 func (t *table[V]) update(fn func(k uint64, v V) V) {
-	if t.n == 0 {
-		return
-	}
-	n := 0
-	for i, v := range t.vals {
+	for i := 0; i < len(t.vals) && t.n > 0; {
+		v := t.vals[i]
 		if v == 0 {
+			i++
 			continue
 		}
 		nv := fn(t.keys[i], v)
-		t.vals[i] = nv
-		if nv != 0 {
-			n++
+		if nv == 0 {
+			t.delAt(i)
+			continue
 		}
+		t.vals[i] = nv
+		i++
 	}
-	// The zeroed slots broke probe runs; rehash the survivors.
-	t.resize(slotsFor(n))
+	t.maybeShrink()
+}
+
+// maybeShrink gives memory back after mass deletion. The shrink threshold
+// (1/16 full) is far below the growth threshold (4/5), so a table
+// oscillating around one size never thrashes.
+func (t *table[V]) maybeShrink() {
+	if len(t.keys) > 1024 && t.n*16 < len(t.keys) {
+		t.resize(slotsFor(t.n))
+	}
 }
 
 // each calls fn for every entry until fn returns false. fn must not modify t.
