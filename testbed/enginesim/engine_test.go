@@ -321,3 +321,26 @@ func TestLlamaCppHasNoEvents(t *testing.T) {
 		t.Fatalf("llama.cpp prompt cache: cached %d", got)
 	}
 }
+
+// TestRealTokenizer checks text prompts go through the model's tokenizer and
+// chat template when one is configured.
+func TestRealTokenizer(t *testing.T) {
+	tok, err := LoadTokenizer("../../testdata/tokenizers/Qwen__Qwen3-0.6B")
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	e := startEngine(t, Config{Engine: EngineVLLM}, Deps{Tokenizer: tok})
+	r := do(t, "POST", e.URL()+"/tokenize", map[string]any{"prompt": "Hello world"})
+	if got := string(mustJSONRaw(r.json["tokens"])); got != "[9707,1879]" {
+		t.Fatalf("tokens %s", got)
+	}
+	msgs := []any{map[string]any{"role": "system", "content": strings.Repeat("You are a careful assistant. ", 20)},
+		map[string]any{"role": "user", "content": "hi"}}
+	cachedTokens(t, do(t, "POST", e.URL()+"/v1/chat/completions", map[string]any{"messages": msgs}))
+	msgs[1] = map[string]any{"role": "user", "content": "something else"}
+	if got := cachedTokens(t, do(t, "POST", e.URL()+"/v1/chat/completions", map[string]any{"messages": msgs})); got < 96 {
+		t.Fatalf("shared system prompt cached_tokens=%d", got)
+	}
+}
+
+func mustJSONRaw(v any) []byte { b, _ := json.Marshal(v); return b }
