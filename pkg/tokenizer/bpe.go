@@ -392,3 +392,13 @@ func (c *wordCache) put(w string, ids []uint32) {
 	s.m[key] = cp
 	s.mu.Unlock()
 }
+
+// reset empties the cache (benchmarks).
+func (c *wordCache) reset() {
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		clear(s.m)
+		s.mu.Unlock()
+	}
+}

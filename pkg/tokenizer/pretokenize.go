@@ -245,20 +245,36 @@ func (p *byteLevelPre) split(dst []string, s string) []string {
 	return append(dst, s)
 }
 
-type preSequence []preTokenizer
+// preSequence applies pre-tokenizers in order, each to every piece the
+// previous one produced.
+type preSequence struct {
+	steps []preTokenizer
+	pool  sync.Pool // *[2][]string scratch
+}
 
-func (q preSequence) split(dst []string, s string) []string {
-	cur := append(dst, s)
-	base := len(dst)
-	var tmp []string
-	for _, p := range q {
-		tmp = tmp[:0]
-		for _, piece := range cur[base:] {
-			tmp = p.split(tmp, piece)
+func newPreSequence(steps []preTokenizer) *preSequence {
+	q := &preSequence{steps: steps}
+	q.pool.New = func() any { return new([2][]string) }
+	return q
+}
+
+func (q *preSequence) split(dst []string, s string) []string {
+	bufs := q.pool.Get().(*[2][]string)
+	cur := append(bufs[0][:0], s)
+	next := bufs[1][:0]
+	for _, p := range q.steps {
+		next = next[:0]
+		for _, piece := range cur {
+			next = p.split(next, piece)
 		}
-		cur = append(cur[:base], tmp...)
+		cur, next = next, cur
 	}
-	return cur
+	dst = append(dst, cur...)
+	clear(cur) // drop references to the input text
+	clear(next)
+	bufs[0], bufs[1] = cur[:0], next[:0]
+	q.pool.Put(bufs)
+	return dst
 }
 
 type rawPreTokenizer struct {
@@ -286,7 +302,7 @@ func parsePreTokenizer(raw json.RawMessage, depth int) (pt preTokenizer, byteLev
 	}
 	switch r.Type {
 	case "Sequence":
-		var seq preSequence
+		var seq []preTokenizer
 		for i, sub := range r.Pretokenizers {
 			p, bl, err := parsePreTokenizer(sub, depth+1)
 			if err != nil {
@@ -303,7 +319,7 @@ func parsePreTokenizer(raw json.RawMessage, depth int) (pt preTokenizer, byteLev
 		case 1:
 			return seq[0], byteLevel, nil
 		}
-		return seq, byteLevel, nil
+		return newPreSequence(seq), byteLevel, nil
 	case "Split":
 		if r.Pattern == nil {
 			return nil, false, fmt.Errorf("pre_tokenizer Split without pattern")

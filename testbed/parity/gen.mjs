@@ -164,7 +164,7 @@ function benchPrompt() {
     'In 2024, 3,141 requests/s were served at p99 < 250ms; that\'s 12.5% better than last year\'s 2,791. ',
     '{"model": "Qwen/Qwen3-0.6B", "messages": [{"role": "user", "content": "Hi"}], "stream": true}\n',
   ];
-  while (s.length < 9000) s += parts[Math.floor(r() * parts.length)];
+  while (s.length < 5800) s += parts[Math.floor(r() * parts.length)];
   s += '\n\nQuestion: what is the main point?';
   return s;
 }

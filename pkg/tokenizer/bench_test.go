@@ -1,0 +1,63 @@
+package tokenizer
+
+import (
+	"os"
+	"testing"
+)
+
+// BenchmarkEncodePrompt tokenizes the ~2,000-token benchmark prompt (the
+// same bytes testbed/parity/regen.sh times with the Rust tokenizer) and
+// reports ns/token and tokens/s.
+func BenchmarkEncodePrompt(b *testing.B) {
+	prompt, err := os.ReadFile("testdata/bench_prompt.txt")
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := string(prompt)
+	for _, m := range parityModels {
+		b.Run(m.name, func(b *testing.B) {
+			tk := loadStaged(b, m.slug)
+			n := len(tk.Encode(text, false))
+			buf := make([]uint32, 0, n)
+			b.SetBytes(int64(len(text)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				buf = tk.AppendEncode(buf[:0], text, false)
+			}
+			reportTokens(b, n)
+		})
+	}
+}
+
+// BenchmarkEncodePromptColdCache is the same with the per-word BPE cache
+// emptied before every encode: the worst case for a never-seen prompt.
+func BenchmarkEncodePromptColdCache(b *testing.B) {
+	prompt, err := os.ReadFile("testdata/bench_prompt.txt")
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := string(prompt)
+	for _, m := range parityModels {
+		b.Run(m.name, func(b *testing.B) {
+			tk := loadStaged(b, m.slug)
+			n := len(tk.Encode(text, false))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				tk.model.cache.reset()
+				b.StartTimer()
+				tk.Encode(text, false)
+			}
+			reportTokens(b, n)
+		})
+	}
+}
+
+func reportTokens(b *testing.B, n int) {
+	nsPerOp := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	b.ReportMetric(float64(n), "tokens/op")
+	b.ReportMetric(nsPerOp/float64(n), "ns/token")
+	b.ReportMetric(float64(n)/(nsPerOp/1e9), "tokens/s")
+}

@@ -1,0 +1,65 @@
+package tokenizer
+
+import (
+	"testing"
+	"unicode/utf8"
+)
+
+func spansEqual(a, b []span) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestScannerMatchesRegexp proves the hand-written scanners equal regexp2
+// on every string of the parity corpus, for both patterns.
+func TestScannerMatchesRegexp(t *testing.T) {
+	var corpus []string
+	readGolden(t, "corpus.json", &corpus)
+	corpus = append(corpus, "'ſ", "'ſt", "'S", "'RE", "'Ll", "'lL", "'K", "x'x", "'", "''s", "\xff\xfe", "a\xffb", "\x85 \xc2\x85")
+	for _, pat := range []string{qwenPattern, llama3Pattern} {
+		re, err := newRegexMatcher(pat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := fastMatcherFor(pat)
+		if sc == nil {
+			t.Fatal("no scanner for a known pattern")
+		}
+		for i, s := range corpus {
+			want := re.find(nil, s)
+			got := sc.find(nil, s)
+			if !spansEqual(got, want) {
+				t.Fatalf("pattern %d case %d %q: scanner %v, regexp2 %v", len(pat), i, trunc(s), got, want)
+			}
+		}
+	}
+}
+
+func FuzzScannerMatchesRegexp(f *testing.F) {
+	for _, s := range []string{"Hello world", "  \n\n x", "I'm 12345 ", "\u3000\u2028a", "!!! ??\r\n", "'ll'RE", "a\xffb"} {
+		f.Add(s)
+	}
+	qre, _ := newRegexMatcher(qwenPattern)
+	lre, _ := newRegexMatcher(llama3Pattern)
+	qs, ls := fastMatcherFor(qwenPattern), fastMatcherFor(llama3Pattern)
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			// regexp2 sees invalid bytes as U+FFFD runes of width 1, as the
+			// scanner does; keep checking them too.
+			_ = s
+		}
+		if got, want := qs.find(nil, s), qre.find(nil, s); !spansEqual(got, want) {
+			t.Fatalf("qwen %q: scanner %v regexp2 %v", s, got, want)
+		}
+		if got, want := ls.find(nil, s), lre.find(nil, s); !spansEqual(got, want) {
+			t.Fatalf("llama3 %q: scanner %v regexp2 %v", s, got, want)
+		}
+	})
+}
