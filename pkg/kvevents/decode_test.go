@@ -139,7 +139,7 @@ func (m *mp) str(s string) *mp {
 	return m
 }
 func (m *mp) bin(b []byte) *mp { m.WriteByte(0xc4); m.WriteByte(byte(len(b))); m.Write(b); return m }
-func (m *mp) nil_() *mp       { m.WriteByte(0xc0); return m }
+func (m *mp) nil_() *mp        { m.WriteByte(0xc0); return m }
 func (m *mp) u64(v uint64) *mp {
 	m.WriteByte(0xcf)
 	for i := 7; i >= 0; i-- {

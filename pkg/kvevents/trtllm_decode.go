@@ -233,4 +233,3 @@ func DecodeTRTLLMEvent(raw []byte) (TRTEvent, error) {
 	}
 	return ev, nil
 }
-

@@ -1,0 +1,75 @@
+// Package kvevents turns inference engines' KV-cache events into endpoint
+// block inventories.
+//
+// In: the desired subscriptions (Manager.Sync, called by the control plane on
+// rule create/update/delete) and the engines' event feeds:
+//
+//   - vLLM: a ZMQ SUB to tcp://endpointIP:kvZmqPort. Messages are three
+//     frames [topic, seq (8 bytes big-endian), msgpack EventBatch].
+//   - SGLang: one SUB per data-parallel rank at kvZmqPort+rank, same framing;
+//     all ranks union into the endpoint's inventory, each under its own rank
+//     so clearing one rank leaves the others.
+//   - TensorRT-LLM: POST http://endpointIP:targetPort/kv_cache_events, a
+//     destructive drain polled at an adaptive interval, after a
+//     /server_info geometry admission check.
+//
+// Out: Store/Remove/ClearRank/ClearEndpoint calls on a Sink (pkg/kvindex),
+// per-endpoint status (Manager.Status, served as-is by the inventory API),
+// parity verdicts (Manager.Parity, for the capabilities API), and Prometheus
+// metrics on the injected registerer.
+//
+// # Decoding
+//
+// Decoder walks msgpack by hand (no reflection): the outer EventBatch as a
+// positional array [ts, events, rank?] or a map; inner events as tagged
+// arrays of any historical length ["BlockStored", hashes, parent, tokens,
+// block_size, lora_id, medium, lora_name|{cache_salt}, extra_keys,
+// group_idx, kv_cache_spec_kind, ...] or as maps keyed by "type". Block
+// hashes may be unsigned integers (vLLM), signed int64 (SGLang; kept as the
+// same 64 bits) or raw digest bytes: vLLM's key is the last 8 digest bytes
+// big-endian (int.from_bytes(digest, "big") & 2^64-1), SGLang's the first 8.
+// Unknown event types are counted and skipped. TensorRT-LLM JSON is decoded
+// with json.Number and strconv.ParseUint, so 64-bit hashes stay exact.
+//
+// Only blocks on the media in Config.Media (default GPU) and, for hybrid
+// models, of the full-attention KV group are applied.
+//
+// TensorRT-LLM's own block_hash is a different contract from the one the
+// request side computes, so each stored block's tokens are rehashed with the
+// rule's algorithm (blockhash_trtllm), chained from the gateway digest of the
+// parent handle; the engine hash is only a handle for later removals.
+//
+// # Sequence, replay and restarts
+//
+// Each publisher's seq is tracked. A gap triggers a replay request to the
+// publisher's replay ROUTER (port + Config.ReplayPortOffset, or
+// Spec.ReplayEndpoint): a DEALER sends ["", seq8] and reads
+// ["", topic?, seq8, payload] replies up to the end marker (seq
+// 0xffffffffffffffff, empty payload). What cannot be replayed is lost: the
+// publisher is marked degraded and counted; a loss of at most
+// Config.GapKeepWindow batches keeps its blocks (stale keys cost at most a
+// cache miss), a larger one clears them. Degraded clears when the engine's
+// cache resets (AllBlocksCleared, restart), since the inventory is then
+// exact again.
+//
+// A seq lower than the last one means the engine restarted (vLLM sends no
+// AllBlocksCleared then): that publisher's blocks are cleared. On reconnect
+// with replay available, the batch at the last applied seq is fetched again:
+// the same bytes mean the same process; different bytes, or no batch that
+// high, mean a restart (clear, then rebuild from the replay buffer). On the
+// first connect every buffered batch is replayed. TensorRT-LLM event ids are
+// tracked the same way; a gap there means another client drained the events.
+//
+// # Parity attestation
+//
+// BlockStored events carry token ids, so the gateway recomputes the rule's
+// contract hash for them (root-anchored runs from the contract root,
+// children from parent digests it computed earlier, in a bounded map) and
+// keeps a per-endpoint verdict: ok, block_size_mismatch, hash_algo_mismatch
+// (the keys match the other vLLM algorithm), hash_mismatch (seed or hash
+// contract), or unverified. A change is logged once and exported as
+// loxilb_kv_parity_verdict.
+//
+// Neighbours: pkg/control builds the Specs; pkg/kvindex is the Sink;
+// pkg/blockhash provides the contracts; api serves Status and Parity.
+package kvevents

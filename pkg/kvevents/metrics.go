@@ -1,0 +1,254 @@
+package kvevents
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Parity verdicts. They are the values of EndpointStatus.Parity.Verdict and
+// of the verdict label of loxilb_kv_parity_verdict.
+const (
+	VerdictUnverified        = "unverified"
+	VerdictOK                = "ok"
+	VerdictBlockSizeMismatch = "block_size_mismatch"
+	VerdictHashAlgoMismatch  = "hash_algo_mismatch"
+	VerdictHashMismatch      = "hash_mismatch"
+)
+
+var allVerdicts = []string{VerdictUnverified, VerdictOK, VerdictBlockSizeMismatch, VerdictHashAlgoMismatch, VerdictHashMismatch}
+
+// Admission verdicts of a TensorRT-LLM endpoint (its /server_info check).
+const (
+	AdmissionPending  = "pending"
+	AdmissionAdmitted = "admitted"
+	// AdmissionLegacy is an engine whose /server_info does not expose block
+	// geometry: admitted, with a warning, on the rule's word.
+	AdmissionLegacy  = "admitted_legacy"
+	AdmissionRefused = "refused"
+)
+
+var allAdmissions = []string{AdmissionPending, AdmissionAdmitted, AdmissionLegacy, AdmissionRefused}
+
+// Skip reasons (label reason of loxilb_kv_events_skipped_total).
+const (
+	skipUnknownType   = "unknown_type"
+	skipMedium        = "medium"
+	skipGroup         = "kv_group"
+	skipWindow        = "window_size"
+	skipUnknownParent = "unknown_parent"
+	skipNonPlain      = "non_plain"
+	skipBlockSize     = "block_size"
+	skipDuplicate     = "duplicate"
+	skipUnknownHandle = "unknown_handle"
+)
+
+var allSkipReasons = []string{skipUnknownType, skipMedium, skipGroup, skipWindow, skipUnknownParent, skipNonPlain, skipBlockSize, skipDuplicate, skipUnknownHandle}
+
+// Reset reasons (label reason of loxilb_kv_resets_total).
+const (
+	resetSeqBackwards = "seq_backwards"
+	resetRestart      = "restart_detected"
+	resetGap          = "unrecovered_gap"
+	resetCreated      = "engine_created"
+	resetChainFull    = "chain_map_full"
+)
+
+// Replay results (label result of loxilb_kv_replays_total).
+const (
+	replayOK          = "ok"
+	replayIncomplete  = "incomplete"
+	replayUnavailable = "unavailable"
+)
+
+// metrics holds every collector of the package, registered once per Manager
+// on the injected registerer.
+type metrics struct {
+	connected     *prometheus.GaugeVec
+	reconnects    *prometheus.CounterVec
+	recvErrors    *prometheus.CounterVec
+	eventsApplied *prometheus.CounterVec
+	blockEvents   *prometheus.CounterVec
+	skipped       *prometheus.CounterVec
+	decodeErrors  *prometheus.CounterVec
+	seqGaps       *prometheus.CounterVec
+	replays       *prometheus.CounterVec
+	resets        *prometheus.CounterVec
+	degraded      *prometheus.GaugeVec
+	parity        *prometheus.GaugeVec
+	admission     *prometheus.GaugeVec
+
+	vecs []interface {
+		DeletePartialMatch(prometheus.Labels) int
+	}
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	se := []string{"service", "ep"}
+	m := &metrics{
+		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "loxilb_kv_subscriber_connected",
+			Help: "1 when every KV event source of the endpoint (all ranks) is connected, else 0.",
+		}, se),
+		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_subscriber_reconnect_total",
+			Help: "KV event source reconnections after a lost connection.",
+		}, se),
+		recvErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_subscriber_recv_error_total",
+			Help: "Receive, dial or poll errors of KV event sources.",
+		}, se),
+		eventsApplied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_events_applied_total",
+			Help: "KV events applied to the endpoint inventory, by event type.",
+		}, append(se, "type")),
+		blockEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_block_events_applied_total",
+			Help: "Block keys stored into or removed from the endpoint inventory.",
+		}, append(se, "op")),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_events_skipped_total",
+			Help: "KV events (or blocks) not applied, by reason.",
+		}, append(se, "reason")),
+		decodeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_decode_errors_total",
+			Help: "KV event messages dropped because they could not be decoded.",
+		}, se),
+		seqGaps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_seq_gaps_total",
+			Help: "Sequence gaps (lost event batches) detected.",
+		}, se),
+		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_replays_total",
+			Help: "Replay requests to the engine's replay endpoint, by result.",
+		}, append(se, "result")),
+		resets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_resets_total",
+			Help: "Per-publisher inventory resets (engine restart, unrecoverable gap), by reason.",
+		}, append(se, "reason")),
+		degraded: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "loxilb_kv_subscriber_degraded",
+			Help: "1 when the endpoint inventory may diverge from the engine after lost events.",
+		}, se),
+		parity: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "loxilb_kv_parity_verdict",
+			Help: "Hash-contract parity attestation of the endpoint: 1 for the current verdict, 0 for the others.",
+		}, append(se, "verdict")),
+		admission: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "loxilb_kv_trtllm_admission",
+			Help: "TensorRT-LLM /server_info admission verdict: 1 for the current verdict, 0 for the others.",
+		}, append(se, "verdict")),
+	}
+	cs := []prometheus.Collector{m.connected, m.reconnects, m.recvErrors, m.eventsApplied, m.blockEvents, m.skipped,
+		m.decodeErrors, m.seqGaps, m.replays, m.resets, m.degraded, m.parity, m.admission}
+	for i, c := range cs {
+		if err := reg.Register(c); err != nil {
+			// Two Managers on one registerer share the series of the first.
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				cs[i] = are.ExistingCollector
+			}
+		}
+	}
+	m.connected = cs[0].(*prometheus.GaugeVec)
+	m.reconnects = cs[1].(*prometheus.CounterVec)
+	m.recvErrors = cs[2].(*prometheus.CounterVec)
+	m.eventsApplied = cs[3].(*prometheus.CounterVec)
+	m.blockEvents = cs[4].(*prometheus.CounterVec)
+	m.skipped = cs[5].(*prometheus.CounterVec)
+	m.decodeErrors = cs[6].(*prometheus.CounterVec)
+	m.seqGaps = cs[7].(*prometheus.CounterVec)
+	m.replays = cs[8].(*prometheus.CounterVec)
+	m.resets = cs[9].(*prometheus.CounterVec)
+	m.degraded = cs[10].(*prometheus.GaugeVec)
+	m.parity = cs[11].(*prometheus.GaugeVec)
+	m.admission = cs[12].(*prometheus.GaugeVec)
+	m.vecs = []interface {
+		DeletePartialMatch(prometheus.Labels) int
+	}{m.connected, m.reconnects, m.recvErrors, m.eventsApplied, m.blockEvents, m.skipped,
+		m.decodeErrors, m.seqGaps, m.replays, m.resets, m.degraded, m.parity, m.admission}
+	return m
+}
+
+// subMetrics are the children of one subscription, resolved once so the
+// ingestion path never hashes label values.
+type subMetrics struct {
+	m       *metrics
+	labels  prometheus.Labels
+	conn    prometheus.Gauge
+	reconn  prometheus.Counter
+	recvErr prometheus.Counter
+	applied [4]prometheus.Counter // by EventKind
+	stored  prometheus.Counter
+	removed prometheus.Counter
+	skipped map[string]prometheus.Counter
+	decErr  prometheus.Counter
+	gaps    prometheus.Counter
+	replays map[string]prometheus.Counter
+	resets  map[string]prometheus.Counter
+	degr    prometheus.Gauge
+}
+
+func (m *metrics) forSub(service, ep string) *subMetrics {
+	l := prometheus.Labels{"service": service, "ep": ep}
+	s := &subMetrics{
+		m:       m,
+		labels:  l,
+		conn:    m.connected.With(l),
+		reconn:  m.reconnects.With(l),
+		recvErr: m.recvErrors.With(l),
+		stored:  m.blockEvents.WithLabelValues(service, ep, "stored"),
+		removed: m.blockEvents.WithLabelValues(service, ep, "removed"),
+		skipped: make(map[string]prometheus.Counter),
+		decErr:  m.decodeErrors.With(l),
+		gaps:    m.seqGaps.With(l),
+		replays: make(map[string]prometheus.Counter),
+		resets:  make(map[string]prometheus.Counter),
+		degr:    m.degraded.With(l),
+	}
+	for _, k := range []EventKind{KindUnknown, KindStored, KindRemoved, KindCleared} {
+		s.applied[k] = m.eventsApplied.WithLabelValues(service, ep, k.String())
+	}
+	for _, r := range allSkipReasons {
+		s.skipped[r] = m.skipped.WithLabelValues(service, ep, r)
+	}
+	for _, r := range []string{replayOK, replayIncomplete, replayUnavailable} {
+		s.replays[r] = m.replays.WithLabelValues(service, ep, r)
+	}
+	for _, r := range []string{resetSeqBackwards, resetRestart, resetGap, resetCreated, resetChainFull} {
+		s.resets[r] = m.resets.WithLabelValues(service, ep, r)
+	}
+	s.conn.Set(0)
+	s.degr.Set(0)
+	s.setParity(VerdictUnverified)
+	return s
+}
+
+func (s *subMetrics) setParity(verdict string) {
+	for _, v := range allVerdicts {
+		g := s.m.parity.WithLabelValues(s.labels["service"], s.labels["ep"], v)
+		if v == verdict {
+			g.Set(1)
+		} else {
+			g.Set(0)
+		}
+	}
+}
+
+func (s *subMetrics) setAdmission(verdict string) {
+	for _, v := range allAdmissions {
+		g := s.m.admission.WithLabelValues(s.labels["service"], s.labels["ep"], v)
+		if v == verdict {
+			g.Set(1)
+		} else {
+			g.Set(0)
+		}
+	}
+}
+
+// delete removes every series of the subscription.
+func (s *subMetrics) delete() {
+	for _, v := range s.m.vecs {
+		v.DeletePartialMatch(s.labels)
+	}
+}

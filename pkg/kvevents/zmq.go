@@ -1,0 +1,392 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"strconv"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/zeebo/xxh3"
+)
+
+func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+
+// zmqLogger routes zmq4's own log lines into slog at debug level.
+func (s *subscription) zmqLogger() *log.Logger {
+	return slog.NewLogLogger(s.m.log.Handler(), slog.LevelDebug)
+}
+
+// zmqRank is the per-goroutine state of one ZMQ publisher: the decoder and
+// batch buffers it reuses.
+type zmqRank struct {
+	s   *subscription
+	rs  *rankState
+	dec *Decoder
+	b   Batch
+	c   applyCounts
+}
+
+// runZMQ subscribes to one publisher until ctx ends: dial with backoff,
+// replay what the engine buffered, then apply live batches in seq order.
+func (s *subscription) runZMQ(ctx context.Context, rs *rankState) {
+	order := KeyLast8
+	if s.spec.Engine == EngineSGLang {
+		order = KeyFirst8
+	}
+	z := &zmqRank{s: s, rs: rs, dec: NewDecoder(order)}
+	cfg := &s.m.cfg
+	backoff := cfg.ReconnectMin
+	everConnected := false
+	for ctx.Err() == nil {
+		sctx, cancel := context.WithCancel(ctx)
+		sock := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(cfg.DialTimeout),
+			zmq4.WithLogger(s.zmqLogger()))
+		// zmq4 records the subscription and sends it on every new
+		// connection; an empty topic matches every publisher topic.
+		if err := sock.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+			s.recvError(rs, fmt.Errorf("subscribe: %w", err))
+		}
+		if err := sock.Dial(rs.st.Endpoint); err != nil {
+			sock.Close()
+			cancel()
+			s.recvError(rs, fmt.Errorf("dial %s: %w", rs.st.Endpoint, err))
+			if !sleepCtx(ctx, backoff) {
+				return
+			}
+			backoff = min(2*backoff, cfg.ReconnectMax)
+			continue
+		}
+		backoff = cfg.ReconnectMin
+		s.setConnected(rs, true, everConnected)
+		everConnected = true
+		if rs.replay != "" {
+			z.replayOnConnect(ctx)
+		}
+		for {
+			msg, err := sock.Recv()
+			if err != nil {
+				if ctx.Err() == nil {
+					s.recvError(rs, fmt.Errorf("receive from %s: %w", rs.st.Endpoint, err))
+				}
+				break
+			}
+			z.handleFrames(ctx, msg.Frames)
+		}
+		sock.Close()
+		cancel()
+		s.setConnected(rs, false, false)
+		if !sleepCtx(ctx, cfg.ReconnectMin) {
+			return
+		}
+	}
+}
+
+// handleFrames validates one live message: [topic, seq(8 bytes BE), payload].
+func (z *zmqRank) handleFrames(ctx context.Context, frames [][]byte) {
+	if len(frames) != 3 {
+		z.s.decodeError(z.rs, fmt.Errorf("message has %d frames, want 3 (topic, seq, payload)", len(frames)))
+		return
+	}
+	if len(frames[1]) != 8 {
+		z.s.decodeError(z.rs, fmt.Errorf("seq frame has %d bytes, want 8", len(frames[1])))
+		return
+	}
+	z.handleLive(ctx, binary.BigEndian.Uint64(frames[1]), frames[2])
+}
+
+// handleLive applies one live batch after checking its sequence number.
+func (z *zmqRank) handleLive(ctx context.Context, seq uint64, payload []byte) {
+	rs := z.rs
+	if rs.dedup {
+		if seq >= rs.dedupLo && seq <= rs.dedupHi {
+			z.c.skip(skipDuplicate, 1)
+			z.flush(0, false)
+			return
+		}
+		rs.dedup = false
+	}
+	if rs.st.HasSeq {
+		last := rs.st.LastSeq
+		switch {
+		case seq == last+1:
+		case seq == last && xxh3.Hash(payload) == rs.lastSum:
+			z.c.skip(skipDuplicate, 1)
+			z.flush(0, false)
+			return
+		case seq <= last:
+			// Sequence numbers restart at 0 with the engine process, and
+			// vLLM sends no AllBlocksCleared on restart: the old blocks
+			// are gone.
+			z.s.reset(rs, rs.st.Rank, resetSeqBackwards)
+			z.forgetSeq()
+			if seq > 0 {
+				// The new process's batches 0..seq-1 came before we
+				// resubscribed.
+				z.recover(ctx, 0, seq)
+			}
+		default:
+			z.s.countGap(z.rs)
+			z.recover(ctx, last+1, seq)
+		}
+	}
+	z.apply(seq, payload)
+}
+
+// forgetSeq drops the sequence state after a reset.
+func (z *zmqRank) forgetSeq() {
+	z.s.mu.Lock()
+	z.rs.st.HasSeq, z.rs.st.LastSeq = false, 0
+	z.s.mu.Unlock()
+	z.rs.lastSum = 0
+	z.rs.dedup = false
+}
+
+// recover fetches batches from..seq-1 from the replay endpoint before the
+// live batch seq is applied; what cannot be replayed is lost.
+func (z *zmqRank) recover(ctx context.Context, from, seq uint64) {
+	missing := seq - from
+	if z.rs.replay != "" {
+		missing = z.replayRange(ctx, from, seq-1)
+		if missing == 0 {
+			return
+		}
+	}
+	z.lost(missing, fmt.Sprintf("lost %d event batches before seq %d", missing, seq))
+}
+
+// lost applies the documented recovery for events that cannot be replayed:
+// the publisher is marked degraded; a small loss keeps the blocks (a few
+// stale keys cost a cache miss at worst), a large one clears them (the
+// inventory then under-reports until the engine re-stores blocks).
+func (z *zmqRank) lost(missing uint64, reason string) {
+	z.s.setDegraded(z.rs, reason)
+	if missing > z.s.m.cfg.GapKeepWindow {
+		z.s.reset(z.rs, z.rs.st.Rank, resetGap)
+	}
+}
+
+// apply decodes and applies one batch and advances the sequence.
+func (z *zmqRank) apply(seq uint64, payload []byte) {
+	s, rs := z.s, z.rs
+	if err := z.dec.Decode(payload, &z.b); err != nil {
+		// The batch is consumed: replaying it would return the same bytes.
+		s.decodeError(rs, fmt.Errorf("seq %d: %w", seq, err))
+		s.mu.Lock()
+		rs.st.LastSeq, rs.st.HasSeq = seq, true
+		s.mu.Unlock()
+		rs.lastSum = xxh3.Hash(payload)
+		return
+	}
+	s.applyBatch(rs, &z.b, &z.c)
+	rs.lastSum = xxh3.Hash(payload)
+	z.flush(seq, true)
+}
+
+func (z *zmqRank) flush(seq uint64, hasSeq bool) {
+	z.s.flushCounts(z.rs, &z.c, seq, hasSeq)
+	sk := z.c.skipped
+	clear(sk)
+	z.c = applyCounts{skipped: sk}
+}
+
+// replayOnConnect rebuilds the publisher's state from its replay buffer
+// after a (re)connect.
+//
+// First connect: every buffered batch is applied (the engine's cache
+// predates the gateway).
+//
+// Reconnect: replay starts at the last applied seq. If the engine returns
+// that batch unchanged it is the same process and only the newer batches
+// are applied. If it returns a different batch under that seq, or nothing
+// at all (its seqs are all lower), the engine restarted: the publisher's
+// blocks are cleared and rebuilt from seq 0. If its buffer no longer holds
+// the last seq, the batches in between are lost (degraded).
+//
+// When replay is unavailable the first live message decides instead (see
+// handleLive).
+func (z *zmqRank) replayOnConnect(ctx context.Context) {
+	rs := z.rs
+	if !rs.st.HasSeq {
+		z.replayRange(ctx, 0, ^uint64(0))
+		return
+	}
+	last, lastSum := rs.st.LastSeq, rs.lastSum
+	first, restarted := true, false
+	lostBefore := uint64(0)
+	n, result, err := z.fetchReplay(ctx, last, func(seq uint64, payload []byte) bool {
+		if first {
+			first = false
+			switch {
+			case seq == last && xxh3.Hash(payload) == lastSum:
+				return true
+			case seq <= last:
+				restarted = true
+				return false
+			case seq > last+1:
+				lostBefore = seq - last - 1
+			}
+		}
+		if seq <= rs.st.LastSeq {
+			return true
+		}
+		z.apply(seq, payload)
+		return true
+	})
+	z.s.countReplay(rs, result, err)
+	switch {
+	case err != nil:
+		return
+	case restarted || n == 0:
+		z.s.reset(rs, rs.st.Rank, resetRestart)
+		z.forgetSeq()
+		z.replayRange(ctx, 0, ^uint64(0))
+		return
+	case lostBefore > 0:
+		z.s.countGap(z.rs)
+		z.lost(lostBefore, fmt.Sprintf("replay buffer no longer holds %d batches after seq %d", lostBefore, last))
+	}
+	z.markDedup(last)
+}
+
+// replayRange applies buffered batches with from <= seq <= to, in order, and
+// returns how many seqs of that range it could not get. An unbounded range
+// (to = max) only reports holes between the batches it received.
+func (z *zmqRank) replayRange(ctx context.Context, from, to uint64) (missing uint64) {
+	rs := z.rs
+	had, start := rs.st.HasSeq, rs.st.LastSeq
+	next := from
+	// An unbounded replay on first contact starts wherever the engine's
+	// buffer starts; only holes after its first batch are losses.
+	lead := to != ^uint64(0) || had
+	_, result, err := z.fetchReplay(ctx, from, func(seq uint64, payload []byte) bool {
+		if seq > to {
+			return false
+		}
+		if seq < next || (rs.st.HasSeq && seq <= rs.st.LastSeq) {
+			return true
+		}
+		if lead {
+			missing += seq - next
+		}
+		lead = true
+		z.apply(seq, payload)
+		next = seq + 1
+		return seq < to
+	})
+	if to != ^uint64(0) && next <= to {
+		missing += to - next + 1
+	}
+	if err == nil && missing > 0 {
+		result = replayIncomplete
+	}
+	z.s.countReplay(rs, result, err)
+	if had {
+		z.markDedup(start)
+	} else {
+		z.markDedup(0)
+	}
+	return missing
+}
+
+// markDedup opens the duplicate window [lo, last]: the SUB socket kept
+// queueing live batches while the replay ran.
+func (z *zmqRank) markDedup(lo uint64) {
+	if z.rs.st.HasSeq {
+		z.rs.dedup, z.rs.dedupLo, z.rs.dedupHi = true, lo, z.rs.st.LastSeq
+	}
+}
+
+func (s *subscription) countGap(rs *rankState) {
+	s.mu.Lock()
+	rs.st.Gaps++
+	s.st.Gaps++
+	s.mu.Unlock()
+	s.met.gaps.Inc()
+}
+
+func (s *subscription) countReplay(rs *rankState, result string, err error) {
+	s.mu.Lock()
+	if result == replayOK {
+		rs.st.Replays++
+		s.st.Replays++
+	} else {
+		rs.st.ReplayFailures++
+		s.st.ReplayFailures++
+		if err != nil {
+			rs.st.LastError = err.Error()
+		}
+	}
+	s.mu.Unlock()
+	s.met.replays[result].Inc()
+}
+
+// errReplayTimeout is reported when the replay endpoint does not finish in
+// Config.ReplayTimeout.
+var errReplayTimeout = errors.New("replay timed out")
+
+// fetchReplay asks the publisher's replay ROUTER for every buffered batch
+// with seq >= from and calls fn for each, in the order received, until fn
+// returns false or the end marker arrives. It returns the number of batches
+// received.
+//
+// Wire format (vLLM vllm/distributed/kv_events.py, SGLang's copy): the
+// DEALER sends ["", seq8]; the ROUTER then sees [identity, "", seq8]. Each
+// reply arrives as ["", topic, seq8, payload] (current vLLM) or
+// ["", seq8, payload] (older vLLM, SGLang); the end marker has seq
+// 0xffffffffffffffff and an empty payload.
+func (z *zmqRank) fetchReplay(ctx context.Context, from uint64, fn func(seq uint64, payload []byte) bool) (int, string, error) {
+	s, rs := z.s, z.rs
+	cfg := &s.m.cfg
+	rctx, cancel := context.WithTimeout(ctx, cfg.ReplayTimeout)
+	defer cancel()
+	sock := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(cfg.DialTimeout),
+		zmq4.WithLogger(s.zmqLogger()))
+	defer sock.Close()
+
+	if err := sock.Dial(rs.replay); err != nil {
+		return 0, replayUnavailable, fmt.Errorf("replay dial %s: %w", rs.replay, err)
+	}
+	var seq8 [8]byte
+	binary.BigEndian.PutUint64(seq8[:], from)
+	if err := sock.SendMulti(zmq4.NewMsgFrom([]byte{}, seq8[:])); err != nil {
+		return 0, replayUnavailable, fmt.Errorf("replay request to %s: %w", rs.replay, err)
+	}
+	n := 0
+	for {
+		msg, err := sock.Recv()
+		if err != nil {
+			if rctx.Err() != nil && ctx.Err() == nil {
+				err = errReplayTimeout
+			}
+			result := replayIncomplete
+			if n == 0 {
+				result = replayUnavailable
+			}
+			return n, result, fmt.Errorf("replay from %s after %d batches: %w", rs.replay, n, err)
+		}
+		f := msg.Frames
+		if len(f) > 0 && len(f[0]) == 0 {
+			f = f[1:] // the envelope delimiter
+		}
+		if len(f) == 3 {
+			f = f[1:] // the topic (current vLLM)
+		}
+		if len(f) != 2 || len(f[0]) != 8 {
+			s.decodeError(rs, fmt.Errorf("replay reply with %d frames", len(msg.Frames)))
+			continue
+		}
+		seq := binary.BigEndian.Uint64(f[0])
+		if seq == ^uint64(0) && len(f[1]) == 0 {
+			return n, replayOK, nil
+		}
+		n++
+		if !fn(seq, f[1]) {
+			return n, replayOK, nil
+		}
+	}
+}
