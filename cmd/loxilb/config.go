@@ -24,6 +24,10 @@ type config struct {
 	noDataplane  bool
 	bpfPinPath   string
 	metrics      bool
+	proxyCert    string
+	proxyKey     string
+	proxyCA      string
+	maxBodyBytes int64
 	logLevel     slog.Level
 	logJSON      bool
 	showVersion  bool
@@ -49,6 +53,10 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	fs.StringVar(&ifaces, "interfaces", "", "comma-separated interfaces the eBPF data plane attaches to (none by default)")
 	fs.BoolVar(&c.noDataplane, "no-dataplane", false, "run proxy-only: never load BPF programs")
 	fs.StringVar(&c.bpfPinPath, "bpf-pin-path", "/sys/fs/bpf/loxilb", "bpffs directory where data-plane maps are pinned")
+	fs.StringVar(&c.proxyCert, "proxy-tls-cert", "", "certificate (PEM) served by mode-4 rules with security 1 or 2")
+	fs.StringVar(&c.proxyKey, "proxy-tls-key", "", "private key (PEM) for --proxy-tls-cert")
+	fs.StringVar(&c.proxyCA, "proxy-tls-ca", "", "CA (PEM) that endpoint certificates are verified against for security 2 (default: system roots)")
+	fs.Int64Var(&c.maxBodyBytes, "proxy-max-body", 32<<20, "largest request body the mode-4 proxy accepts (413 beyond)")
 	fs.BoolVar(&c.metrics, "metrics", false, "enable the Prometheus export at start (otherwise POST /netlox/v1/config/metrics)")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&format, "log-format", "text", "text or json")

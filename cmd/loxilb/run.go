@@ -6,16 +6,32 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/engine"
+	"github.com/loxilb-llm/loxilb/pkg/gateway"
+	"github.com/loxilb-llm/loxilb/pkg/health"
+	"github.com/loxilb-llm/loxilb/pkg/kvevents"
+	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/pkg/store"
+	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
 )
+
+// runner is one long-lived component.
+type runner struct {
+	name string
+	run  func(context.Context) error
+}
 
 func run(ctx context.Context, args []string, env func(string) (string, bool)) error {
 	cfg, err := parseFlags(args, env, os.Stderr)
@@ -27,6 +43,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		return nil
 	}
 	logger := cfg.logger(os.Stderr)
+	getenv := func(k string) string { v, _ := env(k); return v }
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -36,23 +53,86 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	}
 	defer st.Close()
 
-	ctl := control.New(st, lbrule.LookupEnv(env), logger)
-	caps := &capabilities{env: env}
+	// The KV plane: inventories fed by engine events.
+	maxBlocks, err := envInt(getenv, "LOXILB_KV_MAX_BLOCKS", 1_000_000, 1000, 100_000_000)
+	if err != nil {
+		return err
+	}
+	index, err := kvindex.New(kvindex.Config{MaxBlocksPerEndpoint: maxBlocks}, reg)
+	if err != nil {
+		return err
+	}
+	kvCfg, err := kvEventsConfig(getenv)
+	if err != nil {
+		return err
+	}
+	events := kvevents.New(kvCfg, index, logger, reg)
 
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	tokens, err := tokenizer.NewRegistry(cfg.tokenizerDir, logger, reg)
+	if err != nil {
+		return fmt.Errorf("tokenizer registry: %w", err)
+	}
+	prober, err := health.New(health.Config{}, logger, reg)
+	if err != nil {
+		return err
+	}
+	rcfg, err := router.ConfigFromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	rt, err := router.New(rcfg, index, logger, reg)
+	if err != nil {
+		return err
+	}
+	seed := getenv(lbrule.SeedEnv)
+	gw, err := gateway.New(gateway.Config{Seed: seed, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
+		Proxy: proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}}, tokens, index, rt, prober, nil, logger, reg)
+	if err != nil {
+		return err
+	}
+	px, err := proxy.New(proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}, gw, logger, reg)
+	if err != nil {
+		return err
+	}
+	gw.SetProxy(px)
+
+	ctl := control.New(st, lbrule.LookupEnv(env), logger)
+	ctl.AddReconciler(&gateway.HealthReconciler{Prober: prober})
+	ctl.AddReconciler(&gateway.KVReconciler{Subs: events, Inv: index, Seed: seed})
+	ctl.AddReconciler(gw)
+
+	caps := &capabilities{env: env}
+	caps.add(func() []api.Capability { return tokenizerCaps(tokens) })
+	caps.add(func() []api.Capability { return parityCaps(events) })
+
 	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	runners := []runner{{"kvindex", index.Run}, {"kvevents", events.Run}, {"health", prober.Run}, {"proxy", px.Serve}}
+	var wg sync.WaitGroup
+	errc := make(chan error, len(runners)+1)
+	for _, r := range runners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				errc <- fmt.Errorf("%s: %w", r.name, err)
+			}
+		}()
+	}
+	defer wg.Wait()
 	defer cancel()
 
 	if err := ctl.Load(ctx); err != nil {
-		// Rules that no longer apply are reported, not dropped; the daemon
-		// keeps serving the others and the API.
+		// Rules that cannot be applied are reported, never dropped from the
+		// store; the daemon keeps serving the others and the API.
 		logger.Error("some stored rules were not applied", "err", err)
 	}
 
 	srv, err := api.New(api.Config{Addr: cfg.apiAddr, Token: cfg.apiToken, TLSCert: cfg.tlsCert, TLSKey: cfg.tlsKey,
 		MetricsEnabled: cfg.metrics, Version: version},
-		api.Deps{Rules: ctl, Capabilities: caps.list, Gatherer: reg, Logger: logger})
+		api.Deps{Rules: ctl, Capabilities: caps.list, Gatherer: reg, Logger: logger,
+			KV:     inspector{index: index, events: events},
+			States: gateway.EndpointState(prober, ctl.Get)})
 	if err != nil {
 		return err
 	}
@@ -62,13 +142,93 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	}
 	logger.Info("loxilb started", "version", version, "api", ln.Addr().String(), "state_dir", cfg.stateDir,
 		"tokenizer_dir", cfg.tokenizerDir, "rules", len(ctl.List()), "auth", cfg.apiToken != "", "tls", cfg.tlsCert != "")
-	err = srv.Serve(ctx, ln)
-	cancel()
-	if err != nil && !errors.Is(err, context.Canceled) {
+	go func() {
+		if err := srv.Serve(ctx, ln); err != nil {
+			errc <- fmt.Errorf("management API: %w", err)
+		}
+		cancel()
+	}()
+	select {
+	case <-ctx.Done():
+		logger.Info("loxilb stopping")
+		return nil
+	case err := <-errc:
+		logger.Error("component failed, stopping", "err", err)
 		return err
 	}
-	logger.Info("loxilb stopped")
-	return nil
+}
+
+func envInt(getenv func(string) string, name string, def, lo, hi int) (int, error) {
+	v := getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("%s=%q: want an integer in %d..%d", name, v, lo, hi)
+	}
+	return n, nil
+}
+
+func kvEventsConfig(getenv func(string) string) (kvevents.Config, error) {
+	c := kvevents.Config{ReplayPortOffset: engine.DefaultReplayPortOffset}
+	off, err := envInt(getenv, "LLB_KV_REPLAY_PORT_OFFSET", engine.DefaultReplayPortOffset, 0, 60000)
+	if err != nil {
+		return c, err
+	}
+	c.ReplayPortOffset = off
+	lo, err := envInt(getenv, "LOXILB_KV_TRTLLM_POLL_MIN_MS", 5, 1, 10000)
+	if err != nil {
+		return c, err
+	}
+	hi, err := envInt(getenv, "LOXILB_KV_TRTLLM_POLL_MAX_MS", 20, 1, 10000)
+	if err != nil {
+		return c, err
+	}
+	c.TRTPollMin, c.TRTPollMax = time.Duration(lo)*time.Millisecond, time.Duration(hi)*time.Millisecond
+	return c, nil
+}
+
+// inspector serves the inventory API from the index and the subscribers.
+type inspector struct {
+	index  *kvindex.Index
+	events *kvevents.Manager
+}
+
+func (i inspector) Snapshot(service uint32, ep, limit int) ([]uint64, int) {
+	return i.index.Snapshot(service, ep, limit)
+}
+
+func (i inspector) Subscriber(service uint32, ep int) (any, bool) {
+	st, ok := i.events.Status(service, ep)
+	return st, ok
+}
+
+func tokenizerCaps(r *tokenizer.Registry) []api.Capability {
+	var out []api.Capability
+	for _, s := range r.Status() {
+		c := api.Capability{Name: "tokenizer:" + s.Model, Ready: s.Loaded}
+		if s.Model == "" {
+			c.Name = "tokenizer:" + s.Slug
+		}
+		if !s.Loaded {
+			c.ReasonCode, c.Reason = s.Reason, s.Error
+			if c.Reason == "" {
+				c.Reason = "staged at " + s.Path + ", loaded on first request"
+			}
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func parityCaps(m *kvevents.Manager) []api.Capability {
+	var out []api.Capability
+	for _, p := range m.Parity() {
+		c := api.Capability{Name: fmt.Sprintf("kv_parity:%d/%d", p.Service, p.EPIdx), Ready: p.Verdict == "ok", ReasonCode: p.Verdict, Reason: p.Reason}
+		out = append(out, c)
+	}
+	return out
 }
 
 // capabilities assembles GET /status/capabilities from every stage.
@@ -97,3 +257,4 @@ func (c *capabilities) list() []api.Capability {
 	}
 	return out
 }
+

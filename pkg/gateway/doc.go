@@ -1,0 +1,17 @@
+// Package gateway is the mode-4 (fullproxy) service table: for every mode-4
+// rule it keeps the routing pipeline (tokenizer by model, block hasher, the
+// rule's selector) and implements proxy.Picker on top of it:
+//
+//	request -> tokenizer (engine's rendering) -> blockhash (full blocks)
+//	        -> kvindex (longest consecutive prefix per healthy endpoint)
+//	        -> router (min-match guard, overlap/load blend, spill, cold seed, sel on a miss)
+//	        -> ordered candidates + receipt
+//
+// It also holds the reconcilers that keep the other stages in step with the
+// rule set: proxy listeners, KV-event subscriptions, inventories and health
+// probes. Control calls them with the complete desired set after each change.
+//
+// Every miss has a counted reason (no tokenizer staged, unhashable request,
+// short prompt, ...) so a misconfiguration is visible in metrics and in the
+// routing receipt instead of silently falling through.
+package gateway

@@ -1,0 +1,211 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/loxilb-llm/loxilb/pkg/blockhash"
+	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/router"
+	"github.com/loxilb-llm/loxilb/pkg/selector"
+	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
+)
+
+// Tokenizers finds the staged tokenizer of a served model
+// (*tokenizer.Registry).
+type Tokenizers interface {
+	Get(model string) (*tokenizer.Tokenizer, error)
+}
+
+// Inventory is what the gateway needs of kvindex: the router's view plus
+// speculative entries for the endpoint just chosen.
+type Inventory interface {
+	router.Inventory
+	StoreSpeculative(service uint32, ep int, keys []uint64, ttl time.Duration)
+}
+
+// HealthView reports endpoint health (*health.Prober).
+type HealthView interface {
+	Healthy(service uint32, ep int) bool
+}
+
+// EngineMetrics supplies scraped engine load for an endpoint; ok=false when
+// none is known.
+type EngineMetrics interface {
+	Metrics(service uint32, ep int) (selector.EngineMetrics, bool)
+}
+
+// ProxyTable is the proxy's configuration entry point (*proxy.Server).
+type ProxyTable interface {
+	Update(cfg proxy.Config) error
+	InFlight(service uint32, ep int) int
+}
+
+// Config holds process-wide gateway settings.
+type Config struct {
+	// Seed is LLB_KV_NONE_HASH_SEED, the vLLM none-hash seed.
+	Seed string
+	// SpeculativeTTL is how long a routed request's blocks count as cached
+	// on the chosen endpoint before the engine's own events confirm them.
+	// 0 disables speculative entries. Default 5s.
+	SpeculativeTTL time.Duration
+	// Proxy carries the process-wide proxy knobs (timeouts, body limit,
+	// TLS files); Services is filled in by Reconcile.
+	Proxy proxy.Config
+	// TLS files served by rules with security 1 or 2, and the CA that
+	// endpoint certificates are verified against for security 2.
+	CertFile, KeyFile, CAFile string
+	// ReceiptAlways adds the routing receipt header to every response.
+	ReceiptAlways bool
+}
+
+// Gateway is the mode-4 service table and proxy.Picker.
+type Gateway struct {
+	cfg     Config
+	tok     Tokenizers
+	inv     Inventory
+	router  *router.Router
+	health  HealthView
+	engine  EngineMetrics
+	logger  *slog.Logger
+	m       *metrics
+	table   atomic.Pointer[map[uint32]*service]
+	proxy   atomic.Value // ProxyTable
+	mu      sync.Mutex   // serializes Reconcile
+	keyPool sync.Pool
+}
+
+var _ proxy.Picker = (*Gateway)(nil)
+
+// service is one mode-4 rule's routing state.
+type service struct {
+	id     uint32
+	rule   *lbrule.Rule
+	label  string
+	hasher *blockhash.Hasher // nil unless KV-exact
+	sel    selector.Selector
+	addrs  []string // endpoint dial addresses, by index
+	selKey string   // the settings the selector was built from
+}
+
+// New builds the gateway. health and engine may be nil (every endpoint is
+// healthy; no engine metrics).
+func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health HealthView, engine EngineMetrics, logger *slog.Logger, reg prometheus.Registerer) (*Gateway, error) {
+	if tok == nil || inv == nil || rt == nil {
+		return nil, errors.New("gateway: tokenizers, inventory and router are required")
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	if cfg.SpeculativeTTL == 0 {
+		cfg.SpeculativeTTL = 5 * time.Second
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{cfg: cfg, tok: tok, inv: inv, router: rt, health: health, engine: engine, logger: logger, m: m}
+	empty := map[uint32]*service{}
+	g.table.Store(&empty)
+	g.keyPool.New = func() any { b := make([]uint64, 0, 512); return &b }
+	return g, nil
+}
+
+// SetProxy connects the proxy once it exists (it needs the gateway as its
+// Picker, so it is built after the gateway).
+func (g *Gateway) SetProxy(p ProxyTable) { g.proxy.Store(p) }
+
+func (g *Gateway) proxyTable() ProxyTable {
+	p, _ := g.proxy.Load().(ProxyTable)
+	return p
+}
+
+// Name implements control.Reconciler.
+func (g *Gateway) Name() string { return "proxy" }
+
+// Reconcile implements control.Reconciler: it rebuilds the mode-4 table and
+// applies the listener set to the proxy. Selectors survive when a rule's
+// selector settings and endpoints are unchanged, so round-robin positions
+// and persistence tables are not reset by unrelated rule changes.
+func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	old := *g.table.Load()
+	next := make(map[uint32]*service)
+	pcfg := g.cfg.Proxy
+	pcfg.Services = nil
+	for _, cs := range services {
+		r := cs.Rule
+		if r.Service.Mode != lbrule.ModeFullProxy {
+			continue
+		}
+		st, err := g.buildService(cs, old[cs.ID])
+		if err != nil {
+			return fmt.Errorf("rule %d (%s): %w", cs.ID, r.Key(), err)
+		}
+		next[cs.ID] = st
+		vip, err := netip.ParseAddr(r.Service.ExternalIP)
+		if err != nil {
+			return fmt.Errorf("rule %d: %w", cs.ID, err)
+		}
+		ps := proxy.Service{ID: cs.ID, Listen: netip.AddrPortFrom(vip, uint16(r.Service.Port)), Security: proxy.Security(r.Service.Security),
+			CertFile: g.cfg.CertFile, KeyFile: g.cfg.KeyFile, CAFile: g.cfg.CAFile, Receipt: g.cfg.ReceiptAlways}
+		if ps.Security != proxy.SecurityPlain && (ps.CertFile == "" || ps.KeyFile == "") {
+			return fmt.Errorf("rule %d: security %d needs the daemon started with --proxy-tls-cert and --proxy-tls-key", cs.ID, r.Service.Security)
+		}
+		pcfg.Services = append(pcfg.Services, ps)
+	}
+	if p := g.proxyTable(); p != nil {
+		if err := p.Update(pcfg); err != nil {
+			return err
+		}
+	}
+	g.table.Store(&next)
+	for id := range old {
+		if _, ok := next[id]; !ok {
+			g.router.Forget(id)
+			g.m.forget(old[id].label)
+		}
+	}
+	return nil
+}
+
+func (g *Gateway) buildService(cs control.Service, prev *service) (*service, error) {
+	r := cs.Rule
+	st := &service{id: cs.ID, rule: r, label: strconv.FormatUint(uint64(cs.ID), 10)}
+	for _, ep := range r.Endpoints {
+		st.addrs = append(st.addrs, net.JoinHostPort(ep.IP, strconv.Itoa(ep.Port)))
+	}
+	if r.Service.KVExactMode == lbrule.KVExactSingle || r.Service.KVExactMode == lbrule.KVExactPD {
+		h, err := blockhash.New(blockhash.Config{Algo: blockhash.Algo(r.Service.KVHashAlgo), BlockSize: r.Service.KVBlockSize, Seed: g.cfg.Seed})
+		if err != nil {
+			return nil, fmt.Errorf("block hasher: %w", err)
+		}
+		st.hasher = h
+	}
+	st.selKey = fmt.Sprintf("%d/%v", r.Service.Sel, st.addrs)
+	if prev != nil && prev.selKey == st.selKey {
+		st.sel = prev.sel
+		return st, nil
+	}
+	sel, err := selector.New(r.Service.Sel, selector.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("selector: %w", err)
+	}
+	st.sel = sel
+	return st, nil
+}
+
+func (g *Gateway) lookup(id uint32) *service { return (*g.table.Load())[id] }

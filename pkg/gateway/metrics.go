@@ -1,0 +1,95 @@
+package gateway
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
+)
+
+type metrics struct {
+	tokMissing   *prometheus.CounterVec
+	unhashableC  *prometheus.CounterVec
+	missC        *prometheus.CounterVec
+	predicted    *prometheus.CounterVec
+	actual       *prometheus.CounterVec
+	mispredicted *prometheus.CounterVec
+	unverified   *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		tokMissing: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_tokenizer_unavailable_total",
+			Help: "Requests whose model had no loadable staged tokenizer, so Tier 1.5 was skipped; by reason (not_staged, unreadable, invalid)."},
+			[]string{"service", "model", "reason"}),
+		unhashableC: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_unhashable_requests_total",
+			Help: "Requests whose engine block hash includes more than token ids (LoRA, cache_salt, multimodal), routed by the fallback selector."},
+			[]string{"service", "reason"}),
+		missC: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_kv_skipped_total",
+			Help: "Requests on KV-exact rules that skipped Tier 1.5 before scoring, by reason."}, []string{"service", "reason"}),
+		predicted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_pd_kv_predicted_cached_tokens_total",
+			Help: "Prompt tokens the router predicted the chosen endpoint had cached (closed-loop check)."}, []string{"service", "ep_idx"}),
+		actual: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_pd_kv_reported_cached_tokens_total",
+			Help: "Prompt tokens the engine reported as cached (usage.prompt_tokens_details.cached_tokens)."}, []string{"service", "ep_idx"}),
+		mispredicted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_pd_kv_mispredictions_total",
+			Help: "Responses whose reported cached tokens differ from the prediction by at least one block, by direction (over: predicted more than served)."},
+			[]string{"service", "ep_idx", "direction"}),
+		unverified: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_pd_kv_unverified_responses_total",
+			Help: "Successful responses that carried no cached_tokens, so the prediction could not be checked."}, []string{"service", "ep_idx"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) tokenizerMissing(service, model string, err error) {
+	reason := "invalid"
+	switch {
+	case errors.Is(err, tokenizer.ErrNotStaged):
+		reason = "not_staged"
+	case errors.Is(err, tokenizer.ErrUnreadable):
+		reason = "unreadable"
+	}
+	m.tokMissing.WithLabelValues(service, model, reason).Inc()
+}
+
+func (m *metrics) unhashable(service, why string) {
+	m.unhashableC.WithLabelValues(service, why).Inc()
+}
+
+func (m *metrics) missed(service, reason string) { m.missC.WithLabelValues(service, reason).Inc() }
+
+// closedLoop compares the router's prediction with what the engine served.
+// blockSize tolerance: engines report cached tokens of full blocks only.
+func (m *metrics) closedLoop(service string, res proxy.Result, predicted int64) {
+	if res.Status/100 != 2 || res.Endpoint < 0 {
+		return
+	}
+	ep := strconv.Itoa(res.Endpoint)
+	if !res.HasCachedTokens {
+		m.unverified.WithLabelValues(service, ep).Inc()
+		return
+	}
+	m.predicted.WithLabelValues(service, ep).Add(float64(predicted))
+	m.actual.WithLabelValues(service, ep).Add(float64(res.CachedTokens))
+	switch {
+	case res.CachedTokens < predicted:
+		m.mispredicted.WithLabelValues(service, ep, "over").Inc()
+	case res.CachedTokens > predicted:
+		m.mispredicted.WithLabelValues(service, ep, "under").Inc()
+	}
+}
+
+func (m *metrics) forget(service string) {
+	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing} {
+		v.DeletePartialMatch(prometheus.Labels{"service": service})
+	}
+}

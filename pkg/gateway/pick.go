@@ -1,0 +1,198 @@
+package gateway
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/router"
+	"github.com/loxilb-llm/loxilb/pkg/selector"
+	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
+)
+
+// Miss reasons the gateway adds to the router's.
+const (
+	ReasonNotInference = "not_inference" // a path or method that carries no prompt
+	ReasonNoModel      = "no_model"      // neither the rule nor the request names a model
+)
+
+// routingKeyTokens is how many leading tokens key the consistent-hash
+// selectors: enough to separate system prompts, short enough that a growing
+// conversation keeps its key.
+const routingKeyTokens = 64
+
+// routingKeyBytes bounds the raw-body prefix used as the key when the
+// prompt is not tokenized (KV-exact off).
+const routingKeyBytes = 512
+
+func isInference(method, path string) bool {
+	return method == http.MethodPost && (path == "/v1/completions" || path == "/v1/chat/completions")
+}
+
+// Pick implements proxy.Picker.
+func (g *Gateway) Pick(_ context.Context, req *proxy.Request) (proxy.Plan, error) {
+	st := g.lookup(req.Service)
+	if st == nil {
+		return proxy.Plan{}, fmt.Errorf("%w: no mode-4 rule with service id %d", proxy.ErrUnavailable, req.Service)
+	}
+	r := st.rule
+	if r.Service.PDDisagg {
+		return proxy.Plan{}, fmt.Errorf("%w: rule %d is a prefill/decode pool; P/D dispatch is not available in this build", proxy.ErrUnavailable, st.id)
+	}
+	cands := g.candidates(st)
+	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode}
+	freq := selector.Request{ClientIP: req.ClientAddr.Addr()}
+	if h := r.Service.SessionHeaderName; h != "" {
+		if v := req.Header.Get(h); v != "" {
+			freq.Key = []byte(v)
+		}
+	}
+
+	model := r.Service.ModelName
+	if model == "" {
+		model = req.Model
+	}
+	var d router.Decision
+	var keys []uint64
+	kp := g.keyPool.Get().(*[]uint64)
+	defer func() { *kp = keys[:0]; g.keyPool.Put(kp) }()
+	keys = (*kp)[:0]
+
+	switch {
+	case st.hasher == nil:
+		g.fillKeyFromBody(&freq, model, req.Body)
+		d = g.router.Fallback(view, router.ReasonModeOff, cands, st.sel, freq)
+	case !isInference(req.Method, req.Path):
+		d = g.router.Fallback(view, ReasonNotInference, cands, st.sel, freq)
+	case model == "":
+		g.m.missed(st.label, ReasonNoModel)
+		d = g.router.Fallback(view, ReasonNoModel, cands, st.sel, freq)
+	default:
+		ids, reason, err := g.promptTokens(st, model, req)
+		if err != nil {
+			return proxy.Plan{}, err
+		}
+		if reason != "" {
+			g.fillKeyFromBody(&freq, model, req.Body)
+			d = g.router.Fallback(view, reason, cands, st.sel, freq)
+			break
+		}
+		keys = st.hasher.Keys(keys, ids)
+		if freq.Key == nil {
+			freq.Key = tokenKey(model, ids)
+		}
+		d = g.router.Decide(view, keys, st.hasher.BlockSize(), cands, st.sel, freq)
+	}
+	if d.EP < 0 {
+		return proxy.Plan{}, fmt.Errorf("%w: rule %d has no healthy endpoint", proxy.ErrUnavailable, st.id)
+	}
+	if len(keys) > 0 && g.cfg.SpeculativeTTL > 0 {
+		// Siblings sharing this new prefix follow it before the engine's
+		// events arrive (the index copies the keys).
+		g.inv.StoreSpeculative(st.id, d.EP, keys, g.cfg.SpeculativeTTL)
+	}
+	plan := proxy.Plan{Candidates: g.order(st, d.EP, cands), Receipt: d.Receipt().String()}
+	if st.hasher != nil && len(keys) > 0 {
+		predicted := int64(d.PredictedCachedTokens())
+		label := st.label
+		plan.Done = func(res proxy.Result) { g.m.closedLoop(label, res, predicted) }
+	}
+	return plan, nil
+}
+
+// promptTokens renders and tokenizes the request as the rule's engine does.
+// A non-empty reason means Tier 1.5 must decline (and why); an error means
+// the request itself is malformed.
+func (g *Gateway) promptTokens(st *service, model string, req *proxy.Request) ([]uint32, string, error) {
+	tok, err := g.tok.Get(model)
+	if err != nil {
+		g.m.tokenizerMissing(st.label, model, err)
+		return nil, router.ReasonNoTokenizer, nil
+	}
+	rt, err := tok.EncodeRequest(st.rule.Engine(), req.Path, req.Body)
+	if err != nil {
+		if errors.Is(err, tokenizer.ErrBadRequest) {
+			return nil, "", fmt.Errorf("%w: %v", proxy.ErrBadRequest, err)
+		}
+		g.m.missed(st.label, router.ReasonUnhashable)
+		return nil, router.ReasonUnhashable, nil
+	}
+	if rt.Unhashable != "" {
+		g.m.unhashable(st.label, rt.Unhashable)
+		return nil, router.ReasonUnhashable, nil
+	}
+	return rt.IDs, "", nil
+}
+
+func (g *Gateway) candidates(st *service) []selector.Candidate {
+	r := st.rule
+	out := make([]selector.Candidate, 0, len(r.Endpoints))
+	pt := g.proxyTable()
+	for i, ep := range r.Endpoints {
+		if r.Service.PDDisagg && ep.Role != lbrule.RoleNone {
+			continue
+		}
+		c := selector.Candidate{Idx: i, Weight: ep.Weight, Healthy: true}
+		if g.health != nil {
+			c.Healthy = g.health.Healthy(st.id, i)
+		}
+		if pt != nil {
+			c.InFlight = pt.InFlight(st.id, i)
+		}
+		if g.engine != nil {
+			if m, ok := g.engine.Metrics(st.id, i); ok {
+				c.Metrics = m
+			}
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// order puts the chosen endpoint first and the other healthy endpoints
+// after it, least loaded first, as failover targets for connect errors.
+func (g *Gateway) order(st *service, chosen int, cands []selector.Candidate) []proxy.Endpoint {
+	out := []proxy.Endpoint{{Idx: chosen, Addr: st.addrs[chosen]}}
+	rest := make([]selector.Candidate, 0, len(cands))
+	for _, c := range cands {
+		if c.Healthy && c.Idx != chosen {
+			rest = append(rest, c)
+		}
+	}
+	sort.SliceStable(rest, func(i, j int) bool { return rest[i].InFlight < rest[j].InFlight })
+	for _, c := range rest {
+		out = append(out, proxy.Endpoint{Idx: c.Idx, Addr: st.addrs[c.Idx]})
+	}
+	return out
+}
+
+// tokenKey keys the consistent-hash selectors on model + the first tokens.
+func tokenKey(model string, ids []uint32) []byte {
+	n := min(len(ids), routingKeyTokens)
+	b := make([]byte, 0, len(model)+1+4*n)
+	b = append(b, model...)
+	b = append(b, 0)
+	for _, id := range ids[:n] {
+		b = binary.LittleEndian.AppendUint32(b, id)
+	}
+	return b
+}
+
+// fillKeyFromBody keys the selectors on model + a body prefix when the
+// prompt is not tokenized. A client sends the same prompt prefix in the
+// same byte order, so repeated prefixes still meet on one endpoint.
+func (g *Gateway) fillKeyFromBody(freq *selector.Request, model string, body []byte) {
+	if freq.Key != nil || len(body) == 0 {
+		return
+	}
+	n := min(len(body), routingKeyBytes)
+	k := make([]byte, 0, len(model)+1+n)
+	k = append(k, model...)
+	k = append(k, 0)
+	freq.Key = append(k, body[:n]...)
+}
