@@ -202,6 +202,12 @@ func TestPersistSticky(t *testing.T) {
 	if idx, _ := s.Pick(Request{ClientIP: ip}, c); idx != moved {
 		t.Fatalf("persist did not stick to %d after failover, got %d", moved, idx)
 	}
+	// After the timeout of silence the binding expires and the client is
+	// placed by hash again, i.e. back on its original endpoint.
+	now = now.Add(2 * time.Minute)
+	if idx, _ := s.Pick(Request{ClientIP: ip}, c); idx != first {
+		t.Fatalf("expired binding: got %d, want hash placement %d", idx, first)
+	}
 	// Clients spread across endpoints and the table stays bounded.
 	got := map[int]int{}
 	for i := 0; i < 1000; i++ {
