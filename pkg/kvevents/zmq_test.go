@@ -1,11 +1,17 @@
 package kvevents
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func vllmSpec(port int) Spec {
@@ -366,5 +372,63 @@ func TestSyncLifecycle(t *testing.T) {
 	}
 	if n := h.seriesCount(map[string]string{"service": "svc7", "ep": "2"}); n != 0 {
 		t.Fatalf("%d series left", n)
+	}
+}
+
+// countingHandler counts slog records containing a message substring.
+type countingHandler struct {
+	mu   *sync.Mutex
+	msgs *[]string
+}
+
+func (c countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (c countingHandler) Handle(_ context.Context, r slog.Record) error {
+	c.mu.Lock()
+	*c.msgs = append(*c.msgs, r.Message)
+	c.mu.Unlock()
+	return nil
+}
+func (c countingHandler) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c countingHandler) WithGroup(string) slog.Handler      { return c }
+
+func TestParityMismatchEndToEnd(t *testing.T) {
+	vs := loadEventVectors(t, "vllm_event_vectors.json")
+	p := newPublisher(t)
+	spec := vllmSpec(p.port)
+	spec.Seed = "0" // the engine ran with PYTHONHASHSEED=42
+	var mu sync.Mutex
+	var msgs []string
+	sink := newFakeSink()
+	reg := prometheus.NewRegistry()
+	m := New(fastConfig(), sink, slog.New(countingHandler{&mu, &msgs}), reg)
+	if err := m.Sync([]Spec{spec}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = m.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	h := &harness{t: t, m: m, sink: sink, reg: reg}
+	p.handshake(h, 7, 2, 0, 0, emptyBatch(0))
+	_, _, payload := vs["vllm_map_events_int_hashes"].frames(t)
+	for seq := uint64(1); seq <= 3; seq++ {
+		p.send(seq, payload)
+	}
+	waitFor(t, "verdict", func() bool { return h.status(7, 2).Parity.Verdict == VerdictHashMismatch })
+	waitFor(t, "seq 3", func() bool { return h.status(7, 2).Ranks[0].LastSeq == 3 })
+	if h.metric("loxilb_kv_parity_verdict", map[string]string{"ep": "2", "verdict": VerdictHashMismatch}) != 1 ||
+		h.metric("loxilb_kv_parity_verdict", map[string]string{"ep": "2", "verdict": VerdictOK}) != 0 {
+		t.Fatal("parity gauges")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	n := 0
+	for _, msg := range msgs {
+		if strings.Contains(msg, "parity broken") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d parity warnings logged, want exactly 1", n)
 	}
 }
