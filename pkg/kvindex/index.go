@@ -561,8 +561,12 @@ func (ix *Index) Len(service uint32, ep int) int {
 // PrefixMatch sets out[i] to the length of the longest prefix keys[0:j] all
 // present at endpoint eps[i] (real, or speculative and unexpired). It walks
 // keys once for all candidates and stops at the first key no candidate
-// holds. out must be at least as long as eps; out-of-range endpoints get 0.
+// holds. Out-of-range endpoints get 0; if out is shorter than eps, only
+// the first len(out) candidates are evaluated.
 func (ix *Index) PrefixMatch(service uint32, keys []uint64, eps []int, out []int) {
+	if len(out) < len(eps) {
+		eps = eps[:len(out)]
+	}
 	out = out[:len(eps)]
 	for i := range out {
 		out[i] = 0

@@ -664,3 +664,14 @@ func TestLargeBatchesAreChunked(t *testing.T) {
 	}
 	checkInvariants(t, ix)
 }
+
+func TestPrefixMatchShortOut(t *testing.T) {
+	ix, _ := newIndex(t, Config{})
+	ix.Store(1, 0, 0, seq(0, 4))
+	out := make([]int, 1)
+	ix.PrefixMatch(1, seq(0, 4), []int{0, 1, 2}, out)
+	if out[0] != 4 {
+		t.Fatalf("out = %v", out)
+	}
+	ix.PrefixMatch(1, seq(0, 4), []int{0}, nil)
+}
