@@ -292,15 +292,16 @@ func (ix *Index) store(service uint32, ep int, rank int, keys []uint64) {
 			s.dropSpec(e, k, ep)
 		}
 	}
-	for e.n > ix.maxBlocks {
-		ix.evictOldest(s, e, ep)
+	for e.n > ix.maxBlocks && ix.evictOldest(s, e, ep) {
 	}
 	s.compact(e, ep)
 	e.blocks.Set(float64(e.n))
 }
 
-// evictOldest removes the oldest-inserted block of e from every rank.
-func (ix *Index) evictOldest(s *service, e *endpoint, ep int) {
+// evictOldest removes the oldest-inserted block of e from every rank. It
+// reports false only if the order is exhausted, which the order invariant
+// rules out; the caller stops rather than spin.
+func (ix *Index) evictOldest(s *service, e *endpoint, ep int) bool {
 	bit := uint64(1) << ep
 	for e.head < len(e.order) {
 		k := e.order[e.head]
@@ -308,9 +309,10 @@ func (ix *Index) evictOldest(s *service, e *endpoint, ep int) {
 		if i := s.tab.find(k); i >= 0 && s.tab.vals[i]&bit != 0 {
 			s.removeAt(e, i, k, bit)
 			e.evictions.Inc()
-			return
+			return true
 		}
 	}
+	return false
 }
 
 // removeAt drops key k (at slot i of s.tab) from endpoint e entirely.
