@@ -1,116 +1,37 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
+	"github.com/loxilb-llm/loxilb/testbed/daemontest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
 
 // These tests drive the real daemon process with the real CLI binary.
 
-var binDir string
+var bins *daemontest.Binaries
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "loxicmd-e2e")
+	b, err := daemontest.Build()
 	if err != nil {
-		panic(err)
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
-	binDir = dir
-	for _, b := range [][2]string{{"loxilb", "../cmd/loxilb"}, {"loxicmd", "."}} {
-		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, b[0]), b[1]).CombinedOutput()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", b[0], err, out)
-			os.Exit(1)
-		}
-	}
+	bins = b
 	code := m.Run()
-	os.RemoveAll(dir)
+	os.RemoveAll(b.Dir)
 	os.Exit(code)
 }
 
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-type daemon struct {
-	cmd  *exec.Cmd
-	port int
-	logs *bytes.Buffer
-}
-
-func startDaemon(t *testing.T, stateDir string, port int, env []string, args ...string) *daemon {
-	t.Helper()
-	a := append([]string{"--api-addr", fmt.Sprintf("127.0.0.1:%d", port), "--state-dir", stateDir,
-		"--tokenizer-dir", t.TempDir(), "--no-dataplane"}, args...)
-	cmd := exec.Command(filepath.Join(binDir, "loxilb"), a...)
-	cmd.Env = append(os.Environ(), env...)
-	logs := &bytes.Buffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	d := &daemon{cmd: cmd, port: port, logs: logs}
-	t.Cleanup(d.stop)
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/netlox/v1/version", port))
-		if err == nil {
-			resp.Body.Close()
-			return d
-		}
-		if cmd.ProcessState != nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("daemon did not come up:\n%s", logs)
-	return nil
-}
-
-func (d *daemon) stop() {
-	if d.cmd.Process == nil || d.cmd.ProcessState != nil {
-		return
-	}
-	_ = d.cmd.Process.Signal(os.Interrupt)
-	done := make(chan struct{})
-	go func() { _ = d.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-done
-	}
+func startDaemon(t *testing.T, stateDir string, env []string, args ...string) *daemontest.Daemon {
+	return daemontest.Start(t, bins, stateDir, env, args...)
 }
 
 func cli(t *testing.T, port int, args ...string) (string, string, int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "loxicmd"), append([]string{"-p", fmt.Sprint(port)}, args...)...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), errb.String(), code
+	return daemontest.CLI(t, bins, port, args...)
 }
 
 // The three loxicmd lines of the spec, with documentation addresses replaced
@@ -122,13 +43,13 @@ var specLines = [][]string{
 }
 
 func TestCLIEndToEnd(t *testing.T) {
-	port := freePort(t)
 	state := t.TempDir()
-	d := startDaemon(t, state, port, []string{"LLB_KV_NONE_HASH_SEED=12345"})
+	d := startDaemon(t, state, []string{"LLB_KV_NONE_HASH_SEED=12345"})
+	port := d.Port
 	for _, line := range specLines {
 		out, errs, code := cli(t, port, line...)
 		if code != 0 || !strings.Contains(out, "created rule") {
-			t.Fatalf("%v: exit %d\n%s%s\ndaemon:\n%s", line, code, out, errs, d.logs)
+			t.Fatalf("%v: exit %d\n%s%s\ndaemon:\n%s", line, code, out, errs, d.Logs())
 		}
 	}
 	out, _, code := cli(t, port, "get", "lb")
@@ -168,8 +89,8 @@ func TestCLIEndToEnd(t *testing.T) {
 	}
 
 	// Restart: rules survive unchanged.
-	d.stop()
-	startDaemon(t, state, port, []string{"LLB_KV_NONE_HASH_SEED=12345"})
+	d.Stop()
+	port = startDaemon(t, state, []string{"LLB_KV_NONE_HASH_SEED=12345"}).Port
 	out2, _, _ := cli(t, port, "get", "lb", "-o", "json")
 	if out2 != out {
 		t.Errorf("rules changed across restart:\nbefore %s\nafter %s", out, out2)
@@ -195,13 +116,12 @@ func TestCLIEndToEnd(t *testing.T) {
 }
 
 func TestCLIPreconditionAndAuth(t *testing.T) {
-	port := freePort(t)
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
 	if err := os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	startDaemon(t, t.TempDir(), port, nil, "--api-token-file", tokenFile)
+	port := startDaemon(t, t.TempDir(), nil, "--api-token-file", tokenFile).Port
 	if _, errs, code := cli(t, port, "get", "lb"); code != exitAuth || !strings.Contains(errs, "401") {
 		t.Errorf("no token: exit %d %q", code, errs)
 	}
@@ -225,7 +145,7 @@ func TestCLIPreconditionAndAuth(t *testing.T) {
 }
 
 func TestCLIUnavailable(t *testing.T) {
-	if _, errs, code := cli(t, freePort(t), "get", "lb"); code != exitUnavailable || !strings.Contains(errs, "unavailable") {
+	if _, errs, code := cli(t, daemontest.FreePort(t), "get", "lb"); code != exitUnavailable || !strings.Contains(errs, "unavailable") {
 		t.Errorf("daemon down: exit %d %q", code, errs)
 	}
 }
