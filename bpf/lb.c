@@ -1,0 +1,519 @@
+//go:build ignore
+
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * tc_lb: the L4 load balancer, attached to TC ingress (TCX) of the interfaces
+ * the daemon is configured with. One program handles both directions:
+ * conntrack first, then the service table for connection starts.
+ *
+ * sk_lookup_proxy: steers connections for mode-4 (fullproxy) VIPs to the Go
+ * proxy's listening socket, so the proxy accepts them with the VIP as its
+ * local address.
+ */
+
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "consts.h"
+#include "structs.h"
+#include "maps.h"
+#include "parse.h"
+#include "nat.h"
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+/* Load-time settings, written by the Go loader before the program is loaded. */
+volatile const __u8 cfg_fib_forward = 1;      /* forward NATed packets with bpf_redirect_neigh */
+volatile const __u32 cfg_hash_seed = 0x9e3779b9; /* seed of the flow hash */
+
+static __always_inline void count(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&lb_counters, &idx);
+	if (v)
+		*v += 1; /* per-CPU slot: no atomic needed */
+}
+
+static __always_inline void svc_account(__u32 idx, __u64 bytes, int new_flow)
+{
+	struct svc_stats *s = bpf_map_lookup_elem(&lb_svc_stats, &idx);
+	if (!s)
+		return;
+	s->pkts += 1;
+	s->bytes += bytes;
+	if (new_flow)
+		s->flows += 1;
+}
+
+/* lb_forward sends a rewritten packet on. With cfg_fib_forward the FIB picks
+ * the egress device and bpf_redirect_neigh fills in the MACs, skipping the
+ * stack's forwarding path; otherwise the stack routes it. dsr_nh is the DSR
+ * endpoint used as next hop (the destination stays the VIP). */
+static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u32 dsr_nh)
+{
+	if (!cfg_fib_forward && !dsr_nh) {
+		count(CNT_FWD_STACK);
+		return TC_ACT_OK;
+	}
+
+	struct bpf_fib_lookup fib = {};
+	fib.family = AF_INET;
+	fib.tos = p->tos;
+	fib.l4_protocol = p->proto;
+	fib.sport = p->sport;
+	fib.dport = p->dport;
+	/* GSO super-packets exceed the MTU by design; the MTU check is for the rest. */
+	fib.tot_len = skb->gso_size ? 0 : p->tot_len;
+	fib.ipv4_src = p->saddr;
+	fib.ipv4_dst = dsr_nh ? dsr_nh : p->daddr;
+	fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
+
+	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if ((rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) && p->ttl > 1) {
+		if (dec_ttl(skb, p)) {
+			count(CNT_DROP_REWRITE);
+			return TC_ACT_SHOT;
+		}
+		count(CNT_FWD_REDIRECT);
+		if (dsr_nh) {
+			struct bpf_redir_neigh nh = {};
+			nh.nh_family = AF_INET;
+			nh.ipv4_nh = dsr_nh;
+			return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+		}
+		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	}
+	if (dsr_nh) {
+		/* The stack would route a DSR packet by its VIP destination: wrong. */
+		count(CNT_DROP_NO_ROUTE);
+		return TC_ACT_SHOT;
+	}
+	count(CNT_FWD_STACK);
+	return TC_ACT_OK; /* the stack forwards, or answers with ICMP (TTL, MTU) */
+}
+
+/* apply_xlate performs the rewrites a conntrack entry asks for. */
+static __always_inline int apply_xlate(struct __sk_buff *skb, struct pkt *p, const struct ct_val *ct)
+{
+	__u32 saddr = ct->new_saddr, daddr = ct->new_daddr;
+	__u16 sport = ct->new_sport, dport = ct->new_dport;
+	__u8 flags = ct->flags;
+
+	if ((flags & CT_F_XLATE_DST) && rewrite_addr(skb, p, 0, daddr, dport))
+		return -1;
+	if ((flags & CT_F_XLATE_SRC) && rewrite_addr(skb, p, 1, saddr, sport))
+		return -1;
+	return 0;
+}
+
+static __always_inline void lc_release(struct ct_val *ct)
+{
+	if (!(ct->flags & CT_F_LC_HELD))
+		return;
+	ct->flags &= ~CT_F_LC_HELD;
+	__u32 i = (__u32)ct->svc_idx * MAX_EPS + ct->ep;
+	__s64 *n = bpf_map_lookup_elem(&lb_active_conns, &i);
+	if (n)
+		__sync_fetch_and_add(n, -1);
+}
+
+/* ct_track advances the TCP state of an entry (and its peer on close). */
+static __always_inline void ct_track(struct ct_val *ct, const struct pkt *p)
+{
+	__u8 st = ct->state, next = st;
+
+	if (p->proto != IPPROTO_TCP) {
+		if (ct->flags & CT_F_REPLY)
+			next = CT_EST;
+	} else if (p->tcp_flags & TCPF_RST) {
+		next = CT_CLOSED;
+	} else if (p->tcp_flags & TCPF_FIN) {
+		if (st < CT_FIN)
+			next = CT_FIN;
+	} else if (st == CT_NEW && (p->tcp_flags & TCPF_ACK)) {
+		next = CT_EST;
+	}
+	if (next != st)
+		ct->state = next;
+	if (next >= CT_FIN)
+		lc_release(ct);
+}
+
+/* peer_close moves the other direction's entry to the closing state too, so
+ * neither entry outlives the connection by the long established timeout. The
+ * peer key is the rewritten tuple reversed. */
+static __always_inline void peer_close(const struct pkt *p, __u8 state)
+{
+	struct ct_key pk = {};
+	pk.saddr = p->daddr;
+	pk.daddr = p->saddr;
+	pk.sport = p->dport;
+	pk.dport = p->sport;
+	pk.proto = p->proto;
+	struct ct_val *peer = bpf_map_lookup_elem(&lb_conntrack, &pk);
+	if (peer && peer->state < state) {
+		peer->state = state;
+		lc_release(peer);
+	}
+}
+
+static __always_inline int ct_hit(struct __sk_buff *skb, struct pkt *p, struct ct_val *ct)
+{
+	__u8 before = ct->state;
+
+	ct->last_seen_ns = bpf_ktime_get_ns();
+	__sync_fetch_and_add(&ct->pkts, 1);
+	__sync_fetch_and_add(&ct->bytes, skb->len);
+	count(ct->flags & CT_F_REPLY ? CNT_CT_HIT_REPLY : CNT_CT_HIT_ORIG);
+	svc_account(ct->svc_idx, skb->len, 0);
+	ct_track(ct, p);
+	__u8 after = ct->state;
+
+	if (ct->flags & CT_F_DSR)
+		return lb_forward(skb, p, ct->new_daddr);
+	if (apply_xlate(skb, p, ct)) {
+		count(CNT_DROP_REWRITE);
+		return TC_ACT_SHOT;
+	}
+	if (after >= CT_FIN && after != before)
+		peer_close(p, after);
+	return lb_forward(skb, p, 0);
+}
+
+struct lc_scan {
+	__s64 best;
+	__u32 be_base;
+	__u32 cnt_base;
+	int ep;
+	__u32 pad;
+};
+
+/* lc_step looks at endpoint i for the least-connection scan. */
+static long lc_step(__u32 i, void *data)
+{
+	struct lc_scan *s = data;
+	__u32 key = s->be_base + i;
+	struct backend *be = bpf_map_lookup_elem(&lb_backends, &key);
+	if (!be || !(be->flags & BE_F_ACTIVE))
+		return 0;
+	key = s->cnt_base + i;
+	__s64 *c = bpf_map_lookup_elem(&lb_active_conns, &key);
+	__s64 v = c ? *c : 0;
+	if (v < s->best) {
+		s->best = v;
+		s->ep = i;
+	}
+	return 0;
+}
+
+/* select_ep runs the service's selector. It returns the endpoint index, or
+ * -1 when the service has no active endpoint. */
+static __always_inline int select_ep(const struct pkt *p, const struct svc_val *svc, __u64 now)
+{
+	__u32 idx = svc->idx;
+	__u32 gen = svc->gen & 1;
+	__u32 n = svc->slot_count;
+	__u32 slot, key;
+
+	if (idx >= MAX_SERVICES || n == 0 || n > SLOTS_PER_GEN)
+		return -1;
+	__u32 be_base = (idx * 2 + gen) * MAX_EPS;
+
+	switch (svc->sel) {
+	case SEL_PERSIST: {
+		struct affinity_key ak = {.client = p->saddr, .svc_idx = idx};
+		struct affinity_val *av = bpf_map_lookup_elem(&lb_affinity, &ak);
+		if (av && av->expires_ns > now && av->ep < MAX_EPS) {
+			key = be_base + av->ep;
+			struct backend *be = bpf_map_lookup_elem(&lb_backends, &key);
+			if (be && (be->flags & BE_F_ACTIVE) && be->addr == av->addr)
+				return av->ep;
+		}
+		slot = hash_client(p, cfg_hash_seed) % n;
+		break;
+	}
+	case SEL_LC: {
+		struct lc_scan scan = {.be_base = be_base, .cnt_base = idx * MAX_EPS,
+				       .best = 0x7fffffffffffffffLL, .ep = -1};
+		__u32 n_eps = svc->ep_count;
+		/* bpf_loop verifies the body once; an unrolled scan with a
+		 * data-dependent minimum explodes the verifier's state space. */
+		bpf_loop(n_eps < MAX_EPS ? n_eps : MAX_EPS, lc_step, &scan, 0);
+		return scan.ep;
+	}
+	case SEL_HASH:
+	case SEL_MAGLEV:
+		slot = hash_tuple(p, cfg_hash_seed) % n;
+		break;
+	default: { /* SEL_RR, SEL_PRIORITY: weights are expanded into the slots */
+		key = idx;
+		__u32 *cur = bpf_map_lookup_elem(&lb_rr_cursor, &key);
+		if (!cur)
+			return -1;
+		slot = __sync_fetch_and_add(cur, 1) % n;
+		break;
+	}
+	}
+
+	key = (idx * 2 + gen) * SLOTS_PER_GEN + slot;
+	__u32 *e = bpf_map_lookup_elem(&lb_slots, &key);
+	if (!e || *e >= MAX_EPS)
+		return -1;
+	return *e;
+}
+
+/* snat_insert stores the reply-direction entry for a source-NATed flow,
+ * choosing a source port whose reply tuple is free: the client's port when
+ * possible, else a few hashed ports. Returns the port or 0. */
+static __always_inline __u16 snat_insert(const struct pkt *p, struct ct_key *rk, struct ct_val *rv)
+{
+	__u32 h = hash_tuple(p, cfg_hash_seed ^ 0x5bd1e995);
+
+	for (int i = 0; i <= SNAT_TRIES; i++) {
+		__u16 port = p->sport;
+		if (i > 0)
+			port = bpf_htons(SNAT_PORT_MIN + (fmix32(h + i) % SNAT_PORT_SPAN));
+		rk->dport = port;
+		if (!bpf_map_update_elem(&lb_conntrack, rk, rv, BPF_NOEXIST))
+			return port;
+	}
+	return 0;
+}
+
+static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const struct svc_val *svc)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u8 mode = svc->mode;
+
+	if (p->proto == IPPROTO_TCP &&
+	    (p->tcp_flags & (TCPF_SYN | TCPF_ACK | TCPF_RST | TCPF_FIN)) != TCPF_SYN) {
+		/* Only a SYN may start a flow: an evicted or unknown flow must not
+		 * be silently re-balanced mid-stream. */
+		count(CNT_DROP_NOT_SYN);
+		return TC_ACT_SHOT;
+	}
+	if (mode == MODE_FULLPROXY || mode > MODE_HOSTONEARM ||
+	    (p->proto == IPPROTO_SCTP && mode != MODE_DSR)) {
+		/* SCTP's CRC32c cannot be updated incrementally. */
+		count(CNT_DROP_UNSUPPORTED);
+		return TC_ACT_SHOT;
+	}
+
+	int ep = select_ep(p, svc, now);
+	if (ep < 0 || ep >= MAX_EPS) {
+		count(CNT_DROP_NO_ENDPOINT);
+		return TC_ACT_SHOT;
+	}
+	__u32 idx = svc->idx;
+	__u32 key = (idx * 2 + (svc->gen & 1)) * MAX_EPS + ep;
+	struct backend *be = bpf_map_lookup_elem(&lb_backends, &key);
+	if (!be || !(be->flags & BE_F_ACTIVE)) {
+		count(CNT_DROP_NO_ENDPOINT);
+		return TC_ACT_SHOT;
+	}
+	__u32 be_addr = be->addr, snat_addr = be->snat_addr;
+	__u16 be_port = be->port;
+
+	struct ct_key fk = {};
+	fk.saddr = p->saddr;
+	fk.daddr = p->daddr;
+	fk.sport = p->sport;
+	fk.dport = p->dport;
+	fk.proto = p->proto;
+
+	struct ct_val fv = {};
+	fv.last_seen_ns = now;
+	fv.timeout_s = svc->timeout_s;
+	fv.svc_idx = idx;
+	fv.ep = ep;
+	fv.mode = mode;
+	fv.state = CT_NEW;
+
+	if (mode == MODE_DSR) {
+		fv.flags = CT_F_DSR;
+		fv.new_daddr = be_addr;
+	} else {
+		struct ct_key rk = {};
+		rk.saddr = be_addr;
+		rk.sport = be_port;
+		rk.proto = p->proto;
+		struct ct_val rv = fv;
+		rv.flags = CT_F_REPLY | CT_F_XLATE_SRC;
+		rv.new_saddr = p->daddr;
+		rv.new_sport = p->dport;
+
+		fv.flags = CT_F_XLATE_DST;
+		fv.new_daddr = be_addr;
+		fv.new_dport = be_port;
+		if (mode == MODE_DNAT) {
+			rk.daddr = p->saddr;
+			rk.dport = p->sport;
+			/* A stale reply entry with this tuple belongs to a dead flow. */
+			if (bpf_map_update_elem(&lb_conntrack, &rk, &rv, BPF_ANY)) {
+				count(CNT_DROP_CT_INSERT);
+				return TC_ACT_SHOT;
+			}
+		} else {
+			rk.daddr = snat_addr;
+			rv.flags |= CT_F_XLATE_DST;
+			rv.new_daddr = p->saddr;
+			rv.new_dport = p->sport;
+			__u16 port = snat_insert(p, &rk, &rv);
+			if (!port) {
+				count(CNT_DROP_SNAT_EXHAUSTED);
+				return TC_ACT_SHOT;
+			}
+			fv.flags |= CT_F_XLATE_SRC;
+			fv.new_saddr = snat_addr;
+			fv.new_sport = port;
+		}
+	}
+
+	if (svc->sel == SEL_LC) {
+		key = idx * MAX_EPS + ep;
+		__s64 *c = bpf_map_lookup_elem(&lb_active_conns, &key);
+		if (c) {
+			__sync_fetch_and_add(c, 1);
+			fv.flags |= CT_F_LC_HELD;
+		}
+	}
+	if (bpf_map_update_elem(&lb_conntrack, &fk, &fv, BPF_ANY)) {
+		count(CNT_DROP_CT_INSERT);
+		return TC_ACT_SHOT;
+	}
+	if (svc->sel == SEL_PERSIST) {
+		struct affinity_key ak = {.client = p->saddr, .svc_idx = idx};
+		struct affinity_val av = {};
+		av.expires_ns = now + (__u64)svc->persist_s * 1000000000ULL;
+		av.addr = be_addr;
+		av.ep = ep;
+		bpf_map_update_elem(&lb_affinity, &ak, &av, BPF_ANY);
+	}
+	count(CNT_NEW_FLOW);
+	svc_account(idx, skb->len, 1);
+
+	if (mode == MODE_DSR)
+		return lb_forward(skb, p, be_addr);
+	if (apply_xlate(skb, p, &fv)) {
+		count(CNT_DROP_REWRITE);
+		return TC_ACT_SHOT;
+	}
+	return lb_forward(skb, p, 0);
+}
+
+/* ct_forget removes a finished flow's entries before its tuple is reused. */
+static __always_inline void ct_forget(struct ct_key *k, struct ct_val *ct)
+{
+	struct ct_key rk = {};
+	rk.proto = k->proto;
+	if (ct->flags & CT_F_XLATE_DST) {
+		rk.saddr = ct->new_daddr;
+		rk.sport = ct->new_dport;
+	} else {
+		rk.saddr = k->daddr;
+		rk.sport = k->dport;
+	}
+	if (ct->flags & CT_F_XLATE_SRC) {
+		rk.daddr = ct->new_saddr;
+		rk.dport = ct->new_sport;
+	} else {
+		rk.daddr = k->saddr;
+		rk.dport = k->sport;
+	}
+	lc_release(ct);
+	if (!(ct->flags & CT_F_DSR))
+		bpf_map_delete_elem(&lb_conntrack, &rk);
+	bpf_map_delete_elem(&lb_conntrack, k);
+}
+
+SEC("tc")
+int tc_lb(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	__u32 cnt = CNT_DROP_MALFORMED;
+
+	int r = lb_parse(skb, &p, &cnt);
+	if (r == PARSE_PASS) {
+		count(cnt);
+		return TC_ACT_OK;
+	}
+	if (r != PARSE_OK) {
+		count(cnt);
+		return TC_ACT_SHOT;
+	}
+	if (p.is_frag) {
+		count(CNT_PASS_FRAGMENT);
+		return TC_ACT_OK;
+	}
+
+	struct ct_key k = {};
+	k.saddr = p.saddr;
+	k.daddr = p.daddr;
+	k.sport = p.sport;
+	k.dport = p.dport;
+	k.proto = p.proto;
+
+	int syn = p.proto == IPPROTO_TCP && (p.tcp_flags & (TCPF_SYN | TCPF_ACK)) == TCPF_SYN;
+	struct ct_val *ct = bpf_map_lookup_elem(&lb_conntrack, &k);
+	if (ct) {
+		if (!syn || ct->state < CT_FIN)
+			return ct_hit(skb, &p, ct);
+		if (ct->flags & CT_F_REPLY) {
+			/* A new connection that happens to reuse a dead flow's reply
+			 * tuple (e.g. a direct client->backend connection): not ours. */
+			count(CNT_PASS_NO_SERVICE);
+			return TC_ACT_OK;
+		}
+		/* The client reuses the port of a closed flow: start afresh. */
+		count(CNT_FLOW_REOPENED);
+		ct_forget(&k, ct);
+	}
+
+	struct svc_key sk = {};
+	sk.vip = p.daddr;
+	sk.port = p.dport;
+	sk.proto = p.proto;
+	struct svc_val *svc = bpf_map_lookup_elem(&lb_services, &sk);
+	if (!svc) {
+		count(CNT_PASS_NO_SERVICE);
+		return TC_ACT_OK;
+	}
+	struct svc_val sv = *svc; /* snapshot: Go may switch the generation meanwhile */
+	return new_flow(skb, &p, &sv);
+}
+
+SEC("sk_lookup")
+int sk_lookup_proxy(struct bpf_sk_lookup *ctx)
+{
+	if (ctx->family != AF_INET || ctx->protocol != IPPROTO_TCP)
+		return SK_PASS;
+
+	struct svc_key k = {};
+	k.vip = ctx->local_ip4;
+	k.port = bpf_htons(ctx->local_port);
+	k.proto = IPPROTO_TCP;
+	struct proxy_val *pv = bpf_map_lookup_elem(&lb_proxy_vips, &k);
+	if (!pv)
+		return SK_PASS;
+
+	__u32 slot = pv->sock_idx;
+	struct bpf_sock *sk = bpf_map_lookup_elem(&lb_proxy_socks, &slot);
+	if (!sk) {
+		/* Let the regular lookup run: a listener bound to the VIP may exist. */
+		count(CNT_PROXY_NO_LISTENER);
+		return SK_PASS;
+	}
+	long err = bpf_sk_assign(ctx, sk, 0);
+	bpf_sk_release(sk);
+	count(err ? CNT_PROXY_ASSIGN_FAILED : CNT_PROXY_STEERED);
+	return SK_PASS;
+}
+
+/* Referenced so the enum lands in BTF and bpf2go emits Go constants for it. */
+const enum lb_counter *unused_lb_counter __attribute__((unused));

@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* All maps of the data plane. Every map is pinned by name so a restarted
+ * daemon re-opens the same state and traffic keeps flowing meanwhile. */
+#ifndef LB_MAPS_H
+#define LB_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "consts.h"
+#include "structs.h"
+
+/* Services with a kernel data path (modes 0-3, 5): {vip, port, proto} -> service.
+ * One update of a value switches a service to a new generation atomically. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_SERVICES);
+	__type(key, struct svc_key);
+	__type(value, struct svc_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_services SEC(".maps");
+
+/* Slot tables, (idx*2 + gen)*SLOTS_PER_GEN + i -> endpoint index. Built in Go:
+ * equal or weighted expansion for rr/hash/priority, a Maglev table for SEL_MAGLEV. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SERVICES * 2 * SLOTS_PER_GEN);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_slots SEC(".maps");
+
+/* Endpoints, (idx*2 + gen)*MAX_EPS + ep -> address, port, SNAT source, health. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SERVICES * 2 * MAX_EPS);
+	__type(key, __u32);
+	__type(value, struct backend);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_backends SEC(".maps");
+
+/* Round-robin cursor per service; shared (atomic add) so the order is global. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SERVICES);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_rr_cursor SEC(".maps");
+
+/* Open connections per endpoint, idx*MAX_EPS + ep, for the least-connection selector. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SERVICES * MAX_EPS);
+	__type(key, __u32);
+	__type(value, __s64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_active_conns SEC(".maps");
+
+/* Conntrack: the tuple as it arrives -> rewrite, state and counters. Two entries
+ * per flow (client direction and reply direction). Aged out by Go. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, CT_MAX);
+	__type(key, struct ct_key);
+	__type(value, struct ct_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_conntrack SEC(".maps");
+
+/* Persist selector: {service, client address} -> endpoint until expires_ns. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, AFFINITY_MAX);
+	__type(key, struct affinity_key);
+	__type(value, struct affinity_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_affinity SEC(".maps");
+
+/* Verdict and drop-reason counters, indexed by enum lb_counter, summed by Go. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_counters SEC(".maps");
+
+/* Per-service packets, bytes and new flows, indexed by service idx. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_SERVICES);
+	__type(key, __u32);
+	__type(value, struct svc_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_svc_stats SEC(".maps");
+
+/* Mode-4 services: {vip, port, TCP} -> listener slot in lb_proxy_socks. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, PROXY_VIPS_MAX);
+	__type(key, struct svc_key);
+	__type(value, struct proxy_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_proxy_vips SEC(".maps");
+
+/* Proxy listening sockets, inserted by Go; not pinned: sockets die with the daemon. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKMAP);
+	__uint(max_entries, PROXY_SOCKS_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} lb_proxy_socks SEC(".maps");
+
+#endif

@@ -1,0 +1,50 @@
+package ebpf
+
+// CapabilityName is the capability entry the daemon reports for this data plane.
+const CapabilityName = "ebpf_dataplane"
+
+// counterNames maps enum lb_counter (bpf/consts.h) to the names used in
+// Stats.Counters and the Prometheus "reason" label.
+var counterNames = [...]string{
+	lbLbCounterCNT_PASS_NOT_IPV4:       "pass_not_ipv4",
+	lbLbCounterCNT_PASS_NOT_L4:         "pass_not_l4",
+	lbLbCounterCNT_PASS_NO_SERVICE:     "pass_no_service",
+	lbLbCounterCNT_CT_HIT_ORIG:         "ct_hit_orig",
+	lbLbCounterCNT_CT_HIT_REPLY:        "ct_hit_reply",
+	lbLbCounterCNT_NEW_FLOW:            "new_flow",
+	lbLbCounterCNT_FWD_REDIRECT:        "fwd_redirect",
+	lbLbCounterCNT_FWD_STACK:           "fwd_stack",
+	lbLbCounterCNT_FLOW_REOPENED:       "flow_reopened",
+	lbLbCounterCNT_DROP_MALFORMED:      "drop_malformed",
+	lbLbCounterCNT_PASS_FRAGMENT:       "pass_fragment",
+	lbLbCounterCNT_DROP_NOT_SYN:        "drop_not_syn",
+	lbLbCounterCNT_DROP_NO_ENDPOINT:    "drop_no_endpoint",
+	lbLbCounterCNT_DROP_CT_INSERT:      "drop_ct_insert",
+	lbLbCounterCNT_DROP_SNAT_EXHAUSTED: "drop_snat_exhausted",
+	lbLbCounterCNT_DROP_REWRITE:        "drop_rewrite",
+	lbLbCounterCNT_DROP_NO_ROUTE:       "drop_no_route",
+	lbLbCounterCNT_DROP_UNSUPPORTED:    "drop_unsupported",
+	lbLbCounterCNT_PROXY_STEERED:       "proxy_steered",
+	lbLbCounterCNT_PROXY_NO_LISTENER:   "proxy_no_listener",
+	lbLbCounterCNT_PROXY_ASSIGN_FAILED: "proxy_assign_failed",
+}
+
+// A compile-time check that every counter has a name.
+var _ [0]struct{} = [len(counterNames) - int(lbLbCounterCNT_MAX)]struct{}{}
+
+// Twins of bpf/consts.h.
+const (
+	maxEPs     = 64
+	beActive   = 0x01
+	ctXlateSrc = 0x01
+	ctXlateDst = 0x02
+	ctReply    = 0x04
+	ctDSR      = 0x08
+	ctLCHeld   = 0x10
+	ctNew      = 0
+	ctEst      = 1
+	ctFin      = 2
+	ctClosed   = 3
+	ctSYNSecs  = 60
+	ctFINSecs  = 10
+)

@@ -1,0 +1,1058 @@
+//go:build linux
+
+package ebpf
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/loxilb-llm/loxilb/pkg/dataplane"
+)
+
+// Config configures the eBPF data plane.
+type Config struct {
+	// Interfaces are the devices tc_lb is attached to (TC ingress). Empty
+	// means none: the daemon never attaches to every interface by itself.
+	Interfaces []string
+	// PinPath is a directory on bpffs (e.g. /sys/fs/bpf/loxilb). When set,
+	// maps and links are pinned there and survive Close and a daemon
+	// restart. Empty means nothing is pinned and Close detaches everything.
+	PinPath string
+	// GCInterval is how often expired conntrack entries are removed.
+	// Default 2s.
+	GCInterval time.Duration
+	// StackForwarding hands NATed packets to the kernel's forwarding path
+	// instead of bpf_fib_lookup + bpf_redirect_neigh. DSR always uses the FIB.
+	StackForwarding bool
+	// HashSeed seeds the flow hash of the hash/persist/consistent-hash
+	// selectors. Zero means the built-in seed (stable across restarts).
+	HashSeed uint32
+}
+
+// Dataplane is the eBPF implementation of dataplane.Dataplane.
+type Dataplane struct {
+	cfg Config
+	log *slog.Logger
+
+	mu         sync.Mutex
+	closed     bool
+	objs       lbObjects
+	links      []link.Link
+	clsIfaces  []int // interfaces using the cls_bpf fallback
+	skLink     link.Link
+	services   map[uint32]*svcState
+	frontends  map[lbSvcKey]uint32 // installed frontend -> service ID
+	idxUsed    [dataplane.MaxServices]bool
+	proxySlots map[uint16]uint32 // proxy listener port -> lb_proxy_socks key
+	routes     map[netip.Addr]int // local VIP routes we added -> users
+	nCPU       int
+
+	ctEntries int // conntrack entries seen by the last GC pass
+	gcStop    chan struct{}
+	gcDone    chan struct{}
+}
+
+type svcState struct {
+	svc  dataplane.Service
+	eps  []dataplane.Endpoint
+	idx  uint16
+	gen  uint8
+	keys []lbSvcKey
+}
+
+var (
+	_ dataplane.Dataplane    = (*Dataplane)(nil)
+	_ dataplane.ProxySteerer = (*Dataplane)(nil)
+)
+
+// Open loads and attaches the data plane. On failure (not root, no BPF or
+// TCX support, a bad interface name) it returns the error and a not-ready
+// capability whose Reason says why, so the daemon can run proxy-only.
+func Open(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (dataplane.Dataplane, dataplane.Capability, error) {
+	capab := dataplane.Capability{Name: CapabilityName}
+	d, err := New(cfg, logger)
+	if err != nil {
+		capab.Reason = err.Error()
+		return nil, capab, err
+	}
+	if reg != nil {
+		if err := reg.Register(newCollector(d)); err != nil {
+			d.Close()
+			capab.Reason = err.Error()
+			return nil, capab, fmt.Errorf("register data plane metrics: %w", err)
+		}
+	}
+	capab.Ready = true
+	capab.Reason = fmt.Sprintf("tc_lb attached to %d interface(s), sk_lookup steering on", len(cfg.Interfaces))
+	return d, capab, nil
+}
+
+// New is Open without metrics registration, returning the concrete type.
+func New(cfg Config, logger *slog.Logger) (*Dataplane, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.GCInterval <= 0 {
+		cfg.GCInterval = 2 * time.Second
+	}
+	d := &Dataplane{
+		cfg:        cfg,
+		log:        logger,
+		services:   map[uint32]*svcState{},
+		frontends:  map[lbSvcKey]uint32{},
+		proxySlots: map[uint16]uint32{},
+		routes:     map[netip.Addr]int{},
+	}
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: loading BPF programs needs root (CAP_BPF, CAP_NET_ADMIN); running proxy-only", dataplane.ErrUnsupported)
+	}
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("count CPUs: %w", err)
+	}
+	d.nCPU = n
+	if err := d.load(); err != nil {
+		return nil, err
+	}
+	if err := d.recover(); err != nil {
+		d.objs.Close()
+		return nil, err
+	}
+	for _, ifname := range cfg.Interfaces {
+		if err := d.attachTC(ifname); err != nil {
+			d.detach()
+			d.objs.Close()
+			return nil, err
+		}
+	}
+	if err := d.attachSkLookup(); err != nil {
+		d.detach()
+		d.objs.Close()
+		return nil, err
+	}
+	d.gcStop = make(chan struct{})
+	d.gcDone = make(chan struct{})
+	go d.gcLoop()
+	return d, nil
+}
+
+func (d *Dataplane) load() error {
+	spec, err := loadLb()
+	if err != nil {
+		return fmt.Errorf("parse embedded BPF object: %w", err)
+	}
+	fib := uint8(1)
+	if d.cfg.StackForwarding {
+		fib = 0
+	}
+	if err := spec.Variables[lbVarCfgFibForward].Set(fib); err != nil {
+		return fmt.Errorf("set cfg_fib_forward: %w", err)
+	}
+	if d.cfg.HashSeed != 0 {
+		if err := spec.Variables[lbVarCfgHashSeed].Set(d.cfg.HashSeed); err != nil {
+			return fmt.Errorf("set cfg_hash_seed: %w", err)
+		}
+	}
+	opts := &ebpf.CollectionOptions{}
+	if d.cfg.PinPath != "" {
+		if err := ensureBPFFS(d.cfg.PinPath); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(d.cfg.PinPath, 0o700); err != nil {
+			return fmt.Errorf("create pin directory: %w", err)
+		}
+		opts.Maps.PinPath = d.cfg.PinPath
+	} else {
+		for _, m := range spec.Maps {
+			m.Pinning = ebpf.PinNone
+		}
+	}
+	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			d.log.Error("BPF verifier rejected the program", "log", fmt.Sprintf("%+v", ve))
+		}
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return fmt.Errorf("load BPF objects: pinned maps under %s come from an incompatible version (run with a fresh pin path or purge it): %w", d.cfg.PinPath, err)
+		}
+		return fmt.Errorf("%w: load BPF objects: %w", dataplane.ErrUnsupported, err)
+	}
+	return nil
+}
+
+// recover rebuilds the Go view of services from pinned maps after a restart,
+// so IDs keep their table index (conntrack entries refer to it).
+func (d *Dataplane) recover() error {
+	var k lbSvcKey
+	var v lbSvcVal
+	it := d.objs.LbServices.Iterate()
+	for it.Next(&k, &v) {
+		st := d.services[v.Id]
+		if st == nil {
+			st = &svcState{idx: v.Idx, gen: v.Gen, svc: dataplane.Service{
+				ID: v.Id, VIP: addrFrom(k.Vip), Port: hostPort(k.Port), Proto: protoName(k.Proto),
+				Mode: int(v.Mode), Sel: int(v.Sel), InactiveTimeout: time.Duration(v.TimeoutS) * time.Second,
+				PersistTimeout: time.Duration(v.PersistS) * time.Second,
+			}}
+			for i := range int(v.EpCount) {
+				var be lbBackend
+				if err := d.objs.LbBackends.Lookup(beKey(v.Idx, v.Gen, i), &be); err != nil {
+					return fmt.Errorf("recover endpoints of service %d: %w", v.Id, err)
+				}
+				st.eps = append(st.eps, dataplane.Endpoint{Addr: addrFrom(be.Addr), Port: hostPort(be.Port), Weight: 1, Healthy: be.Flags&beActive != 0})
+			}
+			if int(v.Idx) >= dataplane.MaxServices {
+				return fmt.Errorf("recover service %d: index %d out of range", v.Id, v.Idx)
+			}
+			d.idxUsed[v.Idx] = true
+			d.services[v.Id] = st
+		}
+		if st.svc.Mode == dataplane.ModeHostOneArm {
+			st.svc.VIP = netip.IPv4Unspecified()
+		}
+		st.keys = append(st.keys, k)
+		d.frontends[k] = v.Id
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("recover services: %w", err)
+	}
+	var pv lbProxyVal
+	pit := d.objs.LbProxyVips.Iterate()
+	for pit.Next(&k, &pv) {
+		if _, ok := d.services[pv.SvcId]; ok {
+			continue
+		}
+		idx, ok := d.allocIdx()
+		if !ok {
+			return fmt.Errorf("recover proxy service %d: %w", pv.SvcId, dataplane.ErrCapacity)
+		}
+		d.services[pv.SvcId] = &svcState{idx: idx, keys: []lbSvcKey{k}, svc: dataplane.Service{
+			ID: pv.SvcId, VIP: addrFrom(k.Vip), Port: hostPort(k.Port), Proto: "tcp", Mode: dataplane.ModeFullProxy,
+		}}
+		d.frontends[k] = pv.SvcId
+	}
+	if err := pit.Err(); err != nil {
+		return fmt.Errorf("recover proxy services: %w", err)
+	}
+	if len(d.services) > 0 {
+		d.log.Info("recovered services from pinned maps", "count", len(d.services), "pin_path", d.cfg.PinPath)
+	}
+	return nil
+}
+
+const bpffsRoot = "/sys/fs/bpf"
+
+// ensureBPFFS checks that path lives on bpffs. Pins under /sys/fs/bpf get
+// bpffs mounted there if it is missing (as systemd would); elsewhere the
+// operator has to mount it.
+func ensureBPFFS(path string) error {
+	onBPFFS := func() bool {
+		dir := filepath.Clean(path)
+		for {
+			var st unix.Statfs_t
+			if err := unix.Statfs(dir, &st); err == nil {
+				return st.Type == unix.BPF_FS_MAGIC
+			}
+			parent := filepath.Dir(dir)
+			if parent == dir {
+				return false
+			}
+			dir = parent
+		}
+	}
+	if onBPFFS() {
+		return nil
+	}
+	if path == bpffsRoot || strings.HasPrefix(filepath.Clean(path), bpffsRoot+"/") {
+		if err := unix.Mount("bpf", bpffsRoot, "bpf", 0, "mode=0700"); err != nil {
+			return fmt.Errorf("mount bpffs at %s for pin path %s: %w", bpffsRoot, path, err)
+		}
+		if onBPFFS() {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: pin path %s is not on a bpffs mount (mount -t bpf bpf <dir>)", dataplane.ErrInvalid, path)
+}
+
+func (d *Dataplane) pin(name string) string {
+	if d.cfg.PinPath == "" {
+		return ""
+	}
+	return filepath.Join(d.cfg.PinPath, name)
+}
+
+func (d *Dataplane) attachTC(ifname string) error {
+	iface, err := net.InterfaceByName(ifname)
+	if err != nil {
+		return fmt.Errorf("attach tc_lb to %s: %w", ifname, err)
+	}
+	pin := d.pin("tcx_" + ifname)
+	if pin != "" {
+		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+			if err := l.Update(d.objs.TcLb); err == nil {
+				d.links = append(d.links, l)
+				return nil
+			}
+			l.Unpin()
+			l.Close()
+		}
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: d.objs.TcLb, Attach: ebpf.AttachTCXIngress})
+	if err == nil {
+		if pin != "" {
+			if err := l.Pin(pin); err != nil {
+				l.Close()
+				return fmt.Errorf("pin tcx link of %s: %w", ifname, err)
+			}
+		}
+		d.links = append(d.links, l)
+		return nil
+	}
+	if !errors.Is(err, ebpf.ErrNotSupported) {
+		return fmt.Errorf("attach tcx to %s: %w", ifname, err)
+	}
+	d.log.Info("TCX not supported, using cls_bpf", "interface", ifname)
+	q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: iface.Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
+	if err := netlink.QdiscReplace(q); err != nil {
+		return fmt.Errorf("add clsact qdisc to %s: %w", ifname, err)
+	}
+	if err := netlink.FilterReplace(clsFilter(iface.Index, d.objs.TcLb.FD())); err != nil {
+		return fmt.Errorf("attach cls_bpf to %s: %w", ifname, err)
+	}
+	d.clsIfaces = append(d.clsIfaces, iface.Index)
+	return nil
+}
+
+func clsFilter(ifindex, fd int) *netlink.BpfFilter {
+	return &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{LinkIndex: ifindex, Parent: netlink.HANDLE_MIN_INGRESS, Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 1},
+		Fd:          fd, Name: "tc_lb", DirectAction: true,
+	}
+}
+
+func (d *Dataplane) attachSkLookup() error {
+	pin := d.pin("sk_lookup")
+	if pin != "" {
+		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
+			if err := l.Update(d.objs.SkLookupProxy); err == nil {
+				d.skLink = l
+				return nil
+			}
+			l.Unpin()
+			l.Close()
+		}
+	}
+	ns, err := os.Open("/proc/self/ns/net")
+	if err != nil {
+		return fmt.Errorf("open network namespace: %w", err)
+	}
+	defer ns.Close()
+	l, err := link.AttachNetNs(int(ns.Fd()), d.objs.SkLookupProxy)
+	if err != nil {
+		return fmt.Errorf("%w: attach sk_lookup to the network namespace: %w", dataplane.ErrUnsupported, err)
+	}
+	if pin != "" {
+		if err := l.Pin(pin); err != nil {
+			l.Close()
+			return fmt.Errorf("pin sk_lookup link: %w", err)
+		}
+	}
+	d.skLink = l
+	return nil
+}
+
+// detach removes the programs from interfaces and the namespace.
+func (d *Dataplane) detach() {
+	for _, l := range d.links {
+		l.Unpin()
+		l.Close()
+	}
+	d.links = nil
+	for _, idx := range d.clsIfaces {
+		if err := netlink.FilterDel(clsFilter(idx, d.objs.TcLb.FD())); err != nil {
+			d.log.Warn("remove cls_bpf filter", "ifindex", idx, "err", err)
+		}
+	}
+	d.clsIfaces = nil
+	if d.skLink != nil {
+		d.skLink.Unpin()
+		d.skLink.Close()
+		d.skLink = nil
+	}
+}
+
+// Close stops conntrack GC and releases file descriptors. With a PinPath the
+// programs stay attached and the maps stay pinned, so forwarding continues;
+// without one everything is detached.
+func (d *Dataplane) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	d.mu.Unlock()
+	close(d.gcStop)
+	<-d.gcDone
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cfg.PinPath == "" {
+		d.detach()
+		for vip := range d.routes {
+			d.delLocalRoute(vip)
+		}
+	} else {
+		for _, l := range d.links {
+			l.Close()
+		}
+		if d.skLink != nil {
+			d.skLink.Close()
+		}
+	}
+	return d.objs.Close()
+}
+
+// Purge detaches everything, removes the local VIP routes it added and
+// deletes the pinned maps and links. For uninstall and tests.
+func (d *Dataplane) Purge() error {
+	d.mu.Lock()
+	pins := d.cfg.PinPath
+	d.cfg.PinPath = "" // Close now detaches
+	d.mu.Unlock()
+	var errs []error
+	if pins != "" {
+		for _, m := range []*ebpf.Map{
+			d.objs.LbServices, d.objs.LbSlots, d.objs.LbBackends, d.objs.LbRrCursor, d.objs.LbActiveConns,
+			d.objs.LbConntrack, d.objs.LbAffinity, d.objs.LbCounters, d.objs.LbSvcStats, d.objs.LbProxyVips,
+		} {
+			if err := m.Unpin(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	errs = append(errs, d.Close())
+	if pins != "" {
+		if err := os.RemoveAll(pins); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (d *Dataplane) allocIdx() (uint16, bool) {
+	for i, used := range d.idxUsed {
+		if !used {
+			d.idxUsed[i] = true
+			return uint16(i), true
+		}
+	}
+	return 0, false
+}
+
+// UpsertService implements dataplane.Dataplane.
+func (d *Dataplane) UpsertService(ctx context.Context, svc dataplane.Service, eps []dataplane.Endpoint) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := dataplane.Validate(svc, eps); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return dataplane.ErrClosed
+	}
+	proto, _ := dataplane.ProtoNumber(svc.Proto)
+	keys, err := frontendKeys(svc, proto)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if id, ok := d.frontends[k]; ok && id != svc.ID {
+			return fmt.Errorf("%w: service %d has %s:%d/%s", dataplane.ErrConflict, id, addrFrom(k.Vip), svc.Port, svc.Proto)
+		}
+	}
+	st := d.services[svc.ID]
+	fresh := st == nil
+	if fresh {
+		idx, ok := d.allocIdx()
+		if !ok {
+			return fmt.Errorf("%w: %d services", dataplane.ErrCapacity, dataplane.MaxServices)
+		}
+		st = &svcState{idx: idx, gen: 1}
+		d.resetIndex(idx)
+	}
+	if err := d.install(st, svc, eps, keys, proto); err != nil {
+		if fresh {
+			d.idxUsed[st.idx] = false
+		}
+		return fmt.Errorf("install service %d: %w", svc.ID, err)
+	}
+	// Frontends the service no longer has (VIP, port or mode changed).
+	for _, k := range st.keys {
+		if !slices.Contains(keys, k) {
+			d.removeFrontend(st, k)
+		}
+	}
+	if !fresh {
+		d.purgeStale(st, svc, eps)
+	}
+	st.svc, st.eps, st.keys = svc, slices.Clone(eps), keys
+	d.services[svc.ID] = st
+	for _, k := range keys {
+		d.frontends[k] = svc.ID
+	}
+	return nil
+}
+
+// frontendKeys lists the {vip, port, proto} keys of a service: one, or one
+// per local IPv4 address for host one-arm (as loxilb replicates such rules).
+func frontendKeys(svc dataplane.Service, proto uint8) ([]lbSvcKey, error) {
+	if svc.Mode != dataplane.ModeHostOneArm {
+		return []lbSvcKey{{Vip: nbo32(svc.VIP), Port: nbo16(svc.Port), Proto: proto}}, nil
+	}
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list local addresses for host one-arm: %w", err)
+	}
+	var keys []lbSvcKey
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		if !ok || ip.IsLoopback() {
+			continue
+		}
+		keys = append(keys, lbSvcKey{Vip: nbo32(ip), Port: nbo16(svc.Port), Proto: proto})
+	}
+	return keys, nil
+}
+
+func (d *Dataplane) install(st *svcState, svc dataplane.Service, eps []dataplane.Endpoint, keys []lbSvcKey, proto uint8) error {
+	if svc.Mode == dataplane.ModeFullProxy {
+		slot, ok := d.proxySlots[svc.ProxyPort]
+		if !ok {
+			if len(d.proxySlots) >= 64 {
+				return fmt.Errorf("%w: proxy listener ports", dataplane.ErrCapacity)
+			}
+			slot = uint32(len(d.proxySlots))
+			d.proxySlots[svc.ProxyPort] = slot
+		}
+		if err := d.addLocalRoute(svc.VIP); err != nil {
+			return err
+		}
+		for _, k := range keys {
+			if err := d.objs.LbProxyVips.Put(k, lbProxyVal{SockIdx: slot, SvcId: svc.ID}); err != nil {
+				return fmt.Errorf("write proxy VIP: %w", err)
+			}
+		}
+		return nil
+	}
+	gen := st.gen ^ 1
+	bes := make([]lbBackend, len(eps))
+	for i, ep := range eps {
+		snat, err := snatAddr(svc, ep)
+		if err != nil {
+			return err
+		}
+		bes[i] = lbBackend{Addr: nbo32(ep.Addr), SnatAddr: snat, Port: nbo16(ep.Port)}
+		if ep.Healthy {
+			bes[i].Flags = beActive
+		}
+	}
+	nslots, err := d.writeGeneration(st.idx, gen, svc.Sel, eps, bes)
+	if err != nil {
+		return err
+	}
+	persist := svc.PersistTimeout
+	if persist == 0 {
+		persist = dataplane.DefaultPersistTime
+	}
+	v := lbSvcVal{
+		Id: svc.ID, Idx: st.idx, Mode: uint8(svc.Mode), Sel: uint8(svc.Sel), Gen: gen,
+		SlotCount: uint16(nslots), EpCount: uint16(len(eps)),
+		TimeoutS: uint32(dataplane.InactivityFor(svc) / time.Second), PersistS: uint32(persist / time.Second),
+	}
+	for _, k := range keys {
+		if err := d.objs.LbServices.Put(k, v); err != nil {
+			return fmt.Errorf("switch service entry: %w", err)
+		}
+	}
+	st.gen = gen
+	return nil
+}
+
+// writeGeneration fills the idle half of the endpoint and slot tables.
+func (d *Dataplane) writeGeneration(idx uint16, gen uint8, sel int, eps []dataplane.Endpoint, bes []lbBackend) (int, error) {
+	if len(bes) > 0 {
+		keys := make([]uint32, len(bes))
+		for i := range bes {
+			keys[i] = beKey(idx, gen, i)
+		}
+		if _, err := d.objs.LbBackends.BatchUpdate(keys, bes, nil); err != nil {
+			return 0, fmt.Errorf("write endpoints: %w", err)
+		}
+	}
+	slots := buildSlots(sel, eps)
+	if len(slots) > 0 {
+		keys := make([]uint32, len(slots))
+		base := (uint32(idx)*2 + uint32(gen)) * slotsPerGen
+		for i := range slots {
+			keys[i] = base + uint32(i)
+		}
+		if _, err := d.objs.LbSlots.BatchUpdate(keys, slots, nil); err != nil {
+			return 0, fmt.Errorf("write slot table: %w", err)
+		}
+	}
+	return len(slots), nil
+}
+
+func snatAddr(svc dataplane.Service, ep dataplane.Endpoint) (uint32, error) {
+	switch svc.Mode {
+	case dataplane.ModeFullNAT:
+		if svc.SNATAddr.IsValid() {
+			return nbo32(svc.SNATAddr), nil
+		}
+		return nbo32(svc.VIP), nil
+	case dataplane.ModeOneArm, dataplane.ModeHostOneArm:
+		if svc.SNATAddr.IsValid() {
+			return nbo32(svc.SNATAddr), nil
+		}
+		routes, err := netlink.RouteGet(ep.Addr.AsSlice())
+		if err != nil || len(routes) == 0 || routes[0].Src == nil {
+			return 0, fmt.Errorf("%w: derive the one-arm source address toward endpoint %v: no route with a source address (%v)",
+				dataplane.ErrInvalid, ep.Addr, err)
+		}
+		src, _ := netip.AddrFromSlice(routes[0].Src.To4())
+		return nbo32(src), nil
+	}
+	return 0, nil
+}
+
+func (d *Dataplane) removeFrontend(st *svcState, k lbSvcKey) {
+	if err := d.objs.LbServices.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		d.log.Warn("delete service entry", "id", st.svc.ID, "err", err)
+	}
+	if err := d.objs.LbProxyVips.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		d.log.Warn("delete proxy VIP entry", "id", st.svc.ID, "err", err)
+	}
+	if st.svc.Mode == dataplane.ModeFullProxy {
+		d.releaseLocalRoute(addrFrom(k.Vip))
+	}
+	delete(d.frontends, k)
+}
+
+// purgeStale drops conntrack entries that an update made invalid: all of
+// them when the mode changed, else those of endpoints that are gone.
+func (d *Dataplane) purgeStale(st *svcState, svc dataplane.Service, eps []dataplane.Endpoint) {
+	all := st.svc.Mode != svc.Mode
+	keep := map[[2]uint32]bool{}
+	for _, ep := range eps {
+		keep[[2]uint32{nbo32(ep.Addr), uint32(nbo16(ep.Port))}] = true
+	}
+	d.purgeConntrack(st.idx, func(k *lbCtKey, v *lbCtVal) bool {
+		if all {
+			return true
+		}
+		var be [2]uint32
+		switch {
+		case v.Flags&ctReply != 0:
+			be = [2]uint32{k.Saddr, uint32(k.Sport)}
+		case v.Flags&ctDSR != 0:
+			be = [2]uint32{v.NewDaddr, uint32(k.Dport)}
+		default:
+			be = [2]uint32{v.NewDaddr, uint32(v.NewDport)}
+		}
+		return !keep[be]
+	})
+}
+
+// purgeConntrack deletes the entries of service idx that match.
+func (d *Dataplane) purgeConntrack(idx uint16, match func(*lbCtKey, *lbCtVal) bool) int {
+	var k lbCtKey
+	var v lbCtVal
+	var del []lbCtKey
+	it := d.objs.LbConntrack.Iterate()
+	for it.Next(&k, &v) {
+		if v.SvcIdx == idx && match(&k, &v) {
+			del = append(del, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		d.log.Warn("iterate conntrack", "err", err)
+	}
+	for _, k := range del {
+		d.objs.LbConntrack.Delete(k)
+	}
+	return len(del)
+}
+
+// resetIndex zeroes the per-index state a previous service may have left.
+func (d *Dataplane) resetIndex(idx uint16) {
+	zero := make([]lbSvcStats, d.nCPU)
+	if err := d.objs.LbSvcStats.Put(uint32(idx), zero); err != nil {
+		d.log.Warn("reset service counters", "idx", idx, "err", err)
+	}
+	d.objs.LbRrCursor.Put(uint32(idx), uint32(0))
+	for i := range maxEPs {
+		d.objs.LbActiveConns.Put(uint32(idx)*maxEPs+uint32(i), int64(0))
+	}
+}
+
+// DeleteService implements dataplane.Dataplane.
+func (d *Dataplane) DeleteService(ctx context.Context, id uint32) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return dataplane.ErrClosed
+	}
+	st, ok := d.services[id]
+	if !ok {
+		return nil
+	}
+	for _, k := range st.keys {
+		d.removeFrontend(st, k)
+	}
+	d.purgeConntrack(st.idx, func(*lbCtKey, *lbCtVal) bool { return true })
+	var ak lbAffinityKey
+	var av lbAffinityVal
+	var del []lbAffinityKey
+	it := d.objs.LbAffinity.Iterate()
+	for it.Next(&ak, &av) {
+		if ak.SvcIdx == st.idx {
+			del = append(del, ak)
+		}
+	}
+	for _, k := range del {
+		d.objs.LbAffinity.Delete(k)
+	}
+	d.resetIndex(st.idx)
+	d.idxUsed[st.idx] = false
+	delete(d.services, id)
+	return nil
+}
+
+// SetEndpointHealth implements dataplane.Dataplane. It rebuilds the slot
+// table without (or with) the endpoint in the idle generation and flips.
+// Established connections to an endpoint marked down keep their entries and
+// drain.
+func (d *Dataplane) SetEndpointHealth(ctx context.Context, id uint32, epIdx int, healthy bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return dataplane.ErrClosed
+	}
+	st, ok := d.services[id]
+	if !ok {
+		return fmt.Errorf("%w: %d", dataplane.ErrNotFound, id)
+	}
+	if epIdx < 0 || epIdx >= len(st.eps) {
+		return fmt.Errorf("%w: service %d has no endpoint %d", dataplane.ErrInvalid, id, epIdx)
+	}
+	if st.eps[epIdx].Healthy == healthy {
+		return nil
+	}
+	eps := slices.Clone(st.eps)
+	eps[epIdx].Healthy = healthy
+	proto, _ := dataplane.ProtoNumber(st.svc.Proto)
+	if err := d.install(st, st.svc, eps, st.keys, proto); err != nil {
+		return fmt.Errorf("service %d: set endpoint %d health: %w", id, epIdx, err)
+	}
+	st.eps = eps
+	return nil
+}
+
+// RegisterProxyListener implements dataplane.ProxySteerer: l's socket goes
+// into lb_proxy_socks so sk_lookup_proxy hands it the SYNs of every mode-4
+// service with ProxyPort == port. The listener must not be MPTCP (Go's
+// default since 1.24): use net.ListenConfig with SetMultipathTCP(false).
+func (d *Dataplane) RegisterProxyListener(port uint16, l syscall.Conn) error {
+	if port == 0 || l == nil {
+		return fmt.Errorf("%w: proxy listener needs a port and a socket", dataplane.ErrInvalid)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return dataplane.ErrClosed
+	}
+	slot, ok := d.proxySlots[port]
+	if !ok {
+		if len(d.proxySlots) >= 64 {
+			return fmt.Errorf("%w: proxy listener ports", dataplane.ErrCapacity)
+		}
+		slot = uint32(len(d.proxySlots))
+		d.proxySlots[port] = slot
+	}
+	rc, err := l.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("proxy listener on port %d: %w", port, err)
+	}
+	var putErr error
+	if err := rc.Control(func(fd uintptr) {
+		putErr = d.objs.LbProxySocks.Put(slot, uint64(fd))
+	}); err != nil {
+		return fmt.Errorf("proxy listener on port %d: %w", port, err)
+	}
+	if errors.Is(putErr, unix.EOPNOTSUPP) {
+		return fmt.Errorf("%w: proxy listener on port %d is not a plain TCP socket (MPTCP? use net.ListenConfig.SetMultipathTCP(false)): %w",
+			dataplane.ErrUnsupported, port, putErr)
+	}
+	if putErr != nil {
+		return fmt.Errorf("insert proxy listener on port %d: %w", port, putErr)
+	}
+	return nil
+}
+
+// addLocalRoute makes a mode-4 VIP local (table local, dev lo) unless it
+// already is, so the stack delivers its packets to a socket.
+func (d *Dataplane) addLocalRoute(vip netip.Addr) error {
+	if n, ok := d.routes[vip]; ok {
+		d.routes[vip] = n + 1
+		return nil
+	}
+	if rs, err := netlink.RouteGet(vip.AsSlice()); err == nil && len(rs) > 0 && rs[0].Type == unix.RTN_LOCAL {
+		return nil // already local (loopback range or an assigned address)
+	}
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("make VIP %v local: %w", vip, err)
+	}
+	r := localRoute(lo.Attrs().Index, vip)
+	if err := netlink.RouteReplace(r); err != nil {
+		return fmt.Errorf("make VIP %v local: %w", vip, err)
+	}
+	d.routes[vip] = 1
+	return nil
+}
+
+func localRoute(lo int, vip netip.Addr) *netlink.Route {
+	return &netlink.Route{
+		LinkIndex: lo, Dst: &net.IPNet{IP: vip.AsSlice(), Mask: net.CIDRMask(32, 32)},
+		Type: unix.RTN_LOCAL, Table: unix.RT_TABLE_LOCAL, Scope: unix.RT_SCOPE_HOST,
+	}
+}
+
+func (d *Dataplane) releaseLocalRoute(vip netip.Addr) {
+	n, ok := d.routes[vip]
+	if !ok {
+		return
+	}
+	if n > 1 {
+		d.routes[vip] = n - 1
+		return
+	}
+	d.delLocalRoute(vip)
+}
+
+func (d *Dataplane) delLocalRoute(vip netip.Addr) {
+	delete(d.routes, vip)
+	lo, err := netlink.LinkByName("lo")
+	if err == nil {
+		err = netlink.RouteDel(localRoute(lo.Attrs().Index, vip))
+	}
+	if err != nil {
+		d.log.Warn("remove local VIP route", "vip", vip, "err", err)
+	}
+}
+
+// Stats implements dataplane.Dataplane.
+func (d *Dataplane) Stats(ctx context.Context) (dataplane.Stats, error) {
+	if err := ctx.Err(); err != nil {
+		return dataplane.Stats{}, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return dataplane.Stats{}, dataplane.ErrClosed
+	}
+	st := dataplane.Stats{
+		Counters:         make(map[string]uint64, len(counterNames)),
+		Services:         make(map[uint32]dataplane.ServiceStats, len(d.services)),
+		ConntrackEntries: d.ctEntries,
+	}
+	per := make([]uint64, d.nCPU)
+	for i, name := range counterNames {
+		if err := d.objs.LbCounters.Lookup(uint32(i), &per); err != nil {
+			return dataplane.Stats{}, fmt.Errorf("read counter %s: %w", name, err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		st.Counters[name] = sum
+	}
+	ss := make([]lbSvcStats, d.nCPU)
+	for id, s := range d.services {
+		if err := d.objs.LbSvcStats.Lookup(uint32(s.idx), &ss); err != nil {
+			return dataplane.Stats{}, fmt.Errorf("read counters of service %d: %w", id, err)
+		}
+		var out dataplane.ServiceStats
+		for _, v := range ss {
+			out.Packets += v.Pkts
+			out.Bytes += v.Bytes
+			out.Flows += v.Flows
+		}
+		st.Services[id] = out
+	}
+	return st, nil
+}
+
+func (d *Dataplane) gcLoop() {
+	defer close(d.gcDone)
+	t := time.NewTicker(d.cfg.GCInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.gcStop:
+			return
+		case <-t.C:
+			d.GC()
+		}
+	}
+}
+
+func monotonicNow() uint64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // the clock of bpf_ktime_get_ns
+	return uint64(ts.Nano())
+}
+
+// ctTimeout is how long an entry may stay idle in its state.
+func ctTimeout(v *lbCtVal) time.Duration {
+	est := time.Duration(v.TimeoutS) * time.Second
+	switch v.State {
+	case ctEst:
+		return est
+	case ctNew:
+		return min(ctSYNSecs*time.Second, est)
+	default:
+		return min(ctFINSecs*time.Second, est)
+	}
+}
+
+// peerKey is the key of the other direction's entry (see ct_forget in lb.c).
+func peerKey(k *lbCtKey, v *lbCtVal) lbCtKey {
+	p := lbCtKey{Proto: k.Proto, Saddr: k.Daddr, Sport: k.Dport, Daddr: k.Saddr, Dport: k.Sport}
+	if v.Flags&ctXlateDst != 0 {
+		p.Saddr, p.Sport = v.NewDaddr, v.NewDport
+	}
+	if v.Flags&ctXlateSrc != 0 {
+		p.Daddr, p.Dport = v.NewSaddr, v.NewSport
+	}
+	return p
+}
+
+// GC removes expired conntrack entries: an entry goes when it and its peer
+// are both idle past their state's timeout (one quiet direction must not
+// break a flow). It returns the number removed. It runs every GCInterval;
+// tests call it directly.
+func (d *Dataplane) GC() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.objs.LbConntrack == nil {
+		return 0
+	}
+	now := monotonicNow()
+	var k lbCtKey
+	var v lbCtVal
+	total := 0
+	expired := map[lbCtKey]lbCtVal{}
+	live := map[lbCtKey]bool{}
+	it := d.objs.LbConntrack.Iterate()
+	for it.Next(&k, &v) {
+		total++
+		if now > v.LastSeenNs && time.Duration(now-v.LastSeenNs) > ctTimeout(&v) {
+			expired[k] = v
+		} else {
+			live[k] = true
+		}
+	}
+	if err := it.Err(); err != nil {
+		d.log.Warn("conntrack GC", "err", err)
+	}
+	removed := 0
+	for k, v := range expired {
+		if v.Flags&ctDSR == 0 && live[peerKey(&k, &v)] {
+			continue
+		}
+		if err := d.objs.LbConntrack.Delete(k); err != nil {
+			continue
+		}
+		removed++
+		if v.Flags&ctLCHeld != 0 {
+			// Read-modify-write races with the program's atomic adds; the
+			// window is tiny and the count only steers least-connection.
+			key := uint32(v.SvcIdx)*maxEPs + uint32(v.Ep)
+			var n int64
+			if d.objs.LbActiveConns.Lookup(key, &n) == nil && n > 0 {
+				d.objs.LbActiveConns.Put(key, n-1)
+			}
+		}
+	}
+	d.ctEntries = total - removed
+	return removed
+}
+
+// Byte-order helpers: map fields hold network-order bytes in host-order
+// integers, because the program compares raw packet bytes.
+func nbo32(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+func addrFrom(v uint32) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+func nbo16(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+func hostPort(v uint16) uint16 {
+	var b [2]byte
+	binary.NativeEndian.PutUint16(b[:], v)
+	return binary.BigEndian.Uint16(b[:])
+}
+
+func beKey(idx uint16, gen uint8, ep int) uint32 {
+	return (uint32(idx)*2+uint32(gen&1))*maxEPs + uint32(ep)
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case 6:
+		return "tcp"
+	case 17:
+		return "udp"
+	case 132:
+		return "sctp"
+	}
+	return fmt.Sprintf("proto-%d", p)
+}

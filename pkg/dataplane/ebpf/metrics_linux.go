@@ -1,0 +1,54 @@
+//go:build linux
+
+package ebpf
+
+import (
+	"context"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// collector exports the BPF counters at scrape time.
+type collector struct {
+	d                          *Dataplane
+	verdicts, pkts, bytes, new *prometheus.Desc
+	ct                         *prometheus.Desc
+}
+
+func newCollector(d *Dataplane) *collector {
+	return &collector{
+		d:        d,
+		verdicts: prometheus.NewDesc("loxilb_dataplane_packets_total", "Packets seen by the eBPF data plane, by verdict or drop reason.", []string{"reason"}, nil),
+		pkts:     prometheus.NewDesc("loxilb_dataplane_service_packets_total", "Packets of a service's flows, both directions.", []string{"service"}, nil),
+		bytes:    prometheus.NewDesc("loxilb_dataplane_service_bytes_total", "Bytes of a service's flows, both directions.", []string{"service"}, nil),
+		new:      prometheus.NewDesc("loxilb_dataplane_service_flows_total", "Connections created for a service.", []string{"service"}, nil),
+		ct:       prometheus.NewDesc("loxilb_dataplane_conntrack_entries", "Conntrack entries after the last GC pass (two per NATed flow).", nil, nil),
+	}
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.verdicts
+	ch <- c.pkts
+	ch <- c.bytes
+	ch <- c.new
+	ch <- c.ct
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	st, err := c.d.Stats(context.Background())
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.verdicts, err)
+		return
+	}
+	for name, v := range st.Counters {
+		ch <- prometheus.MustNewConstMetric(c.verdicts, prometheus.CounterValue, float64(v), name)
+	}
+	for id, s := range st.Services {
+		l := strconv.FormatUint(uint64(id), 10)
+		ch <- prometheus.MustNewConstMetric(c.pkts, prometheus.CounterValue, float64(s.Packets), l)
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(s.Bytes), l)
+		ch <- prometheus.MustNewConstMetric(c.new, prometheus.CounterValue, float64(s.Flows), l)
+	}
+	ch <- prometheus.MustNewConstMetric(c.ct, prometheus.GaugeValue, float64(st.ConntrackEntries))
+}
