@@ -19,7 +19,7 @@ type Receipt struct {
 	EP      int // -1 when no endpoint could be chosen
 	Matched int // consecutive prefix blocks cached on EP
 	Total   int // full blocks in the request
-	From    int // the warm endpoint a spill or seed displaced; -1 otherwise
+	From    int // the endpoint a spill or seed moved the request away from; -1 otherwise
 	Reason  string
 }
 

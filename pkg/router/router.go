@@ -67,9 +67,12 @@ type Decision struct {
 	MatchedBlocks int // consecutive prefix blocks cached on EP
 	TotalBlocks   int
 	BlockSize     int
-	From          int     // warmest endpoint when a spill or seed displaced it, else -1
-	Load          float64 // EP's load in request-equivalents at decision time
-	Reason        string
+	// From is the endpoint the request was moved away from: the warmest
+	// one for a spill or load blend, the would-be target for a cold seed;
+	// -1 when the request went where the overlap pointed.
+	From   int
+	Load   float64 // EP's load in request-equivalents at decision time
+	Reason string
 }
 
 // PredictedCachedTokens is how many prompt tokens the router expects EP to
@@ -437,6 +440,12 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		}
 	}
 
+	// from is the candidate the request was moved away from, if any.
+	from := -1
+	if win != warm {
+		from = warm
+	}
+
 	// 3. Spill relief.
 	if r.spillRelief(svc) && s.load[win] >= float64(r.cfg.SpillMinLoad) {
 		sum := 0.0
@@ -452,6 +461,9 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 				}
 			}
 			if alt >= 0 {
+				if from = warm; alt == warm {
+					from = win // relief undid a blend move; report what it displaced
+				}
 				win, tier, reason = alt, TierSpill, ReasonOverCap
 			}
 		}
@@ -467,6 +479,7 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 			}
 		}
 		if cold >= 0 {
+			from = win
 			win, tier, reason = cold, TierColdSeed, ReasonColdSeed
 		}
 	}
@@ -481,8 +494,8 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		Load:          s.load[win],
 		Reason:        reason,
 	}
-	if win != warm {
-		d.From = s.eps[warm]
+	if from >= 0 {
+		d.From = s.eps[from]
 	}
 	ep := strconv.Itoa(d.EP)
 	r.m.hits.WithLabelValues(st.label, ep).Inc()
