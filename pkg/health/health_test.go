@@ -460,3 +460,45 @@ func TestPingLoopback(t *testing.T) {
 		t.Fatal("ping target not healthy")
 	}
 }
+
+func TestHTTPTimeoutAndUnsubscribe(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	a, port := addrPort(t, srv.URL)
+	h := start(t, Config{Timeout: 20 * time.Millisecond},
+		Target{Service: 4, EP: 0, Addr: a, Port: port, Monitor: true, Probe: Probe{Type: ProbeHTTP}})
+	var second atomic.Int32
+	unsub := h.p.Subscribe(func(Change) { second.Add(1) })
+	unsub()
+	if c := h.wait(t, false); c.Reason != "timeout" {
+		t.Fatalf("hanging endpoint: %+v", c)
+	}
+	if second.Load() != 0 {
+		t.Error("unsubscribed callback was called")
+	}
+}
+
+func TestHTTPIPv6Loopback(t *testing.T) {
+	ln, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(500)
+	}))
+	srv.Listener = ln
+	srv.Start()
+	defer srv.Close()
+	ap := netip.MustParseAddrPort(ln.Addr().String())
+	h := start(t, Config{}, Target{Service: 6, EP: 0, Addr: ap.Addr(), Port: ap.Port(), Monitor: true, Probe: Probe{Type: ProbeHTTP}})
+	if c := h.wait(t, false); c.Reason != "status" || c.Addr != ap {
+		t.Fatalf("ipv6 probe: %+v", c)
+	}
+}
