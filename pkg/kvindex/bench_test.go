@@ -167,3 +167,21 @@ func TestBytesPerBlockSanity(t *testing.T) {
 		t.Fatalf("%.1f bytes per block", per)
 	}
 }
+
+// BenchmarkClearEndpoint measures a publisher reset of one endpoint in a
+// service of 64 endpoints holding 100k blocks each (the bulk clear walks the
+// whole service table under the service's write lock).
+func BenchmarkClearEndpoint(b *testing.B) {
+	ix, _, _ := prefixFixture(b, 64, 100_000, 256, func(int) int { return 0 })
+	r := rand.New(rand.NewPCG(8, 9))
+	refill := make([]uint64, 100_000)
+	for b.Loop() {
+		b.StopTimer()
+		for i := range refill {
+			refill[i] = r.Uint64()
+		}
+		ix.Store(1, 5, 0, refill)
+		b.StartTimer()
+		ix.ClearEndpoint(1, 5)
+	}
+}

@@ -460,25 +460,25 @@ func (ix *Index) ClearRank(service uint32, ep int, rank int) {
 			return m
 		})
 	} else {
-		s.tab.update(func(k uint64, v uint64) uint64 {
-			if v&bit == 0 {
-				return v
+		// Walk the endpoint's own insertion order rather than the whole
+		// service table: it lists every key the endpoint holds (some twice,
+		// which the presence check makes harmless).
+		for _, k := range e.order[e.head:] {
+			i := s.tab.find(k)
+			if i < 0 || s.tab.vals[i]&bit == 0 {
+				continue
 			}
 			m := e.rankMask(k)
 			if m&rbit == 0 {
-				return v
+				continue
 			}
-			m &^= rbit
-			if m == 0 {
-				if e.ranks != nil {
-					e.ranks.del(k)
-				}
-				e.n--
-				return v &^ bit
+			if m &^= rbit; m != 0 {
+				e.setRankMask(k, m)
+				continue
 			}
-			e.setRankMask(k, m)
-			return v
-		})
+			s.removeAt(e, i, k, bit)
+		}
+		s.tab.maybeShrink()
 	}
 	s.compact(e, ep)
 	e.blocks.Set(float64(e.n))
@@ -501,9 +501,18 @@ func (ix *Index) ClearEndpoint(service uint32, ep int) {
 		return
 	}
 	bit := uint64(1) << ep
-	if e.n > 0 {
-		s.tab.update(func(_ uint64, v uint64) uint64 { return v &^ bit })
+	// As in ClearRank, the endpoint's order lists every key it holds, so
+	// the cost is proportional to this endpoint, not to the service.
+	for _, k := range e.order[e.head:] {
+		if i := s.tab.find(k); i >= 0 && s.tab.vals[i]&bit != 0 {
+			if v := s.tab.vals[i] &^ bit; v != 0 {
+				s.tab.vals[i] = v
+			} else {
+				s.tab.delAt(i)
+			}
+		}
 	}
+	s.tab.maybeShrink()
 	e.n, e.order, e.head, e.ranks = 0, nil, 0, nil
 	if e.specN > 0 {
 		for k, m := range s.specMask {
