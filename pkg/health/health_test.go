@@ -502,3 +502,22 @@ func TestHTTPIPv6Loopback(t *testing.T) {
 		t.Fatalf("ipv6 probe: %+v", c)
 	}
 }
+
+func TestPingIPv6Loopback(t *testing.T) {
+	if ln, err := net.Listen("tcp6", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	} else {
+		ln.Close()
+	}
+	var pg pinger
+	ctx, cancel := context.WithTimeout(context.Background(), failsafe)
+	defer cancel()
+	err := pg.echo(ctx, netip.MustParseAddr("::1"))
+	if errors.Is(err, ErrPingUnavailable) {
+		requirePrivileged(t, "ICMPv6 raw socket")
+		t.Fatalf("root but ping unavailable: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("ping ::1: %v", err)
+	}
+}
