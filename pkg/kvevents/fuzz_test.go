@@ -56,3 +56,15 @@ func FuzzDecodeTRTLLMBody(f *testing.F) {
 		}
 	})
 }
+
+func FuzzServerInfoGeometry(f *testing.F) {
+	f.Add([]byte(`{"kv_cache_hash_algo":"v1_block_key","tokens_per_block":32}`))
+	f.Add([]byte(`{"kv_cache_config":{"tokens_per_block":16}}`))
+	f.Add([]byte(`{"disaggregated_params":{}}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		algo, tpb, err := serverInfoGeometry(body)
+		if err == nil && tpb == 0 {
+			t.Fatalf("tokens_per_block 0 accepted (algo %q)", algo)
+		}
+	})
+}

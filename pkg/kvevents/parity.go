@@ -44,9 +44,10 @@ type parityEntry struct {
 	short bool
 }
 
-// paritySampleAfter is the number of verified blocks after which only one
-// event in paritySampleEvery is verified: the verdict is established, and
-// hashing every block would cost more than decoding it.
+// paritySampleAfter is the number of attested blocks after which only one
+// event in paritySampleEvery is checked: the verdict is established (and
+// still follows the sampled evidence), and hashing every block would cost
+// more than decoding it.
 const (
 	paritySampleAfter = 4096
 	paritySampleEvery = 16
@@ -126,7 +127,7 @@ func (p *parityTracker) observe(e *Event) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.events++
-	if p.st.Verdict == VerdictOK && p.st.VerifiedBlocks >= paritySampleAfter && p.events%paritySampleEvery != 0 {
+	if p.st.VerifiedBlocks+p.st.MismatchedBlocks >= paritySampleAfter && p.events%paritySampleEvery != 0 {
 		return
 	}
 	n := len(e.Hashes)
