@@ -71,16 +71,19 @@ type Config struct {
 	// EventEncoding is map or array; default map for vLLM, array for SGLang.
 	EventEncoding string
 
-	PrefillUsPerToken float64       // prefill cost per uncached prompt token, default 50
-	DecodeUsPerToken  float64       // decode cost per output token, default 20000
-	MaxRunning        int           // concurrent sequences, default 32
-	MaxQueue          int           // waiting requests before 503; 0 means unbounded
-	TimeScale         float64       // multiplies every modelled delay; 0 disables delays
-	TimeScaleSet      bool          // TimeScale was given (0 is meaningful)
-	BootstrapPort     int           // SGLang prefill bootstrap port; 0 picks a free port
-	PDTimeout         time.Duration // how long a decode leg waits for its prefill, default 30s
-	TRTEventBuffer    int           // TensorRT-LLM event buffer (event_buffer_max_size), default 10000
-	RandSeed          uint64        // seeds fault probabilities
+	PrefillUsPerToken float64 // prefill cost per uncached prompt token, default 50
+	DecodeUsPerToken  float64 // decode cost per output token, default 20000
+	// DecodeUsPerActiveBlock adds a per-step cost for every KV block pinned
+	// by running requests, so decode slows as the batch grows. Default 0.
+	DecodeUsPerActiveBlock float64
+	MaxRunning             int           // concurrent sequences, default 32
+	MaxQueue               int           // waiting requests before 503; 0 means unbounded
+	TimeScale              float64       // multiplies every modelled delay; 0 disables delays
+	TimeScaleSet           bool          // TimeScale was given (0 is meaningful)
+	BootstrapPort          int           // SGLang prefill bootstrap port; 0 picks a free port
+	PDTimeout              time.Duration // how long a decode leg waits for its prefill, default 30s
+	TRTEventBuffer         int           // TensorRT-LLM event buffer (event_buffer_max_size), default 10000
+	RandSeed               uint64        // seeds fault probabilities
 
 	Faults Faults // faults active from the start
 }
@@ -192,7 +195,7 @@ func (c Config) Validate() error {
 	if c.ReplayFormat != ReplayTopic && c.ReplayFormat != ReplayLegacy {
 		return fmt.Errorf("replay format %q: want topic or legacy", c.ReplayFormat)
 	}
-	if c.PrefillUsPerToken < 0 || c.DecodeUsPerToken < 0 || c.TimeScale < 0 {
+	if c.PrefillUsPerToken < 0 || c.DecodeUsPerToken < 0 || c.DecodeUsPerActiveBlock < 0 || c.TimeScale < 0 {
 		return fmt.Errorf("cost model values must not be negative")
 	}
 	if c.MaxRunning < 1 || c.MaxQueue < 0 {

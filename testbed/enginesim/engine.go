@@ -22,6 +22,9 @@ type Deps struct {
 	Now       func() time.Time // event timestamps and "created"; default time.Now
 	// HTTPClient is used by decode legs to reach their prefill engine.
 	HTTPClient *http.Client
+	// Sleep waits out a modelled delay (already time-scaled); default a
+	// timer that also ends with ctx. Tests inject a recorder.
+	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // rank is one data-parallel rank: its own cache and event publisher.
@@ -40,6 +43,7 @@ type Engine struct {
 	tok    Tokenizer
 	now    func() time.Time
 	client *http.Client
+	sleepf func(ctx context.Context, d time.Duration) error
 	hasher blockHasher
 	enc    zmqEncoder
 	ranks  []*rank
@@ -58,6 +62,8 @@ type Engine struct {
 	requests, failed, promptTok, hitTok      atomic.Uint64
 	completed, outputTok, transfers, claimed atomic.Uint64
 	ctxReqID                                 atomic.Uint64
+	queries                                  atomic.Uint64
+	activeBlocks                             atomic.Int64 // blocks pinned by running requests
 
 	closeOnce sync.Once
 	closeErr  error
@@ -82,6 +88,10 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 	}
 	if e.now == nil {
 		e.now = time.Now
+	}
+	e.sleepf = deps.Sleep
+	if e.sleepf == nil {
+		e.sleepf = timerSleep
 	}
 	if e.client == nil {
 		e.client = &http.Client{Timeout: cfg.PDTimeout + 10*time.Second}
@@ -335,6 +345,7 @@ type RankStats struct {
 	Dropped     uint64 `json:"batches_dropped"`
 	Reordered   uint64 `json:"batches_reordered"`
 	Replays     uint64 `json:"replay_requests"`
+	Lost        uint64 `json:"batches_lost_at_shutdown"`
 	Subscribers int    `json:"subscribed_topics"`
 }
 
@@ -347,6 +358,7 @@ type Stats struct {
 	CapacityBlocks int         `json:"capacity_blocks"`
 	HashAlgo       string      `json:"hash_algo"`
 	Requests       uint64      `json:"requests"`
+	Queries        uint64      `json:"queries"`
 	Completed      uint64      `json:"completed"`
 	Failed         uint64      `json:"failed"`
 	PromptTokens   uint64      `json:"prompt_tokens"`
@@ -369,7 +381,7 @@ type Stats struct {
 func (e *Engine) Stats() Stats {
 	s := Stats{Engine: e.cfg.Engine, Role: e.cfg.Role, Model: e.cfg.Model, BlockSize: e.cfg.BlockSize,
 		CapacityBlocks: e.cfg.CapacityBlocks, HashAlgo: e.hasher.algo(),
-		Requests: e.requests.Load(), Completed: e.completed.Load(), Failed: e.failed.Load(),
+		Requests: e.requests.Load(), Queries: e.queries.Load(), Completed: e.completed.Load(), Failed: e.failed.Load(),
 		PromptTokens: e.promptTok.Load(), HitTokens: e.hitTok.Load(), OutputTokens: e.outputTok.Load(),
 		Running: e.sched.running.Load(), Waiting: e.sched.waiting.Load(),
 		PDTransfers: e.transfers.Load(), PDClaimed: e.claimed.Load()}
@@ -389,6 +401,7 @@ func (e *Engine) Stats() Stats {
 			rs.Dropped = r.pub.dropped.Load()
 			rs.Reordered = r.pub.reordered.Load()
 			rs.Replays = r.pub.replays.Load()
+			rs.Lost = r.pub.lost.Load()
 			rs.Subscribers = r.pub.subscribers()
 		}
 		s.BlocksUsed += rs.BlocksUsed
@@ -480,6 +493,10 @@ func (e *Engine) sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
+	return e.sleepf(ctx, d)
+}
+
+func timerSleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -2,6 +2,7 @@ package enginesim
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -9,7 +10,9 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // TestVLLMRepeatedPromptPublishesVectorBytes drives a vLLM emulator with the
@@ -344,3 +347,43 @@ func TestRealTokenizer(t *testing.T) {
 }
 
 func mustJSONRaw(v any) []byte { b, _ := json.Marshal(v); return b }
+
+// sleepRecorder records the modelled delays instead of waiting them out.
+type sleepRecorder struct {
+	mu sync.Mutex
+	ds []time.Duration
+}
+
+func (s *sleepRecorder) sleep(_ context.Context, d time.Duration) error {
+	s.mu.Lock()
+	s.ds = append(s.ds, d)
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *sleepRecorder) take() []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.ds
+	s.ds = nil
+	return out
+}
+
+func TestTimeModel(t *testing.T) {
+	rec := &sleepRecorder{}
+	e := startEngine(t, Config{Engine: EngineVLLM, PrefillUsPerToken: 10, DecodeUsPerToken: 1000,
+		DecodeUsPerActiveBlock: 100, TimeScale: 0.5, TimeScaleSet: true}, Deps{Sleep: rec.sleep})
+	cachedTokens(t, do(t, "POST", e.URL()+"/v1/completions", map[string]any{"prompt": seqTokens(1, 64), "max_tokens": 3}))
+	// 64 uncached tokens x 10us x 0.5; then 3 decode steps with 4 pinned blocks.
+	step := (1000 + 4*100) * time.Microsecond / 2
+	if got, want := rec.take(), []time.Duration{320 * time.Microsecond, 3 * step}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("delays %v, want %v", got, want)
+	}
+	// 48 of 64 tokens hit: only 16 are prefilled.
+	if r := do(t, "POST", e.URL()+"/v1/completions", map[string]any{"prompt": seqTokens(1, 64), "max_tokens": 1, "stream": true}); r.status != 200 {
+		t.Fatalf("stream: %d", r.status)
+	}
+	if got, want := rec.take(), []time.Duration{80 * time.Microsecond, step}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("delays %v, want %v", got, want)
+	}
+}

@@ -65,10 +65,13 @@ func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 	n := rk.cache.match(hbs, (len(p.tokens)-1)/bs)
 	held := rk.cache.acquire(hbs, n)
 	rk.mu.Unlock()
+	e.queries.Add(1)
+	e.activeBlocks.Add(int64(len(held)))
 	defer func() {
 		rk.mu.Lock()
 		rk.cache.release(held)
 		rk.mu.Unlock()
+		e.activeBlocks.Add(-int64(len(held)))
 	}()
 	cached := n * bs
 	e.promptTok.Add(uint64(len(p.tokens)))
@@ -82,9 +85,11 @@ func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 	}
 	rk.mu.Lock()
 	var evs []kvEvent
+	before := len(held)
 	held, evs = rk.cache.insert(hbs, held)
 	e.emit(rk, evs)
 	rk.mu.Unlock()
+	e.activeBlocks.Add(int64(len(held) - before))
 
 	outN := p.maxTokens
 	if plan.prefillOnly {
@@ -97,11 +102,14 @@ func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 	e.outputTok.Add(uint64(outN))
 
 	abort := e.faults.takeCloseMidStream()
-	step := time.Duration(e.cfg.DecodeUsPerToken * float64(time.Microsecond))
 	if p.Stream && !plan.prefillOnly {
-		return e.stream(w, r, p, out, u, step, abort)
+		return e.stream(w, r, p, out, u, abort)
 	}
-	if err := e.sleep(ctx, step*time.Duration(outN)); err != nil {
+	var total time.Duration
+	for i := 0; i < outN; i++ {
+		total += e.decodeStep()
+	}
+	if err := e.sleep(ctx, total); err != nil {
 		return err
 	}
 	if abort {
@@ -109,6 +117,12 @@ func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 	}
 	writeJSON(w, 200, e.completionBody(p, out, u, extras))
 	return nil
+}
+
+// decodeStep is the modelled duration of one decode step at the current load.
+func (e *Engine) decodeStep() time.Duration {
+	us := e.cfg.DecodeUsPerToken + e.cfg.DecodeUsPerActiveBlock*float64(e.activeBlocks.Load())
+	return time.Duration(us * float64(time.Microsecond))
 }
 
 // outputTokens makes deterministic synthetic output ids from the prompt.
@@ -166,7 +180,7 @@ func (e *Engine) completionBody(p *parsedRequest, out []uint32, u usage, extras 
 
 // stream writes SSE chunks in the OpenAI shape the engines use, one per
 // decode step, then the optional usage chunk and "data: [DONE]".
-func (e *Engine) stream(w *trackingWriter, r *http.Request, p *parsedRequest, out []uint32, u usage, step time.Duration, abort bool) error {
+func (e *Engine) stream(w *trackingWriter, r *http.Request, p *parsedRequest, out []uint32, u usage, abort bool) error {
 	ctx := r.Context()
 	id, _, object := e.ids(p)
 	created := e.now().Unix()
@@ -199,7 +213,7 @@ func (e *Engine) stream(w *trackingWriter, r *http.Request, p *parsedRequest, ou
 		if abort && i == len(out)/2 {
 			return errAbortConn
 		}
-		if err := e.sleep(ctx, step); err != nil {
+		if err := e.sleep(ctx, e.decodeStep()); err != nil {
 			return err
 		}
 		var finish any

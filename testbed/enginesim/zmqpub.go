@@ -47,7 +47,10 @@ type zmqPublisher struct {
 	seq uint64
 	buf []bufEntry
 
-	published, dropped, reordered, replays atomic.Uint64
+	qmu    sync.RWMutex // guards closed against sends on a closed queue
+	closed bool
+
+	published, dropped, reordered, replays, lost atomic.Uint64
 }
 
 type pubConfig struct {
@@ -86,8 +89,15 @@ func newZMQPublisher(log *slog.Logger, cfg pubConfig, faults *faultState, seed u
 }
 
 // enqueue hands a batch to the publisher. It blocks when the queue is full
-// rather than lose a batch silently.
+// rather than lose a batch silently; after close (a request still running
+// at shutdown) the batch is counted as lost.
 func (p *zmqPublisher) enqueue(it pubItem) {
+	p.qmu.RLock()
+	defer p.qmu.RUnlock()
+	if p.closed {
+		p.lost.Add(1)
+		return
+	}
 	p.ch <- it
 }
 
@@ -230,7 +240,10 @@ func (p *zmqPublisher) currentSeq() uint64 {
 }
 
 func (p *zmqPublisher) close() {
+	p.qmu.Lock()
+	p.closed = true
 	close(p.ch)
+	p.qmu.Unlock()
 	<-p.done
 	p.cancel()
 	p.pub.Close()

@@ -241,6 +241,7 @@ func Args(c enginesim.Config) []string {
 		"--replay-format", d.ReplayFormat, "--hash-algo", d.HashAlgo, "--seed", d.Seed,
 		"--event-encoding", d.EventEncoding,
 		"--prefill-us-per-token", ftoa(d.PrefillUsPerToken), "--decode-us-per-token", ftoa(d.DecodeUsPerToken),
+		"--decode-us-per-active-block", ftoa(d.DecodeUsPerActiveBlock),
 		"--max-running", strconv.Itoa(d.MaxRunning), "--max-queue", strconv.Itoa(d.MaxQueue),
 		"--time-scale", ftoa(d.TimeScale), "--bootstrap-port", strconv.Itoa(d.BootstrapPort),
 		"--pd-timeout", d.PDTimeout.String(), "--trt-event-buffer", strconv.Itoa(d.TRTEventBuffer),

@@ -68,6 +68,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&c.EventEncoding, "event-encoding", "", "inner event encoding: map or array (default map for vllm, array for sglang)")
 	fs.Float64Var(&c.PrefillUsPerToken, "prefill-us-per-token", 50, "prefill cost per uncached prompt token, microseconds")
 	fs.Float64Var(&c.DecodeUsPerToken, "decode-us-per-token", 20000, "decode cost per output token, microseconds")
+	fs.Float64Var(&c.DecodeUsPerActiveBlock, "decode-us-per-active-block", 0, "extra decode cost per step for each KV block pinned by running requests, microseconds")
 	fs.IntVar(&c.MaxRunning, "max-running", 32, "concurrent sequences")
 	fs.IntVar(&c.MaxQueue, "max-queue", 0, "waiting requests before 503 (0: unbounded)")
 	fs.Float64Var(&c.TimeScale, "time-scale", 1, "multiplier of every modelled delay (0: no delays)")
