@@ -39,6 +39,10 @@ const (
 	EngineTRTLLM = "trtllm"
 )
 
+// MaxRanks is the largest publisher count per endpoint (kvDpRankCount): the
+// documented rule limit, and what the inventory's per-rank masks hold.
+const MaxRanks = 8
+
 // DefaultReplayPortOffset is the default of LLB_KV_REPLAY_PORT_OFFSET: a
 // publisher on port P answers replay requests on P+1000.
 const DefaultReplayPortOffset = 1000
@@ -125,7 +129,7 @@ func (s Spec) validate() error {
 	}
 	switch s.Engine {
 	case EngineVLLM, EngineSGLang:
-		if s.Ranks < 0 || s.Ranks > 64 {
+		if s.Ranks < 0 || s.Ranks > MaxRanks {
 			return bad("rank count %d out of range", s.Ranks)
 		}
 		if s.ZmqPort < 1 || s.ZmqPort+s.ranks()-1 > 65535 {
