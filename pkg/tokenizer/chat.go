@@ -64,7 +64,7 @@ type chatTemplate struct {
 var contentLoop = regexp.MustCompile(`for\s+\w+\s+in\s+[\w.]*?(?:\.content|\[\s*['"]content['"]\s*\])`)
 
 func compileChatTemplate(src string) (*chatTemplate, error) {
-	t, err := jinja.Compile(src)
+	t, err := jinja.Compile(rewriteTojson(src))
 	if err != nil {
 		return nil, fmt.Errorf("compile chat_template: %w", err)
 	}
@@ -165,6 +165,8 @@ func (t *Tokenizer) RenderChatJSON(messages json.RawMessage, opts ChatOptions) (
 			ctx[k] = d.Data[k]
 		}
 	}
+	// Set last so request kwargs cannot shadow it.
+	ctx[pyTojsonName] = jinja.NewCallable(pyTojsonName, pyTojson)
 	out, err := ct.tmpl.RenderValues(ctx)
 	if err != nil {
 		return "", fmt.Errorf("render chat_template: %w", err)

@@ -3,13 +3,16 @@ package tokenizer
 import (
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
 
 type chatGolden struct {
-	Model   string `json:"model"`
-	Case    string `json:"case"`
+	Model    string `json:"model"`
+	Template string `json:"template"` // file under testdata/templates, "" for the model's own
+	Case     string `json:"case"`
 	Request struct {
 		Messages            json.RawMessage `json:"messages"`
 		Tools               json.RawMessage `json:"tools"`
@@ -35,10 +38,10 @@ func slugOf(t *testing.T, model string) string {
 func TestChatTemplateParity(t *testing.T) {
 	var cases []chatGolden
 	readGolden(t, "chat.json", &cases)
-	perModel := map[string]int{}
+	perTemplate := map[string]int{}
 	for _, c := range cases {
-		t.Run(c.Model+"/"+c.Case, func(t *testing.T) {
-			tk := loadStaged(t, slugOf(t, c.Model))
+		t.Run(c.Model+"/"+c.Template+"/"+c.Case, func(t *testing.T) {
+			tk := goldenTokenizer(t, c)
 			got, err := tk.RenderChatJSON(c.Request.Messages, ChatOptions{
 				AddGenerationPrompt: c.Request.AddGenerationPrompt,
 				Tools:               c.Request.Tools,
@@ -53,14 +56,36 @@ func TestChatTemplateParity(t *testing.T) {
 			if ids := tk.Encode(got, false); !equalIDs(ids, c.IDs) {
 				t.Fatalf("ids of render differ: got %v want %v", ids, c.IDs)
 			}
-			perModel[c.Model]++
+			perTemplate[c.Model+"/"+c.Template]++
 		})
 	}
-	for _, m := range parityModels {
-		if perModel[m.name] < 6 {
-			t.Errorf("%s: %d chat renders identical, want >= 6", m.name, perModel[m.name])
+	if len(perTemplate) < 4 {
+		t.Errorf("only %d templates covered", len(perTemplate))
+	}
+	for name, n := range perTemplate {
+		if n < 6 {
+			t.Errorf("%s: %d chat renders identical, want >= 6", name, n)
 		}
 	}
+}
+
+// goldenTokenizer is the staged tokenizer of a chat golden, with the
+// golden's template when it is not the model's own.
+func goldenTokenizer(t *testing.T, c chatGolden) *Tokenizer {
+	t.Helper()
+	tk := loadStaged(t, slugOf(t, c.Model))
+	if c.Template == "" {
+		return tk
+	}
+	src, err := os.ReadFile(filepath.Join("testdata", "templates", c.Template))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err = tk.WithChatTemplate(string(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk
 }
 
 func TestRenderChatMessages(t *testing.T) {

@@ -15,7 +15,7 @@ func TestEncodeRequestChatGoldens(t *testing.T) {
 	var cases []chatGolden
 	readGolden(t, "chat.json", &cases)
 	for _, c := range cases {
-		tk := loadStaged(t, slugOf(t, c.Model))
+		tk := goldenTokenizer(t, c)
 		body := map[string]json.RawMessage{"model": json.RawMessage(`"m"`), "messages": c.Request.Messages}
 		if c.Request.Tools != nil {
 			body["tools"] = c.Request.Tools

@@ -15,6 +15,14 @@ import (
 // chat_template. A Tokenizer is immutable after loading and safe for
 // concurrent use.
 type Tokenizer struct {
+	*core
+	cfg  Config
+	chat *chatTemplate // nil when there is no chat template
+}
+
+// core is the encoding machinery, shared by Tokenizers that differ only in
+// their chat template.
+type core struct {
 	added      []AddedToken
 	rawMatch   *addedMatcher // added tokens with normalized=false: split before normalization
 	normMatch  *addedMatcher // added tokens with normalized=true: split after normalization
@@ -26,9 +34,6 @@ type Tokenizer struct {
 	decodeTab  map[uint32][]byte
 	tokenToID  map[string]uint32 // vocab strings and added token contents, for lookups by text
 	specialIDs map[uint32]bool
-
-	cfg  Config
-	chat *chatTemplate // nil when tokenizer_config.json has no chat_template
 
 	pool sync.Pool // *encodeScratch
 }
@@ -95,7 +100,7 @@ func LoadJSON(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 	if len(raw.Model) == 0 || string(raw.Model) == "null" {
 		return nil, fmt.Errorf("tokenizer.json: missing model")
 	}
-	t := &Tokenizer{added: raw.AddedTokens, specialIDs: map[uint32]bool{}}
+	t := &Tokenizer{core: &core{added: raw.AddedTokens, specialIDs: map[uint32]bool{}}}
 	var err error
 	if t.normalizer, err = parseNormalizer(raw.Normalizer, 0); err != nil {
 		return nil, fmt.Errorf("tokenizer.json: %w", err)
@@ -149,6 +154,20 @@ func LoadJSON(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 	}
 	t.pool.New = func() any { return &encodeScratch{} }
 	return t, nil
+}
+
+// WithChatTemplate returns a Tokenizer that shares t's vocabulary and
+// encoder but renders chats with src (an engine started with
+// --chat-template, or a corrected template). t is unchanged.
+func (t *Tokenizer) WithChatTemplate(src string) (*Tokenizer, error) {
+	ct, err := compileChatTemplate(src)
+	if err != nil {
+		return nil, err
+	}
+	cfg := t.cfg
+	cfg.ChatTemplate = src
+	cfg.ChatTemplates = nil
+	return &Tokenizer{core: t.core, cfg: cfg, chat: ct}, nil
 }
 
 // Config returns the parsed tokenizer_config.json fields.

@@ -132,6 +132,7 @@ const curated = [
   '👨‍👩‍👧‍👦', '🇺🇸🇯🇵', '👍🏽', '❤️‍🔥', 'e\u0301', '\u00e9', 'ﬁ', 'Ｆｕｌｌｗｉｄｔｈ', '\u200b', '\ufeff', '\u00a0', '\u3000',
   '\u2028', '\u2029', '\u0085', '\u1680', '\u180e', 'a\u2028b', 'a\u3000b', 'a\u00a0b', ' \u3000', '\u3000 ', 'x\u2029\ny',
   '\u0000', '\u0001\u0002', '\u007f', '𝐀𝐁𝐂', '𝟘𝟙𝟚',
+  "'ſ", "x'ſt", "'\u212a", "I'LL", "\u0130'S", "'Re", "'vE", "O'NEILL's", "'\u017f'S", "''ll", "'\n's",
   ...SPECIALS, ...NEAR_SPECIALS,
   '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n', '<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>',
   'text<|im_end|>text', ' <|im_end|> ', '<|im_end|><|im_end|>', '<think>\nreasoning\n</think>\n\nanswer',
@@ -187,9 +188,20 @@ const CHAT_CASES = [
   { name: 'unicode_html_nogen', messages: [{ role: 'user', content: '<b>Bonjour</b> & “café” — 你好 👋🏽\u3000end' }, { role: 'assistant', content: 'Salut ! <i>ça va</i> ?' }], add_generation_prompt: false },
   { name: 'tools_single_user', tools: TOOLS, messages: [{ role: 'user', content: 'Find cheap flights to Tokyo.' }], add_generation_prompt: true },
   { name: 'content_parts_text', messages: [{ role: 'system', content: [{ type: 'text', text: 'Be brief.' }] }, { role: 'user', content: [{ type: 'text', text: 'First part.' }, { type: 'text', text: 'Second part.' }] }], add_generation_prompt: true },
+  { name: 'tools_unicode_nested', tools: [{ type: 'function', function: { name: 'annotate', description: 'Line\u2028sep <tag> & "quotes" \\ tab\t end',
+    parameters: { type: 'object', properties: { items: { type: 'array', items: { type: 'object', properties: {} } }, flags: { type: 'object', properties: {}, required: [] }, n: { type: 'integer', minimum: -3, maximum: 100000000000 } }, required: [] } } }],
+    messages: [{ role: 'user', content: 'Annotate: 日本語 ✓' }], add_generation_prompt: true },
   { name: 'long_multi_turn', messages: [{ role: 'system', content: 'Answer in one sentence.' }, { role: 'user', content: 'Explain KV caching.' },
     { role: 'assistant', content: 'It stores attention keys and values so prefixes are not recomputed.' }, { role: 'user', content: 'And prefix routing?' },
     { role: 'assistant', content: 'It sends a request to the server that already holds its prefix.' }, { role: 'user', content: 'Thanks! <|im_end|> literal' }], add_generation_prompt: true },
+];
+
+// Further real chat templates (copied from github.com/ardanlabs/jinja@v1.8.0
+// testdata): Llama-3.2's tool template uses tojson(indent=4); Qwen3.5 walks
+// content lists in a macro. Dates are pinned so renders do not change daily.
+const EXTRA_TEMPLATES = [
+  { model: 'llama3_1', file: 'llama3_2_tools.jinja', kwargs: { date_string: '26 Jul 2024' } },
+  { model: 'qwen3', file: 'qwen3_5.jinja', kwargs: {} },
 ];
 
 // How the engines turn OpenAI content parts into a template value for a
@@ -238,18 +250,27 @@ async function main() {
     fs.writeFileSync(path.join(outDir, `ids_special_${m.name}.json`), lines(special));
     fs.writeFileSync(path.join(outDir, `decode_${m.name}.json`), lines(decoded));
 
-    const tpl = new Template(cfg.chat_template);
     const tokStr = (v) => (v == null ? null : typeof v === 'string' ? v : v.content);
-    for (const c of CHAT_CASES) {
-      const ctx = { messages: flattenContent(c.messages), tools: c.tools ?? null, documents: null,
-        add_generation_prompt: c.add_generation_prompt,
-        bos_token: tokStr(cfg.bos_token), eos_token: tokStr(cfg.eos_token), unk_token: tokStr(cfg.unk_token), pad_token: tokStr(cfg.pad_token),
-        ...(c.chat_template_kwargs || {}) };
-      const text = tpl.render(ctx);
-      const e = await tok.encode(text, null, { addSpecialTokens: false });
-      chatOut.push({ model: m.name, case: c.name, request: { messages: c.messages, ...(c.tools ? { tools: c.tools } : {}),
-        add_generation_prompt: c.add_generation_prompt, ...(c.chat_template_kwargs ? { chat_template_kwargs: c.chat_template_kwargs } : {}) },
-        rendered: text, ids: Array.from(e.getIds()) });
+    // The model's own template, then extra real templates that share this
+    // vocabulary (pkg/tokenizer/testdata/templates).
+    const templates = [{ name: '', src: cfg.chat_template, kwargs: {} }];
+    for (const x of EXTRA_TEMPLATES.filter((x) => x.model === m.name)) {
+      templates.push({ name: x.file, src: fs.readFileSync(path.join(outDir, 'templates', x.file), 'utf8'), kwargs: x.kwargs });
+    }
+    for (const t of templates) {
+      const tpl = new Template(t.src);
+      for (const c of CHAT_CASES) {
+        const kwargs = { ...t.kwargs, ...(c.chat_template_kwargs || {}) };
+        const ctx = { messages: flattenContent(c.messages), tools: c.tools ?? null, documents: null,
+          add_generation_prompt: c.add_generation_prompt,
+          bos_token: tokStr(cfg.bos_token), eos_token: tokStr(cfg.eos_token), unk_token: tokStr(cfg.unk_token), pad_token: tokStr(cfg.pad_token),
+          ...kwargs };
+        const text = tpl.render(ctx);
+        const e = await tok.encode(text, null, { addSpecialTokens: false });
+        chatOut.push({ model: m.name, template: t.name, case: c.name, request: { messages: c.messages, ...(c.tools ? { tools: c.tools } : {}),
+          add_generation_prompt: c.add_generation_prompt, ...(Object.keys(kwargs).length ? { chat_template_kwargs: kwargs } : {}) },
+          rendered: text, ids: Array.from(e.getIds()) });
+      }
     }
   }
   fs.writeFileSync(path.join(outDir, 'chat.json'), JSON.stringify(chatOut, null, 1) + '\n');
