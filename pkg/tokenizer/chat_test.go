@@ -13,7 +13,7 @@ type chatGolden struct {
 	Model    string `json:"model"`
 	Template string `json:"template"` // file under testdata/templates, "" for the model's own
 	Case     string `json:"case"`
-	Request struct {
+	Request  struct {
 		Messages            json.RawMessage `json:"messages"`
 		Tools               json.RawMessage `json:"tools"`
 		AddGenerationPrompt *bool           `json:"add_generation_prompt"`
