@@ -70,6 +70,18 @@
 // contract), or unverified. A change is logged once and exported as
 // loxilb_kv_parity_verdict.
 //
+// # Metrics
+//
+// All carry labels service (Spec.ServiceName, else the rule number) and ep
+// (the endpoint index), and are deleted when the subscription stops:
+// loxilb_kv_subscriber_connected, loxilb_kv_subscriber_reconnect_total,
+// loxilb_kv_subscriber_recv_error_total, loxilb_kv_subscriber_degraded,
+// loxilb_kv_events_applied_total{type}, loxilb_kv_block_events_applied_total{op},
+// loxilb_kv_events_skipped_total{reason}, loxilb_kv_decode_errors_total,
+// loxilb_kv_seq_gaps_total, loxilb_kv_replays_total{result},
+// loxilb_kv_resets_total{reason}, loxilb_kv_parity_verdict{verdict} and
+// loxilb_kv_trtllm_admission{verdict}.
+//
 // Neighbours: pkg/control builds the Specs; pkg/kvindex is the Sink;
 // pkg/blockhash provides the contracts; api serves Status and Parity.
 package kvevents

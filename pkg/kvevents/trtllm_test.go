@@ -173,7 +173,10 @@ func TestTRTLLMAdmission(t *testing.T) {
 	waitFor(t, "drain", func() bool { return ts.pending() == 0 && len(h.sink.keys(4, 1, 0)) == 1 })
 
 	ts2 := newTRTServer(t, `{"kv_cache_hash_algo":"v2_sha256"}`)
-	if a := h.m.subs[subKey{4, 1}].checkServerInfoFor(t, ts2); a.Verdict != AdmissionRefused {
+	h.m.mu.Lock()
+	sub := h.m.subs[subKey{4, 1}]
+	h.m.mu.Unlock()
+	if a := sub.checkServerInfoFor(t, ts2); a.Verdict != AdmissionRefused {
 		t.Fatalf("v2_sha256 admission = %+v", a)
 	}
 }
