@@ -575,6 +575,17 @@ func (ix *Index) Len(service uint32, ep int) int {
 // holds. Out-of-range endpoints get 0; if out is shorter than eps, only
 // the first len(out) candidates are evaluated.
 func (ix *Index) PrefixMatch(service uint32, keys []uint64, eps []int, out []int) {
+	ix.prefixMatch(service, keys, eps, out, true)
+}
+
+// PrefixMatchConfirmed is PrefixMatch over real (event-fed) entries only,
+// ignoring speculative ones. The zero-hit watchdog uses it: a match on the
+// gateway's own guesses says nothing about hash parity with the engine.
+func (ix *Index) PrefixMatchConfirmed(service uint32, keys []uint64, eps []int, out []int) {
+	ix.prefixMatch(service, keys, eps, out, false)
+}
+
+func (ix *Index) prefixMatch(service uint32, keys []uint64, eps []int, out []int, withSpec bool) {
 	if len(out) < len(eps) {
 		eps = eps[:len(out)]
 	}
@@ -597,7 +608,7 @@ func (ix *Index) PrefixMatch(service uint32, keys []uint64, eps []int, out []int
 	}
 	var depth [MaxEndpoints]int32
 	s.mu.RLock()
-	hasSpec := len(s.specMask) > 0
+	hasSpec := withSpec && len(s.specMask) > 0
 	var now int64
 	if hasSpec {
 		now = ix.now().UnixNano()

@@ -158,3 +158,22 @@ func TestRunSweepsAndStops(t *testing.T) {
 		t.Fatalf("Run = %v", err)
 	}
 }
+
+func TestPrefixMatchConfirmedIgnoresSpeculative(t *testing.T) {
+	ix, err := New(Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix.Store(1, 0, 0, []uint64{10, 11})
+	ix.StoreSpeculative(1, 0, []uint64{10, 11, 12, 13}, time.Minute)
+	ix.StoreSpeculative(1, 1, []uint64{10, 11, 12}, time.Minute)
+	out := make([]int, 2)
+	ix.PrefixMatch(1, []uint64{10, 11, 12, 13}, []int{0, 1}, out)
+	if out[0] != 4 || out[1] != 3 {
+		t.Fatalf("with speculative entries: %v", out)
+	}
+	ix.PrefixMatchConfirmed(1, []uint64{10, 11, 12, 13}, []int{0, 1}, out)
+	if out[0] != 2 || out[1] != 0 {
+		t.Fatalf("confirmed only: %v", out)
+	}
+}

@@ -53,7 +53,11 @@ type Config struct {
 	// inventories that trips the watchdog. Range 1..1000000, default 50.
 	ZeroHitN int
 	// MeanLoadFactor (percent) sets the spill-relief cap:
-	// ceil(MeanLoadFactor/100 * (L+1)/n). Range 100..1000, default 175.
+	// ceil(MeanLoadFactor/100 * (L+1)/n). Range 100..1000, default 200:
+	// no worker carries more than twice the fleet mean, and a burst of
+	// siblings sharing one new prefix fills two workers before touching a
+	// third (loxilb's 175 spreads 16 siblings on 4 workers over 3, so a
+	// third worker prefills the same prefix again).
 	MeanLoadFactor int
 	// LoadPenalty is how many cached prefix tokens one request-equivalent of
 	// load is worth in the blend score. 0 makes the blend pure overlap (load
@@ -72,7 +76,7 @@ func DefaultConfig() Config {
 		ColdSeedN:      16,
 		ColdMinBlocks:  16,
 		ZeroHitN:       50,
-		MeanLoadFactor: 175,
+		MeanLoadFactor: 200,
 		LoadPenalty:    32,
 		LoadWeights:    selector.DefaultLoadWeights,
 	}

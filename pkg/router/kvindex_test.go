@@ -94,3 +94,4 @@ func BenchmarkDecideKVIndex(b *testing.B) {
 		r.Decide(svc, q, 16, cs, sel, selector.Request{})
 	}
 }
+var _ router.ConfirmedInventory = (*kvindex.Index)(nil)

@@ -28,6 +28,17 @@ type Inventory interface {
 	Len(service uint32, ep int) int
 }
 
+// ConfirmedInventory is implemented by inventories that also hold
+// short-lived speculative entries (blocks the gateway expects an endpoint to
+// have because it just routed the prefix there). PrefixMatchConfirmed
+// ignores them. The zero-hit watchdog uses it: a request that matches only
+// speculative entries proves nothing about hash parity, and a fleet whose
+// engines publish keys the gateway never computes would otherwise keep
+// "hitting" its own guesses and never trip the watchdog.
+type ConfirmedInventory interface {
+	PrefixMatchConfirmed(service uint32, keys []uint64, eps []int, out []int)
+}
+
 // Tiers of a Decision.
 const (
 	TierKV       = "tier1.5"   // routed to the endpoint with the best overlap/load score
@@ -110,6 +121,7 @@ type scratch struct {
 	eps   []int
 	pos   []int
 	match []int
+	conf  []int // confirmed (non-speculative) matches, for the watchdog
 	load  []float64
 }
 
@@ -393,8 +405,7 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		r.zeroHit(st, svc)
 		return r.fallback(st, ReasonNoMatch, total, blockSize, cands, fallback, freq)
 	}
-	st.streak.Store(0)
-	st.warned.Store(false)
+	r.confirmHit(st, svc, keys, s)
 
 	minBlocks := 1
 	if r.cfg.MinMatchTokens > 0 {
@@ -506,6 +517,35 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		r.m.seeds.WithLabelValues(st.label, ep).Inc()
 	}
 	return d
+}
+
+// confirmHit resets the zero-hit streak when some endpoint's real (event-fed)
+// inventory matched, and counts a zero hit when only speculative entries did.
+func (r *Router) confirmHit(st *serviceState, svc ServiceView, keys []uint64, s *scratch) {
+	ci, ok := r.inv.(ConfirmedInventory)
+	if !ok {
+		st.streak.Store(0)
+		st.warned.Store(false)
+		return
+	}
+	if cap(s.conf) < len(s.eps) {
+		s.conf = make([]int, len(s.eps))
+	}
+	s.conf = s.conf[:len(s.eps)]
+	ci.PrefixMatchConfirmed(svc.ID, keys, s.eps, s.conf)
+	for _, m := range s.conf {
+		if m > 0 {
+			st.streak.Store(0)
+			st.warned.Store(false)
+			return
+		}
+	}
+	for _, ep := range s.eps {
+		if r.inv.Len(svc.ID, ep) > 0 {
+			r.zeroHit(st, svc)
+			return
+		}
+	}
 }
 
 func (r *Router) zeroHit(st *serviceState, svc ServiceView) {

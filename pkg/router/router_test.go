@@ -336,7 +336,7 @@ func TestHotPrefixBurst(t *testing.T) {
 		for _, c := range cs {
 			sum += c.InFlight
 		}
-		capLoad := (175*(sum+1) + 399) / 400
+		capLoad := (cfg.MeanLoadFactor*(sum+1) + 399) / 400
 		if cs[d.EP].InFlight+1 > max(capLoad, cfg.SpillMinLoad) {
 			t.Fatalf("request %d put ep %d at %d > cap %d", i, d.EP, cs[d.EP].InFlight+1, capLoad)
 		}
@@ -537,7 +537,7 @@ func TestConfigFromEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d := DefaultConfig(); c.MinMatchTokens != 16 || c.ColdSeedN != 16 || c.ColdMinBlocks != 16 || c.ZeroHitN != 50 ||
-		c.MeanLoadFactor != 175 || c.LoadPenalty != d.LoadPenalty || c.SpillRelief != nil || c.SpillMinLoad != 2 {
+		c.MeanLoadFactor != 200 || c.LoadPenalty != d.LoadPenalty || c.SpillRelief != nil || c.SpillMinLoad != 2 {
 		t.Fatalf("defaults %+v", c)
 	}
 	c, err = ConfigFromEnv(env(map[string]string{
@@ -684,5 +684,46 @@ func BenchmarkDecideRouterOnly(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		r.Decide(mode3, q, 16, cs, sel, selector.Request{})
+	}
+}
+
+// specInv models an inventory whose matches are all speculative: the
+// gateway's own guesses, never confirmed by engine events.
+type specInv struct {
+	*fakeInv
+	real *fakeInv
+}
+
+func (s specInv) PrefixMatchConfirmed(svc uint32, keys []uint64, eps []int, out []int) {
+	s.real.PrefixMatch(svc, keys, eps, out)
+}
+
+func (s specInv) Len(svc uint32, ep int) int { return s.real.Len(svc, ep) }
+
+func TestWatchdogIgnoresSpeculativeHits(t *testing.T) {
+	q := chain(1, 8)
+	guesses, real := newFakeInv(), newFakeInv()
+	guesses.add(7, 0, q...)           // the gateway routed this prefix to ep 0 a moment ago
+	real.add(7, 0, chain(900, 20)...) // the engine published keys the gateway never computes
+	cfg := DefaultConfig()
+	cfg.ZeroHitN = 3
+	h := &countHandler{}
+	r, err := New(cfg, specInv{guesses, real}, slog.New(h), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		if d := r.Decide(mode3, q, 16, cands(2), rr(t), selector.Request{}); d.EP != 0 || d.Tier != TierKV {
+			t.Fatalf("speculative hit should still route to ep 0: %+v", d)
+		}
+	}
+	if h.warns != 1 || r.ZeroHitStreak(7) != 5 {
+		t.Fatalf("watchdog: %d warnings, streak %d; want 1 and 5", h.warns, r.ZeroHitStreak(7))
+	}
+	// A confirmed match resets the episode.
+	real.add(7, 0, q...)
+	r.Decide(mode3, q, 16, cands(2), rr(t), selector.Request{})
+	if r.ZeroHitStreak(7) != 0 {
+		t.Fatalf("confirmed hit did not reset the streak")
 	}
 }
