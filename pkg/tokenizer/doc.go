@@ -1,0 +1,73 @@
+// Package tokenizer turns OpenAI-style requests into the exact token ids an
+// inference engine computes for them, so that the gateway's block hashes
+// match the engine's KV-cache events bit for bit.
+//
+// In: a HuggingFace tokenizer.json (+ tokenizer_config.json) staged under
+// the tokenizer directory (daemon flag --tokenizer-dir, default
+// /etc/loxilb/tokenizers) as DIR/<slug>/, where slug is the served model
+// name with every "/" replaced by "__" (case-sensitive); and request bodies
+// from pkg/proxy. Out: []uint32 token ids (RequestTokens) for pkg/blockhash.
+// Neighbours: pkg/proxy (caller), pkg/blockhash (consumer of the ids), the
+// capability/diagnostics API (Registry.Status) and loxicmd's offline
+// "kv tokenize" tool.
+//
+// # Encoding
+//
+// The encoder is a pure-Go implementation of the HuggingFace pipeline for
+// byte-level BPE (Qwen2/2.5/3, Llama-3.x) and plain BPE with byte fallback:
+//
+//  1. added tokens are cut out first, leftmost-longest, honouring special,
+//     lstrip, rstrip, single_word and normalized;
+//  2. the normalizer (NFC for Qwen) runs on the text between them;
+//  3. the Split pre-tokenizer regex runs with github.com/dlclark/regexp2 in
+//     its default (.NET) mode, whose \s is Unicode White_Space like
+//     Oniguruma's (RE2 mode would treat U+2028, U+3000... as non-space). For
+//     the Qwen and Llama-3 patterns an allocation-free hand-written scanner
+//     is used instead; it is checked to produce the same pieces as regexp2
+//     on the parity corpus and by a fuzz target;
+//  4. BPE merges by (rank, position): the lowest rank first, ties leftmost
+//     (ordering by rank alone changes ids for runs such as "aaaa" or
+//     whitespace). Results are cached per piece; ignore_merges is honoured;
+//  5. with add_special_tokens, the post-processor (TemplateProcessing,
+//     e.g. Llama-3's <|begin_of_text|>) wraps the result.
+//
+// Parity is proven against HuggingFace's Rust tokenizer (npm tokenizers)
+// with the real Qwen3 and Llama-3.1 files on 3,000+ strings: golden files
+// in testdata/ are produced by testbed/parity/regen.sh, which CI reruns and
+// diffs. github.com/daulet/tokenizers (cgo over the Rust crate) is not used
+// because the Rust crates registry is not reachable to build it.
+//
+// # Chat templates
+//
+// chat_template is rendered with github.com/ardanlabs/jinja. Request JSON
+// is converted to template values with object key order preserved (Python
+// dicts keep insertion order, and tools | tojson prints keys in that
+// order). The tojson filter is replaced by a Python json.dumps equivalent:
+// the library's own tojson(indent=N) sorts keys and escapes HTML
+// characters, which breaks Llama-3.1/3.2 tool prompts.
+//
+// # Engines
+//
+// EncodeRequest reproduces each engine's prompt construction: for
+// /v1/completions a string prompt is encoded with special tokens (vLLM and
+// TRT-LLM honour the request's add_special_tokens; SGLang can be
+// configured for the "BOS + text" quirk), token-id prompts are used as
+// given, and for a batch the first prompt is used; for
+// /v1/chat/completions the template output is encoded without adding
+// special tokens again. Requests whose engine hash would also cover a LoRA
+// adapter, cache_salt, multimodal inputs or prompt embeddings are reported
+// in RequestTokens.Unhashable rather than hashed as plain text.
+//
+// # Registry
+//
+// Registry loads tokenizers lazily by model name, notices files staged or
+// replaced after start (stat fingerprint, rechecked at most every few
+// seconds once loaded, on every lookup while missing), returns typed
+// errors (ErrNotStaged, ErrUnreadable, ErrInvalid, ErrInvalidModelName) and
+// counts every failed lookup by reason in
+// loxilb_tokenizer_lookup_failures_total, so a missing tokenizer is never a
+// silent fall-through.
+//
+// Tokenizer values are immutable and safe for concurrent use; encoding
+// allocates nothing in the steady state beyond the returned slice.
+package tokenizer
