@@ -104,8 +104,10 @@ func TestTRTEventsReconstructCache(t *testing.T) {
 	var evs []struct {
 		EventID uint64 `json:"event_id"`
 		Data    struct {
-			Type        string
-			Blocks      []struct{ BlockHash uint64 `json:"block_hash"` }
+			Type   string
+			Blocks []struct {
+				BlockHash uint64 `json:"block_hash"`
+			}
 			BlockHashes []uint64 `json:"block_hashes"`
 		}
 	}
