@@ -142,3 +142,37 @@ func window(ids []uint32, at int) []uint32 {
 	}
 	return ids[lo:hi]
 }
+
+// TestParityRegexpPath runs the corpus through the general regexp2 path
+// (the scanner switched off) so that path stays proven too: it is what any
+// tokenizer with an unfamiliar Split pattern uses.
+func TestParityRegexpPath(t *testing.T) {
+	if testing.Short() {
+		t.Skip("regexp2 path parity is slow; skipped with -short")
+	}
+	var corpus []string
+	readGolden(t, "corpus.json", &corpus)
+	for _, m := range parityModels {
+		t.Run(m.name, func(t *testing.T) {
+			tk, err := Load(filepath.Join(stagedDir, m.slug))
+			if err != nil {
+				t.Fatal(err)
+			}
+			split := tk.pre.(*preSequence).steps[0].(*splitPre)
+			pattern := qwenPattern
+			if m.name == "llama3_1" {
+				pattern = llama3Pattern
+			}
+			if split.m, err = newRegexMatcher(pattern); err != nil {
+				t.Fatal(err)
+			}
+			var want [][]uint32
+			readGolden(t, "ids_"+m.name+".json", &want)
+			for i, s := range corpus {
+				if got := tk.Encode(s, false); !equalIDs(got, want[i]) {
+					t.Fatalf("case %d %q: regexp2 path differs from the Rust tokenizer", i, trunc(s))
+				}
+			}
+		})
+	}
+}
