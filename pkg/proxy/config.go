@@ -1,0 +1,232 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"time"
+)
+
+// Security is a mode-4 rule's TLS level (serviceArguments.security).
+type Security uint8
+
+// Security levels, numbered as in loxilb rules.
+const (
+	// SecurityPlain is plaintext on both sides.
+	SecurityPlain Security = 0
+	// SecurityTLS terminates TLS at the proxy and talks plaintext to endpoints.
+	SecurityTLS Security = 1
+	// SecurityE2ETLS terminates TLS and opens a new TLS session to the
+	// endpoint, verifying its certificate unless explicitly told not to.
+	SecurityE2ETLS Security = 2
+)
+
+// Defaults applied by Config.withDefaults for zero fields.
+const (
+	DefaultMaxBodyBytes          = 32 << 20
+	DefaultReadHeaderTimeout     = 10 * time.Second
+	DefaultBodyReadTimeout       = 60 * time.Second
+	DefaultIdleTimeout           = 120 * time.Second
+	DefaultDialTimeout           = 5 * time.Second
+	DefaultResponseHeaderTimeout = 10 * time.Minute
+	DefaultUpstreamIdleTimeout   = 90 * time.Second
+	DefaultMaxIdleConnsPerHost   = 256
+	DefaultShutdownGrace         = 10 * time.Second
+	DefaultUsageScanBytes        = 1 << 20
+)
+
+// Config is the proxy's whole configuration: process-wide knobs plus one
+// Service per mode-4 rule. The zero value of every duration and size
+// field selects its default.
+type Config struct {
+	// Services lists the mode-4 rules. Each needs a distinct ID and a
+	// distinct Listen address.
+	Services []Service
+
+	// MaxBodyBytes bounds the request body the proxy reads (and the
+	// Picker sees); larger bodies get 413. Default 32 MiB.
+	MaxBodyBytes int64
+	// ReadHeaderTimeout bounds reading a client's request headers.
+	ReadHeaderTimeout time.Duration
+	// BodyReadTimeout bounds reading a client's request body. It is set
+	// per request and cleared afterwards, because a connection-wide read
+	// deadline would cut long streaming responses.
+	BodyReadTimeout time.Duration
+	// IdleTimeout closes idle client keep-alive connections.
+	IdleTimeout time.Duration
+	// DialTimeout bounds connecting (and the TLS handshake) to an endpoint.
+	DialTimeout time.Duration
+	// ResponseHeaderTimeout bounds the wait for an endpoint's response
+	// headers after the request was sent. LLM prefill of a long prompt
+	// behind a queue can take minutes, hence the generous default.
+	ResponseHeaderTimeout time.Duration
+	// UpstreamIdleTimeout closes idle pooled endpoint connections.
+	UpstreamIdleTimeout time.Duration
+	// MaxIdleConnsPerHost sizes the keep-alive pool per endpoint.
+	MaxIdleConnsPerHost int
+	// ShutdownGrace is how long Serve waits for in-flight requests when
+	// its context is cancelled before closing them.
+	ShutdownGrace time.Duration
+	// UsageScanBytes bounds the bytes kept to find usage in a JSON
+	// response or in one SSE line. Larger documents are relayed intact
+	// but their usage is not extracted.
+	UsageScanBytes int
+}
+
+// Service is one mode-4 rule as the proxy sees it.
+type Service struct {
+	// ID is the rule (service) number; it labels metrics and is passed
+	// to the Picker.
+	ID uint32
+	// Listen is the VIP:port the rule listens on.
+	Listen netip.AddrPort
+	// Security selects plaintext, TLS termination, or TLS on both legs.
+	Security Security
+	// CertFile and KeyFile hold the PEM certificate chain and key served
+	// to clients; required for SecurityTLS and SecurityE2ETLS.
+	CertFile, KeyFile string
+	// CAFile holds PEM CA certificates that endpoint certificates are
+	// verified against (SecurityE2ETLS). Empty means the system roots.
+	CAFile string
+	// ClientCertFile and ClientKeyFile, if set, are presented to
+	// endpoints (mutual TLS, SecurityE2ETLS).
+	ClientCertFile, ClientKeyFile string
+	// UpstreamServerName overrides the name verified in endpoint
+	// certificates; by default it is the endpoint's host (often an IP).
+	UpstreamServerName string
+	// InsecureSkipVerify disables endpoint certificate verification
+	// (SecurityE2ETLS). It exists for labs; it must be asked for.
+	InsecureSkipVerify bool
+	// Receipt adds the X-Loxilb-Route header to every response, not only
+	// to requests carrying X-Loxilb-Receipt: 1.
+	Receipt bool
+}
+
+func (c Config) withDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	def(&c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	def(&c.BodyReadTimeout, DefaultBodyReadTimeout)
+	def(&c.IdleTimeout, DefaultIdleTimeout)
+	def(&c.DialTimeout, DefaultDialTimeout)
+	def(&c.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
+	def(&c.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
+	def(&c.ShutdownGrace, DefaultShutdownGrace)
+	if c.MaxIdleConnsPerHost == 0 {
+		c.MaxIdleConnsPerHost = DefaultMaxIdleConnsPerHost
+	}
+	if c.UsageScanBytes == 0 {
+		c.UsageScanBytes = DefaultUsageScanBytes
+	}
+	return c
+}
+
+// validate reports every problem at once so an operator fixes a rule set
+// in one round.
+func (c Config) validate() error {
+	var errs []error
+	if c.MaxBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("max body bytes %d is negative", c.MaxBodyBytes))
+	}
+	for name, d := range map[string]time.Duration{
+		"read header timeout": c.ReadHeaderTimeout, "body read timeout": c.BodyReadTimeout,
+		"idle timeout": c.IdleTimeout, "dial timeout": c.DialTimeout,
+		"response header timeout": c.ResponseHeaderTimeout, "upstream idle timeout": c.UpstreamIdleTimeout,
+		"shutdown grace": c.ShutdownGrace,
+	} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s %v is negative", name, d))
+		}
+	}
+	if c.MaxIdleConnsPerHost < 0 {
+		errs = append(errs, fmt.Errorf("max idle conns per host %d is negative", c.MaxIdleConnsPerHost))
+	}
+	if c.UsageScanBytes < 0 {
+		errs = append(errs, fmt.Errorf("usage scan bytes %d is negative", c.UsageScanBytes))
+	}
+	ids := map[uint32]bool{}
+	addrs := map[netip.AddrPort]uint32{}
+	for _, s := range c.Services {
+		if ids[s.ID] {
+			errs = append(errs, fmt.Errorf("service %d: duplicate service id", s.ID))
+		}
+		ids[s.ID] = true
+		if !s.Listen.IsValid() || s.Listen.Port() == 0 {
+			errs = append(errs, fmt.Errorf("service %d: listen address %q needs an IP and a non-zero port", s.ID, s.Listen))
+		} else if other, dup := addrs[normAddrPort(s.Listen)]; dup {
+			errs = append(errs, fmt.Errorf("service %d: listen address %s already used by service %d", s.ID, s.Listen, other))
+		} else {
+			addrs[normAddrPort(s.Listen)] = s.ID
+		}
+		switch s.Security {
+		case SecurityPlain:
+		case SecurityTLS, SecurityE2ETLS:
+			if s.CertFile == "" || s.KeyFile == "" {
+				errs = append(errs, fmt.Errorf("service %d: security %d needs a certificate and key file", s.ID, s.Security))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("service %d: security %d unknown (want 0 plaintext, 1 TLS termination, 2 TLS both legs)", s.ID, s.Security))
+		}
+		if (s.ClientCertFile == "") != (s.ClientKeyFile == "") {
+			errs = append(errs, fmt.Errorf("service %d: client certificate and key must be given together", s.ID))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func normAddrPort(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// serverTLS loads the certificate clients see. Only HTTP/1.1 is offered:
+// the proxy relays SSE with per-write flushes, which HTTP/1.1 chunking
+// serves well, and one protocol keeps the relay path single.
+func (s Service) serverTLS() (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(s.CertFile, s.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("service %d: load certificate %s / key %s: %w", s.ID, s.CertFile, s.KeyFile, err)
+	}
+	return &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		NextProtos:   []string{"http/1.1"},
+		MinVersion:   tls.VersionTLS12,
+	}, nil
+}
+
+// upstreamTLS builds the client-side TLS config for SecurityE2ETLS.
+func (s Service) upstreamTLS() (*tls.Config, error) {
+	tc := &tls.Config{
+		ServerName:         s.UpstreamServerName,
+		InsecureSkipVerify: s.InsecureSkipVerify,
+		NextProtos:         []string{"http/1.1"},
+		MinVersion:         tls.VersionTLS12,
+	}
+	if s.CAFile != "" {
+		pem, err := os.ReadFile(s.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("service %d: read CA file: %w", s.ID, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("service %d: CA file %s holds no PEM certificate", s.ID, s.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if s.ClientCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(s.ClientCertFile, s.ClientKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("service %d: load client certificate %s / key %s: %w", s.ID, s.ClientCertFile, s.ClientKeyFile, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}

@@ -1,0 +1,52 @@
+// Package proxy is the mode-4 (fullproxy) HTTP proxy: it terminates client
+// connections on each rule's VIP:port, reads the OpenAI-style request,
+// asks a Picker (the router) which endpoint should serve it, and relays
+// the request and its response, streaming Server-Sent Events chunk by
+// chunk.
+//
+// In: client connections, either on listeners Serve opens itself (one per
+// rule; loopback VIPs need no privileges) or on a listener handed over by
+// the daemon (ServeListener), typically the socket the eBPF sk_lookup
+// program steers VIP traffic to. A connection's local address selects its
+// rule, so one listener may carry many rules.
+//
+// Out: requests to endpoints over one pooled HTTP/1.1 transport per rule;
+// per-request outcomes (status, bytes, usage.prompt_tokens_details.
+// cached_tokens) back to the Picker through Plan.Done, so the router can
+// compare predicted with actual cache hits; in-flight counts per endpoint
+// (Server.InFlight) that the router blends into its score; Prometheus
+// metrics labelled by service and endpoint.
+//
+// Neighbours: the router implements Picker (and uses the tokenizer,
+// blockhash and kvindex packages to decide); control builds Config from
+// the rules and calls Update when endpoints change; the daemon creates
+// the Server, and the dataplane steers VIP traffic to its listener.
+//
+// Request handling, in order:
+//
+//  1. The body is read once, up to Config.MaxBodyBytes (413 beyond), so
+//     the Picker can tokenize it; the same bytes are replayed upstream.
+//  2. The model is the X-Model header, else the body's top-level JSON
+//     "model" string (ModelOf).
+//  3. Picker.Pick returns ordered candidates. A failure to connect (or to
+//     complete the TLS handshake) to a candidate moves on to the next one;
+//     once the endpoint may have seen the request, nothing is retried,
+//     because replaying a generation request would run it twice.
+//  4. The response is relayed; event streams and unknown-length bodies
+//     are flushed after every write. Usage is extracted from JSON bodies
+//     and from the last SSE event that carries it, without buffering the
+//     stream.
+//
+// Errors are mapped to statuses in one function (classify): 400 malformed
+// request, 413 body too large, 502 upstream connect/TLS/protocol error,
+// 503 no healthy endpoint, 504 upstream timeout, 500 anything
+// unclassified. Bodies follow the OpenAI shape
+// {"error":{"message":...,"type":...,"code":...}}. A failure after the
+// status line was sent cuts the client connection.
+//
+// Security levels: 0 plaintext; 1 TLS terminated at the proxy; 2 TLS
+// terminated and a new TLS session to the endpoint, whose certificate is
+// verified (against Service.CAFile, or the system roots) unless
+// Service.InsecureSkipVerify is set. Only HTTP/1.1 is offered on either
+// leg. Protocol upgrades (WebSocket) are not relayed.
+package proxy

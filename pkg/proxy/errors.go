@@ -1,0 +1,156 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+)
+
+// Sentinel errors. Callers (and the Picker) wrap them with fmt.Errorf("%w")
+// and the proxy branches on them with errors.Is, never on message text.
+var (
+	// ErrBodyTooLarge means the request body exceeded Config.MaxBodyBytes.
+	ErrBodyTooLarge = errors.New("request body too large")
+	// ErrBadRequest means the request is malformed; a Picker returns it
+	// (wrapped) to reject a request it cannot parse.
+	ErrBadRequest = errors.New("malformed request")
+	// ErrUnavailable means no healthy endpoint can take the request; a
+	// Picker returns it (wrapped) when every endpoint is down or excluded.
+	ErrUnavailable = errors.New("no healthy endpoint")
+	// ErrNoService means the connection's local address matches no
+	// mode-4 rule (a stale keep-alive connection after a rule was removed).
+	ErrNoService = errors.New("no service on this address")
+	// ErrUpstreamConnect means connecting to the endpoint failed.
+	ErrUpstreamConnect = errors.New("upstream connect failed")
+	// ErrUpstreamTLS means the TLS handshake with the endpoint failed,
+	// typically certificate verification.
+	ErrUpstreamTLS = errors.New("upstream TLS handshake failed")
+	// ErrUpstreamProtocol means the endpoint answered with something that
+	// is not a valid HTTP response, or closed the connection mid-request.
+	ErrUpstreamProtocol = errors.New("upstream protocol error")
+	// ErrUpstreamTimeout means the endpoint did not accept the connection
+	// or send response headers in time.
+	ErrUpstreamTimeout = errors.New("upstream timeout")
+	// ErrClientCanceled means the client went away before the response
+	// was complete.
+	ErrClientCanceled = errors.New("client canceled")
+)
+
+// StatusClientClosed is the status recorded (never sent) for requests
+// whose client disconnected; nginx's 499 convention.
+const StatusClientClosed = 499
+
+// errorInfo is what the client learns about a failure.
+type errorInfo struct {
+	status int
+	typ    string // OpenAI-style error.type
+	code   string // OpenAI-style error.code
+	class  ErrorClass
+}
+
+// classify is the one place that maps a proxy error to an HTTP status, an
+// error type/code for the JSON body and a metric class. Order matters: a
+// timeout while connecting is a timeout (504), not a refused connection,
+// because the operator's fix differs (a slow or blackholed endpoint rather
+// than a stopped one). Anything unrecognised is a 500, because an error we
+// cannot name is our bug, not the endpoint's.
+func classify(err error) errorInfo {
+	switch {
+	case err == nil:
+		return errorInfo{status: http.StatusOK}
+	case errors.Is(err, ErrClientCanceled), errors.Is(err, context.Canceled):
+		return errorInfo{StatusClientClosed, "client_closed", "client_closed_request", ClassClientCanceled}
+	case errors.Is(err, ErrBodyTooLarge):
+		return errorInfo{http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", ClassBadRequest}
+	case errors.Is(err, ErrBadRequest):
+		return errorInfo{http.StatusBadRequest, "invalid_request_error", "bad_request", ClassBadRequest}
+	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrNoService):
+		return errorInfo{http.StatusServiceUnavailable, "service_unavailable", "no_healthy_endpoint", ClassUnavailable}
+	case errors.Is(err, ErrUpstreamTimeout):
+		return errorInfo{http.StatusGatewayTimeout, "upstream_error", "upstream_timeout", ClassTimeout}
+	case errors.Is(err, ErrUpstreamTLS):
+		return errorInfo{http.StatusBadGateway, "upstream_error", "upstream_tls_error", ClassTLS}
+	case errors.Is(err, ErrUpstreamConnect):
+		return errorInfo{http.StatusBadGateway, "upstream_error", "upstream_connect_error", ClassConnect}
+	case errors.Is(err, ErrUpstreamProtocol):
+		return errorInfo{http.StatusBadGateway, "upstream_error", "upstream_protocol_error", ClassProtocol}
+	default:
+		return errorInfo{http.StatusInternalServerError, "internal_error", "internal_error", ClassInternal}
+	}
+}
+
+// StatusFor returns the HTTP status the proxy answers for err. It is the
+// exported face of the single mapping function, for tests and callers that
+// need to predict the proxy's answer.
+func StatusFor(err error) int { return classify(err).status }
+
+// upstreamError classifies a transport error from one attempt against the
+// endpoint at addr and wraps it with the matching sentinel. retryable is
+// true when the request cannot have reached the endpoint's application
+// (dial or TLS handshake failed), so another candidate may be tried.
+func upstreamError(addr string, err error) (wrapped error, retryable bool) {
+	var (
+		opErr   *net.OpError
+		certErr *tls.CertificateVerificationError
+		unkAuth x509.UnknownAuthorityError
+		hostErr x509.HostnameError
+		invErr  x509.CertificateInvalidError
+		recErr  tls.RecordHeaderError
+		alert   tls.AlertError
+	)
+	dial := errors.As(err, &opErr) && opErr.Op == "dial"
+	switch {
+	case errors.As(err, &certErr), errors.As(err, &unkAuth), errors.As(err, &hostErr), errors.As(err, &invErr):
+		return fmt.Errorf("%w: endpoint %s: certificate verification failed: %w", ErrUpstreamTLS, addr, err), true
+	case errors.As(err, &recErr), errors.As(err, &alert):
+		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamTLS, addr, err), true
+	case isTimeout(err):
+		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamTimeout, addr, err), dial
+	case dial:
+		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamConnect, addr, err), true
+	default:
+		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamProtocol, addr, err), false
+	}
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// writeError sends an OpenAI-style JSON error body:
+// {"error":{"message":...,"type":...,"code":...}}.
+func writeError(w http.ResponseWriter, info errorInfo, err error) {
+	if info.status == StatusClientClosed {
+		return // nobody is listening
+	}
+	var body struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    string `json:"code"`
+		} `json:"error"`
+	}
+	body.Error.Message = err.Error()
+	body.Error.Type = info.typ
+	body.Error.Code = info.code
+	b, mErr := json.Marshal(&body)
+	if mErr != nil { // cannot happen for strings; keep the client informed anyway
+		b = []byte(`{"error":{"message":"internal error","type":"internal_error","code":"internal_error"}}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)+1))
+	h.Del("Content-Encoding")
+	w.WriteHeader(info.status)
+	_, _ = w.Write(append(b, '\n'))
+}

@@ -1,0 +1,446 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Headers the proxy reads or writes.
+const (
+	// HeaderReceiptRequest asks for the routing receipt when set to "1".
+	HeaderReceiptRequest = "X-Loxilb-Receipt"
+	// HeaderRoute carries the routing receipt in the response.
+	HeaderRoute = "X-Loxilb-Route"
+)
+
+// hopHeaders apply to one connection only and are never relayed
+// (RFC 9110 §7.6.1), plus the ones the proxy consumes itself.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// ServeHTTP proxies one request. It is the handler of the proxy's
+// http.Server and relies on the connection's local address to find the
+// rule, so it is not meant to be mounted elsewhere.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ex := exchange{s: s, w: w, r: r, start: time.Now(), t: s.table.Load()}
+	ex.res.Endpoint = -1
+	ex.run()
+	ex.finish()
+	if ex.abort {
+		// The status line is gone; the only honest signal left for a
+		// failed relay is to cut the connection so the client sees a
+		// truncated body instead of a clean end.
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// exchange is one request's state, so the steps can be separate methods
+// without long parameter lists.
+type exchange struct {
+	s     *Server
+	t     *table
+	svc   *service
+	w     http.ResponseWriter
+	r     *http.Request
+	start time.Time
+	plan  Plan
+	res   Result
+	wrote bool // response headers were sent
+	abort bool // cut the client connection: the relay failed mid-body
+	// pendingErr is the error answer finish will send.
+	pendingErr *pendingError
+}
+
+func (ex *exchange) run() {
+	r := ex.r
+	ex.svc = ex.t.lookup(localAddr(r))
+	if ex.svc == nil {
+		ex.s.m.connRejected.WithLabelValues("no_service").Inc()
+		ex.w.Header().Set("Connection", "close")
+		ex.fail(fmt.Errorf("%w: %v", ErrNoService, localAddr(r)))
+		return
+	}
+	body, err := readBody(ex.w, r, ex.t.cfg.MaxBodyBytes, ex.t.cfg.BodyReadTimeout)
+	ex.res.BytesIn = int64(len(body))
+	if err != nil {
+		if errors.Is(err, ErrBodyTooLarge) {
+			ex.w.Header().Set("Connection", "close")
+		}
+		ex.fail(err)
+		return
+	}
+	req := &Request{
+		Service:    ex.svc.cfg.ID,
+		Method:     r.Method,
+		Path:       r.URL.Path,
+		Model:      ModelOf(r.Header, body),
+		Header:     r.Header,
+		Body:       body,
+		ClientAddr: remoteAddrPort(r.RemoteAddr),
+	}
+	plan, err := ex.s.picker.Pick(r.Context(), req)
+	if err != nil {
+		if r.Context().Err() != nil {
+			err = fmt.Errorf("%w: %w", ErrClientCanceled, err)
+		}
+		ex.fail(fmt.Errorf("pick endpoint: %w", err))
+		return
+	}
+	ex.plan = plan
+	if ex.svc.cfg.Receipt || r.Header.Get(HeaderReceiptRequest) == "1" {
+		if plan.Receipt != "" {
+			ex.w.Header().Set(HeaderRoute, plan.Receipt)
+		}
+	}
+	if len(plan.Candidates) == 0 {
+		ex.fail(fmt.Errorf("%w: the router returned no candidate endpoint", ErrUnavailable))
+		return
+	}
+	ex.forward(body)
+}
+
+// forward tries the candidates in order. Only failures that prove the
+// endpoint never saw the request (connect refused, TLS handshake) move on
+// to the next one: anything later may have started generation, and
+// replaying a POST would run it twice.
+func (ex *exchange) forward(body []byte) {
+	cands := ex.plan.Candidates
+	for i, ep := range cands {
+		ex.res.Endpoint = ep.Idx
+		ex.res.Attempts++
+		err, retryable := ex.attempt(ep, body)
+		if err == nil {
+			return
+		}
+		if !retryable || i == len(cands)-1 {
+			ex.fail(err)
+			return
+		}
+		ex.s.m.failover.WithLabelValues(ex.svc.label).Inc()
+		ex.s.logger.Debug("proxy: connect failed, trying next endpoint",
+			"service", ex.svc.cfg.ID, "ep", ep.Idx, "next", cands[i+1].Idx, "err", err)
+	}
+}
+
+// attempt sends the request to one endpoint and relays the answer. It
+// returns an error only when nothing was sent to the client, and says
+// whether the next candidate may be tried.
+func (ex *exchange) attempt(ep Endpoint, body []byte) (err error, retryable bool) {
+	inflight := ex.s.inflightCounter(ex.svc.cfg.ID, ep.Idx)
+	inflight.Add(1)
+	defer inflight.Add(-1)
+
+	resp, err := ex.svc.transport.RoundTrip(ex.outbound(ep, body))
+	if err != nil {
+		if ex.r.Context().Err() != nil {
+			return fmt.Errorf("%w: waiting for endpoint %s: %w", ErrClientCanceled, ep.Addr, err), false
+		}
+		wrapped, retryable := upstreamError(ep.Addr, err)
+		ex.s.m.upstreamErrs.WithLabelValues(ex.svc.label, strconv.Itoa(ep.Idx), string(classify(wrapped).class)).Inc()
+		return wrapped, retryable
+	}
+	ex.relay(ep, resp)
+	return nil, false
+}
+
+// outbound builds the endpoint request. The body is replayed from the
+// buffer, so the transport can also retry on a stale pooled connection.
+func (ex *exchange) outbound(ep Endpoint, body []byte) *http.Request {
+	r := ex.r
+	h := make(http.Header, len(r.Header)+2)
+	for k, vv := range r.Header {
+		h[k] = vv
+	}
+	removeHop(h)
+	h.Del(HeaderReceiptRequest)
+	h.Del("Expect") // the body is already here; no 100-continue dance with the endpoint
+	if r.Header.Get("Te") == "trailers" {
+		h.Set("Te", "trailers")
+	}
+	if _, ok := h["User-Agent"]; !ok {
+		h["User-Agent"] = []string{""} // keep Go's default User-Agent out
+	}
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		if prior := h.Values("X-Forwarded-For"); len(prior) > 0 {
+			ip = strings.Join(prior, ", ") + ", " + ip
+		}
+		h.Set("X-Forwarded-For", ip)
+	}
+	if r.TLS != nil {
+		h.Set("X-Forwarded-Proto", "https")
+	} else {
+		h.Set("X-Forwarded-Proto", "http")
+	}
+	var rb io.ReadCloser = http.NoBody
+	if len(body) > 0 {
+		rb = io.NopCloser(bytes.NewReader(body))
+	}
+	out := &http.Request{
+		Method: r.Method,
+		URL: &url.URL{
+			Scheme:   ex.svc.scheme,
+			Host:     ep.Addr,
+			Path:     r.URL.Path,
+			RawPath:  r.URL.RawPath,
+			RawQuery: r.URL.RawQuery,
+		},
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        h,
+		Body:          rb,
+		ContentLength: int64(len(body)),
+		GetBody: func() (io.ReadCloser, error) {
+			if len(body) == 0 {
+				return http.NoBody, nil
+			}
+			return io.NopCloser(bytes.NewReader(body)), nil
+		},
+		Host: r.Host,
+	}
+	return out.WithContext(ex.r.Context())
+}
+
+// relay copies the endpoint's response to the client. SSE and
+// unknown-length bodies are flushed after every write so each token event
+// reaches the client as soon as the engine produced it; the usage tap sees
+// the same bytes without delaying them.
+func (ex *exchange) relay(ep Endpoint, resp *http.Response) {
+	defer resp.Body.Close()
+	h := ex.w.Header()
+	for k, vv := range resp.Header {
+		h[k] = vv
+	}
+	removeHop(h)
+	streaming := isEventStream(resp.Header) || resp.ContentLength < 0
+	ex.res.Streamed = streaming
+	tap := usageTap{sse: isEventStream(resp.Header), limit: ex.t.cfg.UsageScanBytes}
+	scan := tap.sse || isJSON(resp.Header)
+
+	ex.w.WriteHeader(resp.StatusCode)
+	ex.wrote = true
+	ex.res.Status = resp.StatusCode
+
+	var flusher http.Flusher
+	if streaming {
+		flusher, _ = ex.w.(http.Flusher)
+		g := ex.s.m.activeStreams.WithLabelValues(ex.svc.label)
+		g.Inc()
+		defer g.Dec()
+		if flusher != nil {
+			flusher.Flush() // headers out now: the first token may be seconds away
+		}
+	}
+	bp := copyBufPool.Get().(*[]byte)
+	defer copyBufPool.Put(bp)
+	buf := *bp
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if scan {
+				tap.Write(buf[:n])
+			}
+			wn, werr := ex.w.Write(buf[:n])
+			ex.res.BytesOut += int64(wn)
+			if werr != nil {
+				ex.res.Class = ClassClientCanceled
+				ex.res.Err = fmt.Errorf("%w: write to client: %w", ErrClientCanceled, werr)
+				ex.res.Status = StatusClientClosed
+				return
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			if ex.r.Context().Err() != nil {
+				ex.res.Class = ClassClientCanceled
+				ex.res.Err = fmt.Errorf("%w: %w", ErrClientCanceled, rerr)
+				ex.res.Status = StatusClientClosed
+				return
+			}
+			wrapped, _ := upstreamError(ep.Addr, rerr)
+			info := classify(wrapped)
+			ex.s.m.upstreamErrs.WithLabelValues(ex.svc.label, strconv.Itoa(ep.Idx), string(info.class)).Inc()
+			ex.res.Class, ex.res.Err = info.class, fmt.Errorf("relay body: %w", wrapped)
+			ex.abort = true
+			return
+		}
+	}
+	for k, vv := range resp.Trailer {
+		h[http.TrailerPrefix+k] = vv
+	}
+	if scan {
+		tap.finish(&ex.res)
+	}
+}
+
+// fail records err and, if nothing was sent yet, answers with the status
+// the single mapping function chooses.
+func (ex *exchange) fail(err error) {
+	info := classify(err)
+	ex.res.Err, ex.res.Class = err, info.class
+	if info.status == StatusClientClosed {
+		ex.res.Status = StatusClientClosed
+		return
+	}
+	if ex.wrote {
+		return
+	}
+	ex.res.Status = info.status
+	ex.pendingErr = &pendingError{info: info, err: err}
+}
+
+// finish writes a pending error answer, updates metrics, logs and calls
+// Plan.Done exactly once.
+func (ex *exchange) finish() {
+	if p := ex.pendingErr; p != nil && !ex.wrote {
+		writeError(ex.w, p.info, p.err)
+		ex.wrote = true
+	}
+	ex.res.Duration = time.Since(ex.start)
+	svcLabel := "none"
+	if ex.svc != nil {
+		svcLabel = ex.svc.label
+	}
+	epLabel := "none"
+	if ex.res.Endpoint >= 0 {
+		epLabel = strconv.Itoa(ex.res.Endpoint)
+	}
+	m := ex.s.m
+	m.requests.WithLabelValues(svcLabel, epLabel, strconv.Itoa(ex.res.Status)).Inc()
+	m.duration.WithLabelValues(svcLabel).Observe(ex.res.Duration.Seconds())
+	if ex.res.BytesIn > 0 {
+		m.bytes.WithLabelValues(svcLabel, epLabel, "in").Add(float64(ex.res.BytesIn))
+	}
+	if ex.res.BytesOut > 0 {
+		m.bytes.WithLabelValues(svcLabel, epLabel, "out").Add(float64(ex.res.BytesOut))
+	}
+	if ex.res.HasUsage {
+		cached := "no"
+		if ex.res.HasCachedTokens {
+			cached = "yes"
+		}
+		m.usageSeen.WithLabelValues(svcLabel, epLabel, cached).Inc()
+	}
+	if lg := ex.s.logger; lg.Enabled(ex.r.Context(), slog.LevelDebug) {
+		lg.LogAttrs(ex.r.Context(), slog.LevelDebug, "proxy: request",
+			slog.String("service", svcLabel), slog.String("ep", epLabel),
+			slog.String("method", ex.r.Method), slog.String("path", ex.r.URL.Path),
+			slog.Int("status", ex.res.Status), slog.Int("attempts", ex.res.Attempts),
+			slog.Duration("duration", ex.res.Duration), slog.String("receipt", ex.plan.Receipt),
+			slog.String("class", string(ex.res.Class)), slog.Any("err", ex.res.Err))
+	}
+	if ex.plan.Done != nil {
+		ex.plan.Done(ex.res)
+	}
+}
+
+type pendingError struct {
+	info errorInfo
+	err  error
+}
+
+// readBody reads the whole body, bounded by limit, under a read deadline
+// that is lifted afterwards so streaming responses are not cut by it.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	if r.ContentLength > limit {
+		return nil, fmt.Errorf("%w: content-length %d exceeds the %d byte limit", ErrBodyTooLarge, r.ContentLength, limit)
+	}
+	if timeout > 0 {
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(timeout)) == nil {
+			defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+		}
+	}
+	var (
+		b   []byte
+		err error
+	)
+	if r.ContentLength > 0 {
+		b = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(r.Body, b)
+	} else {
+		b, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
+		if err == nil && int64(len(b)) > limit {
+			return nil, fmt.Errorf("%w: body exceeds the %d byte limit", ErrBodyTooLarge, limit)
+		}
+	}
+	if err != nil {
+		if r.Context().Err() != nil {
+			return nil, fmt.Errorf("%w: reading request body: %w", ErrClientCanceled, err)
+		}
+		return nil, fmt.Errorf("%w: reading request body: %w", ErrBadRequest, err)
+	}
+	return b, nil
+}
+
+// removeHop deletes hop-by-hop headers, including those the Connection
+// header names.
+func removeHop(h http.Header) {
+	for _, v := range h["Connection"] {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				h.Del(f)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+}
+
+func isEventStream(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	if ct == "" {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "text/event-stream"
+}
+
+func isJSON(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	if ct == "" {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
+}
+
+func localAddr(r *http.Request) net.Addr {
+	a, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	return a
+}
+
+func remoteAddrPort(s string) netip.AddrPort {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return netip.AddrPort{}
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+var _ http.Handler = (*Server)(nil)

@@ -1,0 +1,86 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics holds the proxy's collectors. Every series carries the service
+// label (and ep where an endpoint is involved) so two rules never share a
+// series.
+type metrics struct {
+	requests      *prometheus.CounterVec   // service, ep, status
+	duration      *prometheus.HistogramVec // service
+	activeStreams *prometheus.GaugeVec     // service
+	upstreamErrs  *prometheus.CounterVec   // service, ep, class
+	failover      *prometheus.CounterVec   // service
+	bytes         *prometheus.CounterVec   // service, ep, direction
+	connRejected  *prometheus.CounterVec   // reason
+	usageSeen     *prometheus.CounterVec   // service, ep, cached (yes|no)
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_ai_requests_total",
+			Help: "Requests answered by the mode-4 proxy, by service, endpoint index (\"none\" if no endpoint was reached) and HTTP status (499 = client went away).",
+		}, []string{"service", "ep", "status"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "loxilb_ai_request_duration_seconds",
+			Help:    "Time from request arrival to the last response byte, by service.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+		}, []string{"service"}),
+		activeStreams: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "loxilb_ai_active_streams",
+			Help: "Responses currently being relayed with per-write flushing (SSE or unknown length), by service.",
+		}, []string{"service"}),
+		upstreamErrs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_ai_upstream_errors_total",
+			Help: "Failed attempts against an endpoint, by service, endpoint index and class (connect, tls, timeout, protocol, client_canceled).",
+		}, []string{"service", "ep", "class"}),
+		failover: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_proxy_connect_failover_total",
+			Help: "Requests moved to the next candidate endpoint after a connect failure, by service.",
+		}, []string{"service"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_ai_bytes_total",
+			Help: "Body bytes relayed, by service, endpoint index and direction (in = request, out = response).",
+		}, []string{"service", "ep", "direction"}),
+		connRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_proxy_conn_rejected_total",
+			Help: "Client connections or requests refused before routing, by reason (no_service: local address matches no rule).",
+		}, []string{"reason"}),
+		usageSeen: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_ai_usage_reported_total",
+			Help: "Responses whose usage block was extracted, by service, endpoint and whether cached_tokens was present.",
+		}, []string{"service", "ep", "cached"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.activeStreams, m.upstreamErrs, m.failover, m.bytes, m.connRejected, m.usageSeen} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				return nil, fmt.Errorf("register proxy metrics: %w (one proxy per registry)", err)
+			}
+			return nil, fmt.Errorf("register proxy metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// forget drops every series of a removed service so its numbers do not
+// linger, and cannot be confused with a new rule reusing the ID later.
+func (m *metrics) forget(service string) {
+	l := prometheus.Labels{"service": service}
+	m.requests.DeletePartialMatch(l)
+	m.duration.DeletePartialMatch(l)
+	m.activeStreams.DeletePartialMatch(l)
+	m.upstreamErrs.DeletePartialMatch(l)
+	m.failover.DeletePartialMatch(l)
+	m.bytes.DeletePartialMatch(l)
+	m.usageSeen.DeletePartialMatch(l)
+}

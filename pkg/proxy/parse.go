@@ -1,0 +1,297 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strings"
+)
+
+// HeaderModel lets a client name the model without a JSON body; it wins
+// over the body's "model" field, as in the loxilb inference gateway.
+const HeaderModel = "X-Model"
+
+// ModelOf returns the model a request names: the X-Model header if set,
+// else the top-level "model" string of a JSON object body. It never fails:
+// a body that is not a JSON object, or whose "model" is not a string,
+// yields "". Like the engines' JSON parsers, the last duplicate key wins.
+func ModelOf(h http.Header, body []byte) string {
+	if m := strings.TrimSpace(h.Get(HeaderModel)); m != "" {
+		return m
+	}
+	return jsonModel(body)
+}
+
+// jsonModel scans only the top level of a JSON object, skipping nested
+// values without decoding them, so a 32 MiB chat body costs one linear
+// pass and no allocation beyond the model string itself. A full
+// json.Unmarshal would validate and allocate the whole message tree just
+// to read one field.
+func jsonModel(b []byte) string {
+	s := scanner{b: b}
+	s.ws()
+	if !s.eat('{') {
+		return ""
+	}
+	model := ""
+	for {
+		s.ws()
+		if s.eat('}') {
+			return model
+		}
+		ks, ke, ok := s.str()
+		if !ok {
+			return model
+		}
+		s.ws()
+		if !s.eat(':') {
+			return model
+		}
+		s.ws()
+		vs := s.i
+		if !s.value(0) {
+			return model
+		}
+		if isKey(b[ks:ke], "model") {
+			model = ""
+			if b[vs] == '"' {
+				var m string
+				if json.Unmarshal(b[vs:s.i], &m) == nil {
+					model = m
+				}
+			}
+		}
+		s.ws()
+		if s.eat(',') {
+			continue
+		}
+		if s.eat('}') {
+			return model
+		}
+		return model
+	}
+}
+
+// isKey compares a raw JSON string (quotes included) with an ASCII key,
+// decoding escapes only when present so "mod\u0065l" still matches.
+func isKey(raw []byte, key string) bool {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return len(raw) == len(key)+2 && string(raw[1:len(raw)-1]) == key
+	}
+	var k string
+	return json.Unmarshal(raw, &k) == nil && k == key
+}
+
+// maxDepth bounds nesting so hostile input cannot exhaust the stack.
+const maxDepth = 512
+
+// scanner is a minimal, allocation-free JSON skipper. It accepts a
+// superset of JSON for skipped values (it does not validate numbers or
+// literals strictly) because the engine, not the proxy, is the judge of
+// request validity; it only needs to find the top-level keys reliably.
+type scanner struct {
+	b []byte
+	i int
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+func (s *scanner) eat(c byte) bool {
+	if s.i < len(s.b) && s.b[s.i] == c {
+		s.i++
+		return true
+	}
+	return false
+}
+
+// str consumes a string and returns its raw bounds, quotes included.
+func (s *scanner) str() (start, end int, ok bool) {
+	if !s.eat('"') {
+		return 0, 0, false
+	}
+	start = s.i - 1
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case '\\':
+			s.i += 2
+		case '"':
+			s.i++
+			return start, s.i, true
+		default:
+			s.i++
+		}
+	}
+	return 0, 0, false
+}
+
+func (s *scanner) value(depth int) bool {
+	if depth > maxDepth || s.i >= len(s.b) {
+		return false
+	}
+	switch s.b[s.i] {
+	case '"':
+		_, _, ok := s.str()
+		return ok
+	case '{', '[':
+		closer := byte('}')
+		if s.b[s.i] == '[' {
+			closer = ']'
+		}
+		s.i++
+		for {
+			s.ws()
+			if s.eat(closer) {
+				return true
+			}
+			if closer == '}' {
+				if _, _, ok := s.str(); !ok {
+					return false
+				}
+				s.ws()
+				if !s.eat(':') {
+					return false
+				}
+				s.ws()
+			}
+			if !s.value(depth + 1) {
+				return false
+			}
+			s.ws()
+			if s.eat(',') {
+				continue
+			}
+			if s.eat(closer) {
+				return true
+			}
+			return false
+		}
+	default:
+		start := s.i
+		for s.i < len(s.b) {
+			switch s.b[s.i] {
+			case ',', '}', ']', ' ', '\t', '\n', '\r':
+				return s.i > start
+			}
+			s.i++
+		}
+		return s.i > start
+	}
+}
+
+// usage is the subset of an OpenAI-style response the closed-loop check
+// needs.
+type usage struct {
+	Usage *struct {
+		PromptTokens        *int64 `json:"prompt_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens *int64 `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+// parseUsage extracts usage.prompt_tokens and
+// usage.prompt_tokens_details.cached_tokens from one JSON document.
+func parseUsage(b []byte, r *Result) {
+	var u usage
+	if json.Unmarshal(b, &u) != nil || u.Usage == nil {
+		return
+	}
+	r.HasUsage = true
+	if u.Usage.PromptTokens != nil {
+		r.PromptTokens = *u.Usage.PromptTokens
+	}
+	if d := u.Usage.PromptTokensDetails; d != nil && d.CachedTokens != nil {
+		r.CachedTokens = *d.CachedTokens
+		r.HasCachedTokens = true
+	}
+}
+
+// usageTap watches response bytes as they are relayed and extracts usage
+// without holding up the stream. For SSE it keeps only the current line
+// (bounded) and parses "data:" lines that mention "usage"; for a JSON
+// body it keeps a bounded copy and parses it at the end.
+type usageTap struct {
+	sse     bool
+	limit   int
+	buf     []byte
+	over    bool // current line / body exceeded limit; ignore it
+	matched bool // a usage-bearing document was parsed
+	res     Result
+}
+
+var usageKey = []byte(`"usage"`)
+
+func (t *usageTap) Write(p []byte) {
+	if !t.sse {
+		if t.over {
+			return
+		}
+		if len(t.buf)+len(p) > t.limit {
+			t.over, t.buf = true, nil
+			return
+		}
+		t.buf = append(t.buf, p...)
+		return
+	}
+	for len(p) > 0 {
+		nl := bytes.IndexByte(p, '\n')
+		chunk := p
+		if nl >= 0 {
+			chunk = p[:nl]
+		}
+		if !t.over {
+			if len(t.buf)+len(chunk) > t.limit {
+				t.over, t.buf = true, t.buf[:0]
+			} else {
+				t.buf = append(t.buf, chunk...)
+			}
+		}
+		if nl < 0 {
+			return
+		}
+		if !t.over {
+			t.line(t.buf)
+		}
+		t.buf, t.over = t.buf[:0], false
+		p = p[nl+1:]
+	}
+}
+
+func (t *usageTap) line(l []byte) {
+	l = bytes.TrimSuffix(l, []byte{'\r'})
+	data, ok := bytes.CutPrefix(l, []byte("data:"))
+	if !ok || !bytes.Contains(data, usageKey) {
+		return
+	}
+	var r Result
+	parseUsage(bytes.TrimSpace(data), &r)
+	if r.HasUsage {
+		t.res, t.matched = r, true
+	}
+}
+
+// finish parses what is left and copies usage into r.
+func (t *usageTap) finish(r *Result) {
+	switch {
+	case !t.sse && !t.over && bytes.Contains(t.buf, usageKey):
+		parseUsage(t.buf, &t.res)
+		t.matched = t.res.HasUsage
+	case t.sse && !t.over && len(t.buf) > 0:
+		t.line(t.buf)
+	}
+	if t.matched {
+		r.HasUsage = true
+		r.PromptTokens = t.res.PromptTokens
+		r.CachedTokens = t.res.CachedTokens
+		r.HasCachedTokens = t.res.HasCachedTokens
+	}
+}

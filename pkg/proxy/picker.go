@@ -1,0 +1,128 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"net/netip"
+	"time"
+)
+
+// Request is what the proxy knows about one client request when it asks
+// the Picker where to send it. The proxy reads the body once (bounded by
+// Config.MaxBodyBytes) so the Picker can tokenize it; the same bytes are
+// replayed to the chosen endpoint.
+type Request struct {
+	// Service is the rule (service) number the request arrived on.
+	Service uint32
+	// Method is the client's HTTP method.
+	Method string
+	// Path is the request path without the query string.
+	Path string
+	// Model is the X-Model header if present, else the top-level JSON
+	// "model" string of the body, else empty.
+	Model string
+	// Header is the client's request header. The Picker must not modify it.
+	Header http.Header
+	// Body is the complete request body. The Picker must not modify or
+	// retain it after Pick returns.
+	Body []byte
+	// ClientAddr is the client's address as seen by the proxy.
+	ClientAddr netip.AddrPort
+}
+
+// Endpoint is one upstream candidate chosen by the Picker.
+type Endpoint struct {
+	// Idx is the endpoint's index in the rule's endpoint list. In-flight
+	// accounting (Server.InFlight) and metric labels use it.
+	Idx int
+	// Addr is the endpoint's dial address, host:port.
+	Addr string
+}
+
+// Plan is the Picker's routing decision for one request.
+type Plan struct {
+	// Candidates are ordered: the first is the chosen endpoint, the
+	// following ones are failover targets tried in order when connecting
+	// to the previous one fails before any byte reached the client.
+	Candidates []Endpoint
+	// Receipt explains the decision (tier, endpoint, matched blocks,
+	// reason). It is logged at debug level and returned to the client in
+	// the X-Loxilb-Route response header when asked for.
+	Receipt string
+	// Done, if not nil, is called exactly once when the request is over,
+	// with its outcome. It runs on the request goroutine after the last
+	// byte was written, so it must be cheap and must not block.
+	Done func(Result)
+}
+
+// ErrorClass names why a proxied request did not complete normally. The
+// values are also the "class" label of loxilb_ai_upstream_errors_total.
+type ErrorClass string
+
+// Error classes reported in Result.Class and in metrics.
+const (
+	ClassNone           ErrorClass = ""
+	ClassConnect        ErrorClass = "connect"         // dial refused/unreachable
+	ClassTLS            ErrorClass = "tls"             // TLS handshake or verification with the endpoint failed
+	ClassTimeout        ErrorClass = "timeout"         // dial or response-header timeout
+	ClassProtocol       ErrorClass = "protocol"        // malformed or truncated upstream response
+	ClassClientCanceled ErrorClass = "client_canceled" // the client went away
+	ClassUnavailable    ErrorClass = "unavailable"     // no endpoint to try
+	ClassBadRequest     ErrorClass = "bad_request"     // request rejected before forwarding
+	ClassInternal       ErrorClass = "internal"        // a bug or an unclassified picker error
+)
+
+// Result is the outcome of one request, handed to Plan.Done.
+type Result struct {
+	// Endpoint is the Idx of the endpoint that served the response, or of
+	// the last one tried when none did; -1 when no endpoint was tried.
+	Endpoint int
+	// Status is the HTTP status sent to the client (0 if none was sent).
+	Status int
+	// Attempts is how many candidates were tried.
+	Attempts int
+	// BytesIn is the request body size, BytesOut the response body bytes
+	// written to the client.
+	BytesIn, BytesOut int64
+	// PromptTokens and CachedTokens are usage.prompt_tokens and
+	// usage.prompt_tokens_details.cached_tokens from the response (the
+	// JSON body, or the last SSE event carrying usage). HasUsage says
+	// whether usage was seen at all; HasCachedTokens whether
+	// cached_tokens specifically was present.
+	PromptTokens    int64
+	CachedTokens    int64
+	HasUsage        bool
+	HasCachedTokens bool
+	// Streamed is true when the response was relayed with a flush after
+	// every write (SSE or unknown length).
+	Streamed bool
+	// Class is ClassNone on success.
+	Class ErrorClass
+	// Err is the error behind Class, nil on success.
+	Err error
+	// Duration is from the first byte of the request to the last byte of
+	// the response.
+	Duration time.Duration
+}
+
+// Picker decides where a request goes. The router implements it.
+//
+// Pick is called concurrently from many request goroutines and must be
+// safe for that. It should return quickly (it is on the latency path of
+// every request). ctx is cancelled when the client goes away.
+//
+// Errors: wrap ErrUnavailable when no healthy endpoint can serve the
+// request (503) and ErrBadRequest when the request is malformed (400);
+// any other error is answered with 500. A Plan with no Candidates is
+// answered with 503. When Pick returns an error, Plan.Done is not called.
+type Picker interface {
+	Pick(ctx context.Context, req *Request) (Plan, error)
+}
+
+// PickerFunc adapts a function to the Picker interface.
+type PickerFunc func(ctx context.Context, req *Request) (Plan, error)
+
+// Pick calls f.
+func (f PickerFunc) Pick(ctx context.Context, req *Request) (Plan, error) { return f(ctx, req) }
+
+var _ Picker = PickerFunc(nil)

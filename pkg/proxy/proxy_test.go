@@ -1,0 +1,669 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// echoBackend answers with what it received, so tests can see what the
+// proxy forwarded.
+type echoed struct {
+	Method  string      `json:"method"`
+	Path    string      `json:"path"`
+	Query   string      `json:"query"`
+	Host    string      `json:"host"`
+	Body    string      `json:"body"`
+	Header  http.Header `json:"header"`
+	Backend string      `json:"backend"`
+}
+
+func echoBackend(t *testing.T, name string) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	conns := new(atomic.Int64)
+	b := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Backend", name)
+		_ = json.NewEncoder(w).Encode(echoed{
+			Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Host: r.Host,
+			Body: string(body), Header: r.Header, Backend: name,
+		})
+	}))
+	b.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	b.Start()
+	t.Cleanup(b.Close)
+	return b, conns
+}
+
+func hostPort(s *httptest.Server) string { return s.Listener.Addr().String() }
+
+func decodeEcho(t *testing.T, resp *http.Response) echoed {
+	t.Helper()
+	defer resp.Body.Close()
+	var e echoed
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+		t.Fatalf("decode echo: %v", err)
+	}
+	return e
+}
+
+func TestForwardsEveryPath(t *testing.T) {
+	b, _ := echoBackend(t, "b0")
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.10", Config{}, Service{}, p)
+	c := newClient()
+
+	cases := []struct {
+		method, path, body string
+	}{
+		{"GET", "/health", ""},
+		{"GET", "/v1/models", ""},
+		{"POST", "/v1/chat/completions", `{"model":"m","messages":[]}`},
+		{"PUT", "/some/other/path?x=1&y=%2F", "payload"},
+		{"DELETE", "/", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.method+tc.path, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, "http://"+px.addr+tc.path, strings.NewReader(tc.body))
+			req.Header.Set("Connection", "keep-alive, X-Hop")
+			req.Header.Set("X-Hop", "must not pass")
+			req.Header.Set("X-Forwarded-For", "192.0.2.1")
+			req.Header.Set("X-End-To-End", "kept")
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			e := decodeEcho(t, resp)
+			wantPath, wantQuery, _ := strings.Cut(tc.path, "?")
+			if e.Method != tc.method || e.Path != wantPath || e.Query != wantQuery || e.Body != tc.body {
+				t.Errorf("forwarded %s %s?%s body %q, want %s %s?%s body %q", e.Method, e.Path, e.Query, e.Body, tc.method, wantPath, wantQuery, tc.body)
+			}
+			if e.Host != px.addr {
+				t.Errorf("Host %q, want the client's %q", e.Host, px.addr)
+			}
+			if got := e.Header.Get("X-Hop"); got != "" {
+				t.Errorf("Connection-listed header relayed: %q", got)
+			}
+			if got := e.Header.Get("X-End-To-End"); got != "kept" {
+				t.Errorf("end-to-end header lost: %q", got)
+			}
+			if got := e.Header.Get("X-Forwarded-For"); got != "192.0.2.1, 127.0.0.1" {
+				t.Errorf("X-Forwarded-For %q, want the client appended", got)
+			}
+			if got := e.Header.Get("X-Forwarded-Proto"); got != "http" {
+				t.Errorf("X-Forwarded-Proto %q", got)
+			}
+			if got := e.Header.Get("User-Agent"); got != "Go-http-client/1.1" {
+				t.Errorf("client User-Agent not relayed: %q", got)
+			}
+		})
+	}
+}
+
+func TestKeepAliveReuse(t *testing.T) {
+	b, backendConns := echoBackend(t, "b0")
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.11", Config{}, Service{}, p)
+	c := newClient()
+	const n = 50
+	for i := range n {
+		resp, err := c.Post("http://"+px.addr+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(`{"model":"m","prompt":"%d"}`, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = decodeEcho(t, resp)
+	}
+	if got := px.accept.Load(); got != 1 {
+		t.Errorf("client opened %d connections to the proxy for %d sequential requests, want 1", got, n)
+	}
+	if got := backendConns.Load(); got != 1 {
+		t.Errorf("proxy opened %d connections to the endpoint for %d sequential requests, want 1 (pooled)", got, n)
+	}
+}
+
+func TestModelFromHeaderOrBody(t *testing.T) {
+	b, _ := echoBackend(t, "b0")
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.12", Config{}, Service{ID: 42}, p)
+	c := newClient()
+	cases := []struct{ header, body, want string }{
+		{"", `{"model":"qwen/Qwen2.5-7B","messages":[]}`, "qwen/Qwen2.5-7B"},
+		{"hdr-model", `{"model":"body-model"}`, "hdr-model"},
+		{"", `{"messages":[{"content":"{\"model\":\"inner\"}"}],"model":"outer"}`, "outer"},
+		{"", `not json`, ""},
+		{"", ``, ""},
+	}
+	for _, tc := range cases {
+		req, _ := http.NewRequest("POST", "http://"+px.addr+"/v1/chat/completions", strings.NewReader(tc.body))
+		if tc.header != "" {
+			req.Header.Set("X-Model", tc.header)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := decodeEcho(t, resp)
+		got := p.lastReq(t)
+		if got.Model != tc.want {
+			t.Errorf("header %q body %q: model %q, want %q", tc.header, tc.body, got.Model, tc.want)
+		}
+		if got.Service != 42 || got.Path != "/v1/chat/completions" || string(got.Body) != tc.body || !got.ClientAddr.IsValid() {
+			t.Errorf("picker request = %+v", got)
+		}
+		if e.Body != tc.body {
+			t.Errorf("body not replayed intact: %q", e.Body)
+		}
+	}
+}
+
+func TestBodyLimit(t *testing.T) {
+	var hits atomic.Int64
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
+	defer b.Close()
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.13", Config{MaxBodyBytes: 1024}, Service{}, p)
+	c := newClient()
+
+	for _, chunked := range []bool{false, true} {
+		body := strings.Repeat("x", 2048)
+		var r io.Reader = strings.NewReader(body)
+		if chunked {
+			r = io.MultiReader(strings.NewReader(body)) // unknown length: sent chunked
+		}
+		req, _ := http.NewRequest("POST", "http://"+px.addr+"/v1/completions", r)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ei := readErrorBody(t, resp)
+		if resp.StatusCode != http.StatusRequestEntityTooLarge || ei.Code != "request_too_large" {
+			t.Errorf("chunked=%v: status %d code %q, want 413 request_too_large", chunked, resp.StatusCode, ei.Code)
+		}
+	}
+	// Exactly at the limit passes.
+	resp, err := c.Post("http://"+px.addr+"/v1/completions", "text/plain", strings.NewReader(strings.Repeat("y", 1024)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("body at the limit: status %d", resp.StatusCode)
+	}
+	if hits.Load() != 1 {
+		t.Errorf("endpoint saw %d requests, want only the one within the limit", hits.Load())
+	}
+	if got := testutil.ToFloat64(px.m.requests.WithLabelValues("7", "none", "413")); got != 2 {
+		t.Errorf("413 counter %v, want 2", got)
+	}
+}
+
+type errorBody struct {
+	Message, Type, Code string
+}
+
+func readErrorBody(t *testing.T, resp *http.Response) errorBody {
+	t.Helper()
+	defer resp.Body.Close()
+	var b struct {
+		Error errorBody `json:"error"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&b); err != nil {
+		t.Fatalf("status %d: error body is not OpenAI-style JSON: %v", resp.StatusCode, err)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("error Content-Type %q", ct)
+	}
+	return b.Error
+}
+
+func TestFailoverOnConnectRefused(t *testing.T) {
+	b, _ := echoBackend(t, "good")
+	p := newStaticPicker(refusedAddr(t), refusedAddr(t), hostPort(b))
+	px := startProxy(t, "127.0.0.14", Config{}, Service{}, p)
+	resp, err := newClient().Post("http://"+px.addr+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := decodeEcho(t, resp); resp.StatusCode != 200 || e.Backend != "good" {
+		t.Fatalf("status %d from %q, want 200 from good", resp.StatusCode, e.Backend)
+	}
+	res := p.waitResult(t)
+	if res.Endpoint != 2 || res.Attempts != 3 || res.Status != 200 || res.Err != nil {
+		t.Errorf("result %+v, want endpoint 2 after 3 attempts", res)
+	}
+	if got := testutil.ToFloat64(px.m.failover.WithLabelValues("7")); got != 2 {
+		t.Errorf("loxilb_proxy_connect_failover_total = %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(px.m.upstreamErrs.WithLabelValues("7", "0", "connect")); got != 1 {
+		t.Errorf("connect errors for ep 0 = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(px.m.requests.WithLabelValues("7", "2", "200")); got != 1 {
+		t.Errorf("requests{ep=2,status=200} = %v", got)
+	}
+}
+
+func TestErrorStatusMapping(t *testing.T) {
+	hang := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body) // lets the server notice the proxy hanging up
+		select {
+		case <-hang:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(hang) }) // runs before slow.Close
+	garbage, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { garbage.Close() })
+	go func() {
+		for {
+			c, err := garbage.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				_, _ = bufio.NewReader(c).ReadString('\n')
+				_, _ = c.Write([]byte("SSH-2.0-not-http\r\n\r\n"))
+				c.Close()
+			}()
+		}
+	}()
+
+	cases := []struct {
+		name       string
+		cands      []string
+		pickErr    error
+		wantStatus int
+		wantCode   string
+	}{
+		{"all refused", []string{refusedAddr(t), refusedAddr(t)}, nil, 502, "upstream_connect_error"},
+		{"garbage answer", []string{garbage.Addr().String()}, nil, 502, "upstream_protocol_error"},
+		{"header timeout", []string{hostPort(slow)}, nil, 504, "upstream_timeout"},
+		{"no candidates", nil, nil, 503, "no_healthy_endpoint"},
+		{"picker unavailable", nil, fmt.Errorf("all endpoints down: %w", ErrUnavailable), 503, "no_healthy_endpoint"},
+		{"picker bad request", nil, fmt.Errorf("messages is not an array: %w", ErrBadRequest), 400, "bad_request"},
+		{"picker unknown error", nil, errors.New("boom"), 500, "internal_error"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newStaticPicker(tc.cands...)
+			p.err = tc.pickErr
+			px := startProxy(t, fmt.Sprintf("127.0.0.%d", 20+i), Config{ResponseHeaderTimeout: 100 * time.Millisecond}, Service{}, p)
+			resp, err := newClient().Post("http://"+px.addr+"/v1/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			eb := readErrorBody(t, resp)
+			if resp.StatusCode != tc.wantStatus || eb.Code != tc.wantCode || eb.Message == "" {
+				t.Errorf("got %d %+v, want %d code %s", resp.StatusCode, eb, tc.wantStatus, tc.wantCode)
+			}
+			if tc.pickErr == nil {
+				if r := p.waitResult(t); r.Status != tc.wantStatus || r.Err == nil {
+					t.Errorf("Done result %+v", r)
+				}
+			}
+		})
+	}
+}
+
+func TestStatusFor(t *testing.T) {
+	cases := []struct {
+		err  error
+		want int
+	}{
+		{fmt.Errorf("x: %w", ErrBodyTooLarge), 413},
+		{fmt.Errorf("x: %w", ErrBadRequest), 400},
+		{fmt.Errorf("x: %w", ErrUnavailable), 503},
+		{ErrNoService, 503},
+		{fmt.Errorf("x: %w", ErrUpstreamConnect), 502},
+		{fmt.Errorf("x: %w", ErrUpstreamTLS), 502},
+		{fmt.Errorf("x: %w", ErrUpstreamProtocol), 502},
+		{fmt.Errorf("x: %w", ErrUpstreamTimeout), 504},
+		{context.Canceled, StatusClientClosed},
+		{errors.New("other"), 500},
+	}
+	for _, tc := range cases {
+		if got := StatusFor(tc.err); got != tc.want {
+			t.Errorf("StatusFor(%v) = %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestReceiptHeader(t *testing.T) {
+	b, _ := echoBackend(t, "b0")
+	p := newStaticPicker(hostPort(b))
+	p.receipt = "tier=1.5 ep=0 matched=12/16 reason=longest-prefix"
+	px := startProxy(t, "127.0.0.30", Config{}, Service{}, p)
+	c := newClient()
+	get := func(ask bool) (string, http.Header) {
+		req, _ := http.NewRequest("POST", "http://"+px.addr+"/v1/completions", strings.NewReader(`{}`))
+		if ask {
+			req.Header.Set(HeaderReceiptRequest, "1")
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := decodeEcho(t, resp)
+		return resp.Header.Get(HeaderRoute), e.Header
+	}
+	if got, fwd := get(true); got != p.receipt {
+		t.Errorf("asked: %s = %q, want %q", HeaderRoute, got, p.receipt)
+	} else if fwd.Get(HeaderReceiptRequest) != "" {
+		t.Error("receipt request header leaked to the endpoint")
+	}
+	if got, _ := get(false); got != "" {
+		t.Errorf("not asked: %s = %q, want none", HeaderRoute, got)
+	}
+
+	// The per-rule flag adds it to every response, applied by Update on
+	// the same listener and keep-alive connection.
+	cfg := Config{Services: []Service{{ID: 7, Listen: px.table.Load().list[0].cfg.Listen, Receipt: true}}}
+	if err := px.Update(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := get(false); got != p.receipt {
+		t.Errorf("rule flag: %s = %q, want %q", HeaderRoute, got, p.receipt)
+	}
+	if px.accept.Load() != 1 {
+		t.Errorf("client needed %d connections across Update, want 1", px.accept.Load())
+	}
+}
+
+func TestUsageFromJSONResponse(t *testing.T) {
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"x","choices":[{"text":"hi"}],"usage":{"prompt_tokens":2048,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":1984}}}`)
+	}))
+	defer b.Close()
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.31", Config{}, Service{}, p)
+	resp, err := newClient().Post("http://"+px.addr+"/v1/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	r := p.waitResult(t)
+	if !r.HasUsage || !r.HasCachedTokens || r.CachedTokens != 1984 || r.PromptTokens != 2048 {
+		t.Errorf("usage not extracted: %+v", r)
+	}
+	if r.BytesOut != int64(len(body)) || r.BytesIn != int64(len(`{"model":"m"}`)) || r.Streamed {
+		t.Errorf("bytes in/out %d/%d streamed=%v", r.BytesIn, r.BytesOut, r.Streamed)
+	}
+}
+
+// TestSSEChunkByChunk proves streaming is not buffered: the endpoint
+// cannot produce its last event until the client has received the first.
+func TestSSEChunkByChunk(t *testing.T) {
+	firstSeen := make(chan struct{})
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		f := w.(http.Flusher)
+		io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n")
+		f.Flush()
+		select {
+		case <-firstSeen:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n\n")
+		f.Flush()
+		// The final chunk with usage, split across writes to exercise
+		// the line reassembly of the tap.
+		io.WriteString(w, `data: {"choices":[],"usage":{"prompt_tokens":64,"prompt_tokens_`)
+		f.Flush()
+		io.WriteString(w, `details":{"cached_tokens":48}}}`+"\n\n")
+		io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	defer b.Close()
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.32", Config{}, Service{}, p)
+
+	req, _ := http.NewRequest("POST", "http://"+px.addr+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+	resp, err := newClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("Content-Type %q", ct)
+	}
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(line, "Hel") {
+		t.Fatalf("first line %q", line)
+	}
+	if got := testutil.ToFloat64(px.m.activeStreams.WithLabelValues("7")); got != 1 {
+		t.Errorf("active streams while streaming = %v, want 1", got)
+	}
+	close(firstSeen)
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rest), "lo") || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Errorf("rest of stream %q", rest)
+	}
+	r := p.waitResult(t)
+	if !r.Streamed || !r.HasCachedTokens || r.CachedTokens != 48 || r.PromptTokens != 64 {
+		t.Errorf("result %+v", r)
+	}
+	if got := testutil.ToFloat64(px.m.activeStreams.WithLabelValues("7")); got != 0 {
+		t.Errorf("active streams after = %v, want 0", got)
+	}
+}
+
+func TestInFlightTracking(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+	}))
+	defer b.Close()
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.33", Config{}, Service{ID: 9}, p)
+	done := make(chan error, 1)
+	go func() {
+		resp, err := newClient().Get("http://" + px.addr + "/x")
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	<-entered
+	if got := px.InFlight(9, 0); got != 1 {
+		t.Errorf("InFlight during request = %d, want 1", got)
+	}
+	if got := px.InFlight(9, 1); got != 0 {
+		t.Errorf("InFlight of an idle endpoint = %d", got)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	p.waitResult(t)
+	if got := px.InFlight(9, 0); got != 0 {
+		t.Errorf("InFlight after = %d, want 0", got)
+	}
+}
+
+// TestMidStreamFailureCutsClient checks that an endpoint dying after the
+// status line surfaces as a truncated response, not a clean end.
+func TestMidStreamFailureCutsClient(t *testing.T) {
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "1000")
+		io.WriteString(w, "partial")
+		w.(http.Flusher).Flush()
+		c, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			c.Close()
+		}
+	}))
+	defer b.Close()
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.34", Config{}, Service{}, p)
+	// The status line may still sit in the proxy's write buffer when the
+	// connection is cut, so the client sees either a failed request or a
+	// failed body read; never a clean end.
+	resp, err := newClient().Get("http://" + px.addr + "/x")
+	if err == nil {
+		_, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	if err == nil {
+		t.Error("client read a clean end of a truncated response")
+	}
+	r := p.waitResult(t)
+	if r.Class != ClassProtocol || r.Status != 200 {
+		t.Errorf("result %+v, want protocol class after status 200", r)
+	}
+}
+
+// TestServeOwnedListeners covers Serve binding loopback VIPs itself and
+// Update opening and closing listeners as rules come and go.
+func TestServeOwnedListeners(t *testing.T) {
+	b, _ := echoBackend(t, "b0")
+	p := newStaticPicker(hostPort(b))
+	a1 := freeAddr(t, "127.0.0.40")
+	s, err := New(Config{Services: []Service{{ID: 1, Listen: a1}}}, p, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- s.Serve(ctx) }()
+	c := newClient()
+	waitUp := func(addr string) *http.Response {
+		t.Helper()
+		for i := 0; ; i++ {
+			resp, err := c.Get("http://" + addr + "/ping")
+			if err == nil {
+				return resp
+			}
+			if i > 1000 {
+				t.Fatalf("%s never came up: %v", addr, err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	_ = decodeEcho(t, waitUp(a1.String()))
+
+	a2 := freeAddr(t, "127.0.0.41")
+	if err := s.Update(Config{Services: []Service{{ID: 1, Listen: a1}, {ID: 2, Listen: a2}}}); err != nil {
+		t.Fatal(err)
+	}
+	_ = decodeEcho(t, waitUp(a2.String()))
+	if got := p.lastReq(t).Service; got != 2 {
+		t.Errorf("request on the second VIP routed as service %d", got)
+	}
+
+	if err := s.Update(Config{Services: []Service{{ID: 2, Listen: a2}}}); err != nil {
+		t.Fatal(err)
+	}
+	c.CloseIdleConnections()
+	if _, err := c.Get("http://" + a1.String() + "/ping"); err == nil {
+		t.Error("removed rule's listener still accepts")
+	}
+	// A bind failure leaves the configuration untouched.
+	busy, err := net.Listen("tcp", "127.0.0.42:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	bad := Config{Services: []Service{{ID: 2, Listen: a2}, {ID: 3, Listen: busy.Addr().(*net.TCPAddr).AddrPort()}}}
+	if err := s.Update(bad); err == nil {
+		t.Error("Update binding a busy address succeeded")
+	}
+	if len(s.table.Load().list) != 1 {
+		t.Error("failed Update changed the configuration")
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+}
+
+func TestServeListenerDemuxRejectsUnknownAddress(t *testing.T) {
+	// One listener on 127.0.0.1 whose rule is for another address: the
+	// connection matches no rule and is closed, and counted.
+	ln, err := net.Listen("tcp", "127.0.0.50:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Services: []Service{{ID: 1, Listen: freeAddr(t, "127.0.0.51")}}}, newStaticPicker(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- s.ServeListener(ctx, ln) }()
+	resp, err := newClient().Get("http://" + ln.Addr().String() + "/")
+	if err == nil {
+		resp.Body.Close()
+		t.Error("connection to an address no rule owns was served")
+	}
+	if got := testutil.ToFloat64(s.m.connRejected.WithLabelValues("no_service")); got < 1 {
+		t.Errorf("rejected connections = %v", got)
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	p := newStaticPicker()
+	a := freeAddr(t, "127.0.0.60")
+	cases := map[string]Config{
+		"duplicate id":    {Services: []Service{{ID: 1, Listen: a}, {ID: 1, Listen: freeAddr(t, "127.0.0.61")}}},
+		"duplicate addr":  {Services: []Service{{ID: 1, Listen: a}, {ID: 2, Listen: a}}},
+		"no port":         {Services: []Service{{ID: 1}}},
+		"tls without key": {Services: []Service{{ID: 1, Listen: a, Security: SecurityTLS}}},
+		"bad security":    {Services: []Service{{ID: 1, Listen: a, Security: 3}}},
+		"missing cert":    {Services: []Service{{ID: 1, Listen: a, Security: SecurityTLS, CertFile: "/nonexistent", KeyFile: "/nonexistent"}}},
+		"negative body":   {MaxBodyBytes: -1},
+	}
+	for name, cfg := range cases {
+		if _, err := New(cfg, p, nil, nil); err == nil {
+			t.Errorf("%s: New accepted an invalid config", name)
+		}
+	}
+	if _, err := New(Config{}, nil, nil, nil); err == nil {
+		t.Error("New accepted a nil picker")
+	}
+}
+
+func TestMetricsRegistration(t *testing.T) {
+	px := startProxy(t, "127.0.0.62", Config{}, Service{}, newStaticPicker())
+	if _, err := New(Config{}, newStaticPicker(), nil, px.reg); err == nil {
+		t.Error("second proxy on the same registry did not report the collision")
+	}
+}

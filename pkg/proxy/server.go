@@ -1,0 +1,523 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Server is the mode-4 proxy: it accepts client connections on every
+// rule's VIP:port, asks the Picker where each request goes and relays it.
+// All methods are safe for concurrent use.
+//
+// A Server runs once, like http.Server: when the context given to Serve
+// or ServeListener ends, or Close is called, every listener and
+// connection is shut down and the Server cannot serve again.
+type Server struct {
+	logger *slog.Logger
+	picker Picker
+	m      *metrics
+	srv    *http.Server
+	table  atomic.Pointer[table]
+
+	// inflight counts requests being relayed per (service, endpoint
+	// index). It lives outside the table so an Update that rebuilds a
+	// service keeps its counts: requests already in flight still finish
+	// against the same endpoints.
+	inflight sync.Map // inflightKey -> *atomic.Int64
+
+	mu       sync.Mutex // guards everything below and serializes Update
+	owned    map[netip.AddrPort]*ownedListener
+	serving  bool // Serve is managing owned listeners
+	shutdown bool
+	errc     chan error // a listener failed unexpectedly
+	done     chan struct{}
+}
+
+type inflightKey struct {
+	service uint32
+	ep      int
+}
+
+// table is an immutable snapshot of the configuration. Requests load it
+// once through an atomic pointer, so Update never blocks or tears a
+// request's view.
+type table struct {
+	cfg    Config
+	byAddr map[netip.AddrPort]*service
+	byPort map[uint16]*service // rules listening on an unspecified address
+	list   []*service
+}
+
+// service is one rule plus the resources built from it.
+type service struct {
+	cfg       Service
+	label     string // metric label, the decimal ID
+	scheme    string // to the endpoint: http or https
+	transport *http.Transport
+	serverTLS *tls.Config
+	// transportKey identifies everything the transport was built from, so
+	// Update can keep the pooled connections when nothing relevant changed.
+	transportKey string
+}
+
+type ownedListener struct {
+	ln      net.Listener
+	removed atomic.Bool
+}
+
+// New validates cfg, loads certificates and builds one pooled transport
+// per service. picker is required; logger and reg may be nil (no logs,
+// metrics not registered). Listeners are opened by Serve.
+func New(cfg Config, picker Picker, logger *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+	if picker == nil {
+		return nil, errors.New("proxy: picker is nil")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("proxy config: %w", err)
+	}
+	t, err := buildTable(cfg, nil)
+	if err != nil {
+		return nil, fmt.Errorf("proxy config: %w", err)
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		logger: logger,
+		picker: picker,
+		m:      m,
+		owned:  map[netip.AddrPort]*ownedListener{},
+		errc:   make(chan error, 1),
+		done:   make(chan struct{}),
+	}
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	s.srv = &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    1 << 20,
+		Protocols:         &protos,
+		// Client-side noise (TLS handshakes from scanners, resets) is
+		// debug material, not an operator alert.
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+	}
+	s.table.Store(t)
+	return s, nil
+}
+
+func buildTable(cfg Config, old *table) (*table, error) {
+	t := &table{
+		cfg:    cfg,
+		byAddr: make(map[netip.AddrPort]*service, len(cfg.Services)),
+		byPort: map[uint16]*service{},
+	}
+	var errs []error
+	for _, sc := range cfg.Services {
+		svc, err := buildService(cfg, sc, old)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		t.list = append(t.list, svc)
+		ap := normAddrPort(sc.Listen)
+		if ap.Addr().IsUnspecified() {
+			t.byPort[ap.Port()] = svc
+		} else {
+			t.byAddr[ap] = svc
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func buildService(cfg Config, sc Service, old *table) (*service, error) {
+	svc := &service{cfg: sc, label: strconv.FormatUint(uint64(sc.ID), 10), scheme: "http"}
+	if sc.Security != SecurityPlain {
+		tc, err := sc.serverTLS()
+		if err != nil {
+			return nil, err
+		}
+		svc.serverTLS = tc
+	}
+	var upTLS *tls.Config
+	var ca []byte
+	if sc.Security == SecurityE2ETLS {
+		svc.scheme = "https"
+		tc, err := sc.upstreamTLS()
+		if err != nil {
+			return nil, err
+		}
+		upTLS = tc
+		if sc.CAFile != "" {
+			ca, _ = os.ReadFile(sc.CAFile) // already read successfully by upstreamTLS
+		}
+	}
+	svc.transportKey = fmt.Sprintf("%d|%s|%s|%s|%s|%t|%x|%v|%v|%v|%d",
+		sc.Security, sc.CAFile, sc.ClientCertFile, sc.ClientKeyFile, sc.UpstreamServerName,
+		sc.InsecureSkipVerify, ca, cfg.DialTimeout, cfg.ResponseHeaderTimeout,
+		cfg.UpstreamIdleTimeout, cfg.MaxIdleConnsPerHost)
+	if old != nil {
+		for _, o := range old.list {
+			if o.cfg.ID == sc.ID && o.transportKey == svc.transportKey {
+				svc.transport = o.transport
+				return svc, nil
+			}
+		}
+	}
+	svc.transport = newTransport(cfg, upTLS)
+	return svc, nil
+}
+
+// newTransport builds the pooled client for one service. HTTP/1.1 only:
+// engines speak it, and one connection per in-flight request keeps a slow
+// stream from blocking its siblings the way a shared HTTP/2 connection's
+// flow control can. Compression is left to the client and the engine;
+// the proxy neither adds Accept-Encoding nor decodes bodies.
+func newTransport(cfg Config, upTLS *tls.Config) *http.Transport {
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	d := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy:                 nil, // never through an environment proxy
+		DialContext:           d.DialContext,
+		TLSClientConfig:       upTLS,
+		TLSHandshakeTimeout:   cfg.DialTimeout,
+		ForceAttemptHTTP2:     false,
+		Protocols:             &protos,
+		DisableCompression:    true,
+		MaxIdleConnsPerHost:   cfg.MaxIdleConnsPerHost,
+		IdleConnTimeout:       cfg.UpstreamIdleTimeout,
+		ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
+		WriteBufferSize:       32 << 10,
+		ReadBufferSize:        32 << 10,
+	}
+}
+
+// Update swaps in a new configuration without dropping listeners or
+// in-flight requests: requests already routed finish on the old
+// snapshot, new requests (also on existing keep-alive connections) see
+// the new one. Services whose upstream TLS and transport settings are
+// unchanged keep their pooled endpoint connections. When Serve manages
+// the listeners, listeners of new rules are opened (before the swap, so a
+// bind failure leaves the old configuration in place) and listeners of
+// removed rules are closed.
+//
+// ReadHeaderTimeout, IdleTimeout and ShutdownGrace are fixed at New.
+func (s *Server) Update(cfg Config) error {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return fmt.Errorf("proxy config: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shutdown {
+		return errors.New("proxy: update after shutdown")
+	}
+	old := s.table.Load()
+	if cfg.ReadHeaderTimeout != old.cfg.ReadHeaderTimeout || cfg.IdleTimeout != old.cfg.IdleTimeout {
+		s.logger.Warn("proxy: read-header and idle timeouts change only at restart",
+			"read_header_timeout", old.cfg.ReadHeaderTimeout, "idle_timeout", old.cfg.IdleTimeout)
+	}
+	nt, err := buildTable(cfg, old)
+	if err != nil {
+		return fmt.Errorf("proxy config: %w", err)
+	}
+	var added []*ownedListener
+	if s.serving {
+		added, err = s.bindMissingLocked(nt)
+		if err != nil {
+			return err
+		}
+	}
+	s.table.Store(nt)
+	for _, ol := range added {
+		s.serveOwned(ol)
+	}
+	if s.serving {
+		s.closeStaleLocked(nt)
+	}
+	keep := map[*http.Transport]bool{}
+	ids := map[uint32]bool{}
+	for _, svc := range nt.list {
+		keep[svc.transport] = true
+		ids[svc.cfg.ID] = true
+	}
+	for _, o := range old.list {
+		if !keep[o.transport] {
+			o.transport.CloseIdleConnections()
+		}
+		if !ids[o.cfg.ID] {
+			s.m.forget(o.label)
+		}
+	}
+	return nil
+}
+
+// Serve opens a listener on every rule's VIP:port and serves until ctx
+// ends (graceful shutdown, bounded by ShutdownGrace) or Close is called.
+// Rules added later by Update get listeners too. Loopback VIPs such as
+// 127.0.0.10 need no privileges on Linux.
+func (s *Server) Serve(ctx context.Context) error {
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		return http.ErrServerClosed
+	}
+	if s.serving {
+		s.mu.Unlock()
+		return errors.New("proxy: Serve already running")
+	}
+	added, err := s.bindMissingLocked(s.table.Load())
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	s.serving = true
+	for _, ol := range added {
+		s.serveOwned(ol)
+	}
+	s.mu.Unlock()
+	return s.wait(ctx)
+}
+
+// ServeListener serves an externally created listener, for instance the
+// socket the eBPF sk_lookup program steers VIP traffic to. One listener
+// may carry several rules: each connection is matched to its rule by its
+// local (destination) address. Connections to an address no rule owns are
+// closed and counted. ServeListener takes ownership of ln and blocks like
+// Serve.
+func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		_ = ln.Close()
+		return http.ErrServerClosed
+	}
+	s.mu.Unlock()
+	go func() {
+		err := s.srv.Serve(&demuxListener{Listener: ln, s: s})
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.fail(fmt.Errorf("serve %s: %w", ln.Addr(), err))
+		}
+	}()
+	return s.wait(ctx)
+}
+
+// Addrs returns the addresses of the listeners Serve opened, for
+// diagnostics.
+func (s *Server) Addrs() []net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]net.Addr, 0, len(s.owned))
+	for _, ol := range s.owned {
+		out = append(out, ol.ln.Addr())
+	}
+	return out
+}
+
+// Close stops every listener and closes every connection at once.
+// In-flight requests are cut. Serve and ServeListener return nil.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		return nil
+	}
+	s.shutdown = true
+	close(s.done)
+	s.mu.Unlock()
+	err := s.srv.Close()
+	s.closeTransports()
+	return err
+}
+
+// InFlight returns how many requests are being relayed to endpoint ep of
+// service right now (connecting, waiting for headers or streaming). The
+// router blends it into its score; it costs one map lookup.
+func (s *Server) InFlight(service uint32, ep int) int {
+	if v, ok := s.inflight.Load(inflightKey{service, ep}); ok {
+		return int(v.(*atomic.Int64).Load())
+	}
+	return 0
+}
+
+func (s *Server) inflightCounter(service uint32, ep int) *atomic.Int64 {
+	k := inflightKey{service, ep}
+	if v, ok := s.inflight.Load(k); ok {
+		return v.(*atomic.Int64)
+	}
+	v, _ := s.inflight.LoadOrStore(k, new(atomic.Int64))
+	return v.(*atomic.Int64)
+}
+
+func (s *Server) wait(ctx context.Context) error {
+	select {
+	case <-s.done:
+		return nil
+	case err := <-s.errc:
+		s.gracefulStop()
+		return err
+	case <-ctx.Done():
+		s.gracefulStop()
+		return nil
+	}
+}
+
+func (s *Server) gracefulStop() {
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		return
+	}
+	s.shutdown = true
+	close(s.done)
+	grace := s.table.Load().cfg.ShutdownGrace
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := s.srv.Shutdown(ctx); err != nil {
+		s.logger.Warn("proxy: graceful shutdown incomplete, closing remaining connections", "grace", grace, "err", err)
+		_ = s.srv.Close()
+	}
+	s.closeTransports()
+}
+
+func (s *Server) closeTransports() {
+	for _, svc := range s.table.Load().list {
+		svc.transport.CloseIdleConnections()
+	}
+}
+
+func (s *Server) fail(err error) {
+	select {
+	case s.errc <- err:
+	default:
+	}
+}
+
+// bindMissingLocked opens listeners for rules of t that have none. On
+// error it closes what it opened, so the caller can keep the old state.
+func (s *Server) bindMissingLocked(t *table) ([]*ownedListener, error) {
+	var added []*ownedListener
+	for _, svc := range t.list {
+		ap := normAddrPort(svc.cfg.Listen)
+		if _, ok := s.owned[ap]; ok {
+			continue
+		}
+		ln, err := net.Listen("tcp", ap.String())
+		if err != nil {
+			for _, ol := range added {
+				_ = ol.ln.Close()
+				delete(s.owned, normAddrPort(addrPortOf(ol.ln.Addr())))
+			}
+			return nil, fmt.Errorf("service %d: listen on %s: %w", svc.cfg.ID, ap, err)
+		}
+		ol := &ownedListener{ln: ln}
+		s.owned[ap] = ol
+		added = append(added, ol)
+	}
+	return added, nil
+}
+
+func (s *Server) serveOwned(ol *ownedListener) {
+	s.logger.Info("proxy: listening", "addr", ol.ln.Addr().String())
+	go func() {
+		err := s.srv.Serve(&demuxListener{Listener: ol.ln, s: s})
+		if err == nil || errors.Is(err, http.ErrServerClosed) || ol.removed.Load() {
+			return
+		}
+		s.fail(fmt.Errorf("serve %s: %w", ol.ln.Addr(), err))
+	}()
+}
+
+// closeStaleLocked closes listeners whose rule is gone. Connections
+// already accepted on them stay open until idle; their requests get 503.
+func (s *Server) closeStaleLocked(t *table) {
+	for ap, ol := range s.owned {
+		if t.lookupAddrPort(ap) != nil {
+			continue
+		}
+		ol.removed.Store(true)
+		_ = ol.ln.Close()
+		delete(s.owned, ap)
+		s.logger.Info("proxy: stopped listening", "addr", ap.String())
+	}
+}
+
+func (t *table) lookupAddrPort(ap netip.AddrPort) *service {
+	ap = normAddrPort(ap)
+	if svc := t.byAddr[ap]; svc != nil {
+		return svc
+	}
+	return t.byPort[ap.Port()]
+}
+
+func (t *table) lookup(a net.Addr) *service {
+	ap := addrPortOf(a)
+	if !ap.IsValid() {
+		return nil
+	}
+	return t.lookupAddrPort(ap)
+}
+
+func addrPortOf(a net.Addr) netip.AddrPort {
+	switch v := a.(type) {
+	case *net.TCPAddr:
+		return v.AddrPort()
+	case nil:
+		return netip.AddrPort{}
+	default:
+		ap, _ := netip.ParseAddrPort(a.String())
+		return ap
+	}
+}
+
+// demuxListener matches each accepted connection to its rule by local
+// address and wraps it in TLS when the rule terminates TLS. tls.Server is
+// lazy (the handshake runs on first read, in the connection's goroutine),
+// so Accept never blocks on a slow client.
+type demuxListener struct {
+	net.Listener
+	s *Server
+}
+
+func (l *demuxListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		svc := l.s.table.Load().lookup(c.LocalAddr())
+		if svc == nil {
+			l.s.m.connRejected.WithLabelValues("no_service").Inc()
+			l.s.logger.Debug("proxy: connection to an address no rule owns", "local", c.LocalAddr().String(), "remote", c.RemoteAddr().String())
+			_ = c.Close()
+			continue
+		}
+		if svc.serverTLS != nil {
+			return tls.Server(c, svc.serverTLS), nil
+		}
+		return c, nil
+	}
+}
