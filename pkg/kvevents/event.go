@@ -472,7 +472,13 @@ func (d *Decoder) hashList(b *Batch, e *Event) error {
 		return d.r.errAt("block_hashes is not an array")
 	}
 	e.hashLo = len(b.hashes)
+	r := &d.r
 	for i := 0; i < n; i++ {
+		if r.off+9 <= len(r.b) && r.b[r.off] == 0xcf {
+			b.hashes = append(b.hashes, binary.BigEndian.Uint64(r.b[r.off+1:]))
+			r.off += 9
+			continue
+		}
 		h, err := d.hash()
 		if err != nil {
 			return fmt.Errorf("block_hashes[%d]: %w", i, err)
@@ -510,6 +516,24 @@ func (d *Decoder) tokenList(b *Batch, e *Event) error {
 	}
 	e.tokLo = len(b.tokens)
 	for i := 0; i < n; i++ {
+		// Fast path for the encodings token ids actually use (positive
+		// fixint, uint8/16/32); everything else goes through integer().
+		if r.off < len(r.b) {
+			switch c := r.b[r.off]; {
+			case c <= 0x7f:
+				r.off++
+				b.tokens = append(b.tokens, uint32(c))
+				continue
+			case c == 0xcd && r.off+3 <= len(r.b):
+				b.tokens = append(b.tokens, uint32(binary.BigEndian.Uint16(r.b[r.off+1:])))
+				r.off += 3
+				continue
+			case c == 0xce && r.off+5 <= len(r.b):
+				b.tokens = append(b.tokens, binary.BigEndian.Uint32(r.b[r.off+1:]))
+				r.off += 5
+				continue
+			}
+		}
 		v, kind, ok, err := r.integer()
 		if err != nil {
 			return err
