@@ -1,0 +1,115 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func tlsClient(p *testPKI) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		TLSClientConfig:    &tls.Config{RootCAs: p.pool},
+		DisableCompression: true,
+	}}
+}
+
+// TestSecurityTLSTermination is security 1: TLS from the client, plain
+// HTTP to the endpoint.
+func TestSecurityTLSTermination(t *testing.T) {
+	pki := newPKI(t)
+	cert, key, _ := pki.leaf(t, "vip", "127.0.0.70")
+	b, _ := echoBackend(t, "plain")
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.70", Config{}, Service{Security: SecurityTLS, CertFile: cert, KeyFile: key}, p)
+
+	c := tlsClient(pki)
+	for range 3 {
+		resp, err := c.Post("https://"+px.addr+"/v1/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.TLS == nil || resp.ProtoMajor != 1 {
+			t.Errorf("client leg not TLS HTTP/1.1: tls=%v proto=%s", resp.TLS != nil, resp.Proto)
+		}
+		e := decodeEcho(t, resp)
+		if e.Header.Get("X-Forwarded-Proto") != "https" {
+			t.Errorf("X-Forwarded-Proto %q, want https", e.Header.Get("X-Forwarded-Proto"))
+		}
+	}
+	if px.accept.Load() != 1 {
+		t.Errorf("TLS keep-alive: %d connections for 3 requests", px.accept.Load())
+	}
+	// Plain HTTP on a TLS port does not get through.
+	resp, err := newClient().Get("http://" + px.addr + "/")
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Error("plaintext request served on a TLS rule")
+		}
+	}
+}
+
+// TestSecurityEndToEndTLS is security 2: TLS on both legs, endpoint
+// certificates verified unless explicitly skipped.
+func TestSecurityEndToEndTLS(t *testing.T) {
+	pki := newPKI(t)
+	vipCert, vipKey, _ := pki.leaf(t, "vip", "127.0.0.71", "127.0.0.72", "127.0.0.73")
+	_, _, epPair := pki.leaf(t, "endpoint", "127.0.0.1")
+	other := newPKI(t) // a CA that did not sign the endpoint
+
+	b := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil {
+			http.Error(w, "want TLS", 400)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"ok":true,"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":0}}}`))
+	}))
+	b.TLS = &tls.Config{Certificates: []tls.Certificate{epPair}}
+	b.StartTLS()
+	defer b.Close()
+
+	cases := []struct {
+		name       string
+		vip        string
+		svc        Service
+		wantStatus int
+		wantCode   string
+	}{
+		{"verified", "127.0.0.71", Service{CAFile: pki.CAFile}, 200, ""},
+		{"unknown authority", "127.0.0.72", Service{CAFile: other.CAFile}, 502, "upstream_tls_error"},
+		{"explicit insecure skip", "127.0.0.73", Service{CAFile: other.CAFile, InsecureSkipVerify: true}, 200, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := tc.svc
+			svc.Security, svc.CertFile, svc.KeyFile = SecurityE2ETLS, vipCert, vipKey
+			p := newStaticPicker(hostPort(b))
+			px := startProxy(t, tc.vip, Config{}, svc, p)
+			resp, err := tlsClient(pki).Post("https://"+px.addr+"/v1/completions", "application/json", strings.NewReader(`{}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tc.wantStatus {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.wantStatus)
+			}
+			if tc.wantCode != "" {
+				eb := readErrorBody(t, resp)
+				if eb.Code != tc.wantCode || !strings.Contains(eb.Message, "certificate") || !strings.Contains(eb.Message, hostPort(b)) {
+					t.Errorf("error %+v: want code %s and a message naming the certificate problem and the endpoint", eb, tc.wantCode)
+				}
+				r := p.waitResult(t)
+				if r.Class != ClassTLS {
+					t.Errorf("class %q, want tls", r.Class)
+				}
+				return
+			}
+			resp.Body.Close()
+			if r := p.waitResult(t); !r.HasCachedTokens || r.PromptTokens != 3 {
+				t.Errorf("usage over TLS: %+v", r)
+			}
+		})
+	}
+}
