@@ -199,3 +199,43 @@ func TestTRTLLMBlockSizeMismatch(t *testing.T) {
 		t.Fatalf("inventory = %v", got)
 	}
 }
+
+func TestTRTLLMErrorsAndRestart(t *testing.T) {
+	ts := newTRTServer(t, "")
+	var failing sync.Mutex
+	fail := true
+	// Wrap the handler: the first drains fail with HTTP 500.
+	inner := ts.srv.Config.Handler
+	ts.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		failing.Lock()
+		f := fail
+		failing.Unlock()
+		if f && r.URL.Path == "/kv_cache_events" {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		inner.ServeHTTP(w, r)
+	})
+	ts.push(string(loadTRTBody(t)))
+	h := startManager(t, fastConfig(), trtSpec(ts.port(t), 32))
+	waitFor(t, "recv errors", func() bool { return h.status(4, 1).RecvErrors >= 2 })
+	if h.status(4, 1).Connected {
+		t.Fatal("connected while drains fail")
+	}
+	failing.Lock()
+	fail = false
+	failing.Unlock()
+	waitFor(t, "drained", func() bool { return h.status(4, 1).Ranks[0].LastSeq == 3 && h.status(4, 1).Connected })
+	if len(h.sink.keys(4, 1, 0)) != 1 {
+		t.Fatal("vector not applied")
+	}
+	// The engine restarts: event ids start over with "created".
+	ts.push(`[{"event_id":0,"window_size":4096,"data":{"type":"created","num_blocks_per_cache_level":[4096,0]}},
+	 {"event_id":1,"window_size":4096,"data":{"type":"stored","parent_hash":null,"blocks":[{"type":"stored_block","block_hash":5,"tokens":` + tokensJSON(500, 32) + `}]}}]`)
+	bh, _ := blockhash.New(blockhash.Config{Algo: blockhash.BlockHashTRTLLM, BlockSize: 32})
+	_, k := bh.Next(blockhash.Digest{}, seqTokens(500, 32))
+	waitFor(t, "restart applied", func() bool { return slices.Equal(h.sink.keys(4, 1, 0), []uint64{k}) })
+	if st := h.status(4, 1); st.Resets < 2 || st.Degraded {
+		t.Fatalf("status = %+v", st)
+	}
+}

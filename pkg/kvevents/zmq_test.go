@@ -432,3 +432,26 @@ func TestParityMismatchEndToEnd(t *testing.T) {
 		t.Fatalf("%d parity warnings logged, want exactly 1", n)
 	}
 }
+
+func TestGapReplayTimeout(t *testing.T) {
+	p := newPublisher(t)
+	rs := newReplayServer(t, true)
+	rs.mu.Lock()
+	rs.silence = true
+	rs.mu.Unlock()
+	spec := vllmSpec(p.port)
+	spec.ReplayEndpoint = fmt.Sprintf("tcp://127.0.0.1:%d", rs.port)
+	cfg := fastConfig()
+	cfg.ReplayTimeout = 100 * time.Millisecond
+	h := startManager(t, cfg, spec)
+	p.handshake(h, 7, 2, 0, 1, storedBatch(1))
+	p.send(3, storedBatch(3))
+	waitFor(t, "seq 3", func() bool { return h.status(7, 2).Ranks[0].LastSeq == 3 })
+	st := h.status(7, 2)
+	if !st.Degraded || st.Gaps != 1 || st.ReplayFailures < 2 || !strings.Contains(st.Ranks[0].LastError, "timed out") {
+		t.Fatalf("status = %+v", st)
+	}
+	if got := h.sink.keys(7, 2, 0); !slices.Equal(got, []uint64{1, 3}) {
+		t.Fatalf("inventory = %v", got)
+	}
+}
