@@ -8,29 +8,31 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 )
 
 // config is everything the daemon reads at start-up: flags first, then the
 // documented environment variables. All are read once; restart to change.
 type config struct {
-	apiAddr      string
-	apiTokenFile string
-	apiToken     string
-	tlsCert      string
-	tlsKey       string
-	stateDir     string
-	tokenizerDir string
-	interfaces   []string
-	noDataplane  bool
-	bpfPinPath   string
-	metrics      bool
-	proxyCert    string
-	proxyKey     string
-	proxyCA      string
-	maxBodyBytes int64
-	logLevel     slog.Level
-	logJSON      bool
-	showVersion  bool
+	apiAddr        string
+	apiTokenFile   string
+	apiToken       string
+	tlsCert        string
+	tlsKey         string
+	stateDir       string
+	tokenizerDir   string
+	interfaces     []string
+	noDataplane    bool
+	bpfPinPath     string
+	metrics        bool
+	proxyCert      string
+	proxyKey       string
+	proxyCA        string
+	maxBodyBytes   int64
+	scrapeInterval time.Duration
+	logLevel       slog.Level
+	logJSON        bool
+	showVersion    bool
 }
 
 func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer) (*config, error) {
@@ -57,6 +59,7 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	fs.StringVar(&c.proxyKey, "proxy-tls-key", "", "private key (PEM) for --proxy-tls-cert")
 	fs.StringVar(&c.proxyCA, "proxy-tls-ca", "", "CA (PEM) that endpoint certificates are verified against for security 2 (default: system roots)")
 	fs.Int64Var(&c.maxBodyBytes, "proxy-max-body", 32<<20, "largest request body the mode-4 proxy accepts (413 beyond)")
+	fs.DurationVar(&c.scrapeInterval, "engine-metrics-interval", time.Second, "how often mode-4 endpoints' /metrics are read for load-aware routing")
 	fs.BoolVar(&c.metrics, "metrics", false, "enable the Prometheus export at start (otherwise POST /netlox/v1/config/metrics)")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&format, "log-format", "text", "text or json")

@@ -84,9 +84,13 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
+	scraper, err := gateway.NewScraper(gateway.ScraperConfig{Interval: cfg.scrapeInterval}, logger, reg)
+	if err != nil {
+		return err
+	}
 	seed := getenv(lbrule.SeedEnv)
 	gw, err := gateway.New(gateway.Config{Seed: seed, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
-		Proxy: proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}}, tokens, index, rt, prober, nil, logger, reg)
+		Proxy: proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}}, tokens, index, rt, prober, scraper, logger, reg)
 	if err != nil {
 		return err
 	}
@@ -99,6 +103,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	ctl := control.New(st, lbrule.LookupEnv(env), logger)
 	ctl.AddReconciler(&gateway.HealthReconciler{Prober: prober})
 	ctl.AddReconciler(&gateway.KVReconciler{Subs: events, Inv: index, Seed: seed})
+	ctl.AddReconciler(scraper)
 	ctl.AddReconciler(gw)
 
 	caps := &capabilities{env: env}
@@ -107,7 +112,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	runners := []runner{{"kvindex", index.Run}, {"kvevents", events.Run}, {"health", prober.Run}, {"proxy", px.Serve}}
+	runners := []runner{{"kvindex", index.Run}, {"kvevents", events.Run}, {"health", prober.Run}, {"engine-metrics", scraper.Run}, {"proxy", px.Serve}}
 	var wg sync.WaitGroup
 	errc := make(chan error, len(runners)+1)
 	for _, r := range runners {
@@ -257,4 +262,3 @@ func (c *capabilities) list() []api.Capability {
 	}
 	return out
 }
-

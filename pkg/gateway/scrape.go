@@ -1,0 +1,278 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/selector"
+)
+
+// engineMetricNames maps each engine's Prometheus names onto the three load
+// signals the selectors and the router use. Several names per signal cover
+// renames across engine releases; values of one name are summed over labels
+// (several model names or DP ranks on one server).
+var engineMetricNames = map[string]struct{ running, waiting, kv []string }{
+	"vllm":     {[]string{"vllm:num_requests_running"}, []string{"vllm:num_requests_waiting"}, []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}},
+	"sglang":   {[]string{"sglang:num_running_reqs"}, []string{"sglang:num_queue_reqs"}, []string{"sglang:token_usage"}},
+	"trtllm":   {[]string{"trtllm:num_requests_running"}, []string{"trtllm:num_requests_waiting"}, []string{"trtllm:kv_cache_usage_perc"}},
+	"llamacpp": {[]string{"llamacpp:requests_processing"}, []string{"llamacpp:requests_deferred"}, []string{"llamacpp:kv_cache_usage_ratio"}},
+}
+
+// ScraperConfig tunes the engine-metrics scraper.
+type ScraperConfig struct {
+	Interval time.Duration // default 1s
+	Timeout  time.Duration // per scrape, default 500ms
+	// MaxAge: a sample older than this is ignored (default 3 intervals), so
+	// a dead metrics endpoint never pins a stale load on a worker.
+	MaxAge  time.Duration
+	MaxBody int64 // default 4 MiB
+}
+
+// Scraper polls every mode-4 endpoint's /metrics and serves the latest load
+// signals to the gateway (EngineMetrics). It is a control.Reconciler (the
+// target set follows the rules) with a Run loop.
+type Scraper struct {
+	cfg    ScraperConfig
+	client *http.Client
+	logger *slog.Logger
+	errs   *prometheus.CounterVec
+
+	mu      sync.RWMutex
+	targets map[epKey]scrapeTarget
+	samples map[epKey]sample
+}
+
+type epKey struct {
+	service uint32
+	ep      int
+}
+
+type scrapeTarget struct {
+	url    string
+	engine string
+}
+
+type sample struct {
+	m  selector.EngineMetrics
+	at time.Time
+}
+
+var _ EngineMetrics = (*Scraper)(nil)
+var _ control.Reconciler = (*Scraper)(nil)
+
+// NewScraper builds a scraper.
+func NewScraper(cfg ScraperConfig, logger *slog.Logger, reg prometheus.Registerer) (*Scraper, error) {
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 500 * time.Millisecond
+	}
+	if cfg.MaxAge <= 0 {
+		cfg.MaxAge = 3 * cfg.Interval
+	}
+	if cfg.MaxBody <= 0 {
+		cfg.MaxBody = 4 << 20
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	s := &Scraper{cfg: cfg, logger: logger, targets: map[epKey]scrapeTarget{}, samples: map[epKey]sample{},
+		errs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_engine_scrape_errors_total",
+			Help: "Failed scrapes of an engine's /metrics (load signals for gpu-aware selection and the KV load blend), by reason."},
+			[]string{"service", "ep", "reason"}),
+		// Load hints only: an https endpoint's certificate is not verified
+		// here (the proxy verifies it for traffic).
+		client: &http.Client{Timeout: cfg.Timeout, Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 1,
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}, //nolint:gosec // documented: metrics are hints
+	}
+	if reg != nil {
+		if err := reg.Register(s.errs); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Name implements control.Reconciler.
+func (s *Scraper) Name() string { return "engine-metrics" }
+
+// Reconcile implements control.Reconciler: every endpoint of a mode-4 rule is
+// scraped (P/D pools included: decode choice uses the same signals).
+func (s *Scraper) Reconcile(_ context.Context, services []control.Service) error {
+	next := map[epKey]scrapeTarget{}
+	for _, svc := range services {
+		r := svc.Rule
+		if r.Service.Mode != lbrule.ModeFullProxy {
+			continue
+		}
+		scheme := "http"
+		if r.Service.Security == lbrule.SecurityE2ETLS {
+			scheme = "https"
+		}
+		for i, ep := range r.Endpoints {
+			next[epKey{svc.ID, i}] = scrapeTarget{url: scheme + "://" + net.JoinHostPort(ep.IP, strconv.Itoa(ep.Port)) + "/metrics", engine: r.Engine()}
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, t := range s.targets {
+		if n, ok := next[k]; !ok || n != t {
+			delete(s.samples, k)
+			s.errs.DeletePartialMatch(prometheus.Labels{"service": strconv.FormatUint(uint64(k.service), 10), "ep": strconv.Itoa(k.ep)})
+		}
+	}
+	s.targets = next
+	return nil
+}
+
+// Metrics implements EngineMetrics.
+func (s *Scraper) Metrics(service uint32, ep int) (selector.EngineMetrics, bool) {
+	s.mu.RLock()
+	smp, ok := s.samples[epKey{service, ep}]
+	s.mu.RUnlock()
+	if !ok || time.Since(smp.at) > s.cfg.MaxAge {
+		return selector.EngineMetrics{}, false
+	}
+	return smp.m, true
+}
+
+// Run scrapes every target each interval until ctx ends.
+func (s *Scraper) Run(ctx context.Context) error {
+	t := time.NewTicker(s.cfg.Interval)
+	defer t.Stop()
+	for {
+		s.scrapeAll(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Scraper) scrapeAll(ctx context.Context) {
+	s.mu.RLock()
+	targets := make(map[epKey]scrapeTarget, len(s.targets))
+	for k, v := range s.targets {
+		targets[k] = v
+	}
+	s.mu.RUnlock()
+	var wg sync.WaitGroup
+	for k, t := range targets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, reason := s.scrape(ctx, t)
+			if reason != "" {
+				s.errs.WithLabelValues(strconv.FormatUint(uint64(k.service), 10), strconv.Itoa(k.ep), reason).Inc()
+				return
+			}
+			s.mu.Lock()
+			if s.targets[k] == t {
+				s.samples[k] = sample{m: m, at: time.Now()}
+			}
+			s.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+}
+
+func (s *Scraper) scrape(ctx context.Context, t scrapeTarget) (selector.EngineMetrics, string) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url, nil)
+	if err != nil {
+		return selector.EngineMetrics{}, "request"
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return selector.EngineMetrics{}, "unreachable"
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		return selector.EngineMetrics{}, "status_" + strconv.Itoa(resp.StatusCode)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, s.cfg.MaxBody))
+	if err != nil {
+		return selector.EngineMetrics{}, "read"
+	}
+	m, err := ParseEngineMetrics(t.engine, body)
+	if err != nil {
+		return selector.EngineMetrics{}, "no_load_metrics"
+	}
+	return m, ""
+}
+
+// ParseEngineMetrics reads an engine's Prometheus text exposition and
+// returns its load signals. It fails when none of the engine's running or
+// waiting gauges is present (a wrong port or an engine built without
+// metrics), so a misconfiguration is counted instead of read as idle.
+func ParseEngineMetrics(engine string, text []byte) (selector.EngineMetrics, error) {
+	names, ok := engineMetricNames[engine]
+	if !ok {
+		return selector.EngineMetrics{}, fmt.Errorf("no metric names for engine %q", engine)
+	}
+	sums := map[string]float64{}
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(text))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if len(line) == 0 || line[0] == '#' {
+			continue
+		}
+		end := bytes.IndexAny(line, "{ ")
+		if end <= 0 {
+			continue
+		}
+		name := string(line[:end])
+		rest := line[end:]
+		if rest[0] == '{' {
+			close := bytes.LastIndexByte(rest, '}')
+			if close < 0 {
+				continue
+			}
+			rest = rest[close+1:]
+		}
+		fields := strings.Fields(string(rest))
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			continue
+		}
+		sums[name] += v
+		seen[name] = true
+	}
+	pick := func(cands []string) (float64, bool) {
+		for _, n := range cands {
+			if seen[n] {
+				return sums[n], true
+			}
+		}
+		return 0, false
+	}
+	run, okR := pick(names.running)
+	wait, okW := pick(names.waiting)
+	kv, _ := pick(names.kv)
+	if !okR && !okW {
+		return selector.EngineMetrics{}, fmt.Errorf("engine %s: no running/waiting gauges in /metrics", engine)
+	}
+	return selector.EngineMetrics{Running: int(run), Waiting: int(wait), KVUsage: kv, Valid: true}, nil
+}

@@ -1,0 +1,75 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+)
+
+func TestParseEngineMetrics(t *testing.T) {
+	text := []byte(`# HELP vllm:num_requests_running x
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="a"} 3
+vllm:num_requests_running{model_name="b"} 1
+vllm:num_requests_waiting{model_name="a"} 2.0
+vllm:gpu_cache_usage_perc{model_name="a"} 0.5
+`)
+	m, err := ParseEngineMetrics("vllm", text)
+	if err != nil || m.Running != 4 || m.Waiting != 2 || m.KVUsage != 0.5 || !m.Valid {
+		t.Fatalf("%+v %v", m, err)
+	}
+	if _, err := ParseEngineMetrics("vllm", []byte("go_goroutines 12\n")); err == nil {
+		t.Error("a /metrics page without engine gauges must be an error")
+	}
+	if _, err := ParseEngineMetrics("tgi", text); err == nil {
+		t.Error("unknown engine accepted")
+	}
+	m, err = ParseEngineMetrics("sglang", []byte("sglang:num_running_reqs{tp_rank=\"0\"} 5\nsglang:num_queue_reqs 1\nsglang:token_usage 0.25\n"))
+	if err != nil || m.Running != 5 || m.Waiting != 1 || m.KVUsage != 0.25 {
+		t.Fatalf("sglang: %+v %v", m, err)
+	}
+}
+
+func TestScraperFollowsRules(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("vllm:num_requests_running 7\nvllm:num_requests_waiting 1\n"))
+	}))
+	defer srv.Close()
+	ap := netip.MustParseAddrPort(srv.Listener.Addr().String())
+	s, err := NewScraper(ScraperConfig{Interval: 20 * time.Millisecond}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := &lbrule.Rule{Service: lbrule.ServiceArgs{Mode: 4, KVEngine: "vllm"}, Endpoints: []lbrule.Endpoint{{IP: ap.Addr().String(), Port: int(ap.Port())}}}
+	if err := s.Reconcile(context.Background(), []control.Service{{ID: 3, Rule: rule}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Run(ctx); close(done) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if m, ok := s.Metrics(3, 0); ok {
+			if m.Running != 7 || m.Waiting != 1 {
+				t.Fatalf("%+v", m)
+			}
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, ok := s.Metrics(3, 0); !ok {
+		t.Fatal("no sample")
+	}
+	_ = s.Reconcile(context.Background(), nil)
+	if _, ok := s.Metrics(3, 0); ok {
+		t.Error("sample kept after the rule was removed")
+	}
+	cancel()
+	<-done
+}
