@@ -19,11 +19,12 @@ func parseConfig(b []byte) (Config, error) {
 		AddBOSToken    *bool           `json:"add_bos_token"`
 		AddEOSToken    *bool           `json:"add_eos_token"`
 		TokenizerClass string          `json:"tokenizer_class"`
+		SplitSpecial   bool            `json:"split_special_tokens"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return Config{}, fmt.Errorf("parse: %w", err)
 	}
-	c := Config{AddBOSToken: raw.AddBOSToken, AddEOSToken: raw.AddEOSToken, TokenizerClass: raw.TokenizerClass}
+	c := Config{AddBOSToken: raw.AddBOSToken, AddEOSToken: raw.AddEOSToken, TokenizerClass: raw.TokenizerClass, SplitSpecialTokens: raw.SplitSpecial}
 	var err error
 	for _, f := range []struct {
 		name string

@@ -51,6 +51,9 @@ type Config struct {
 	AddBOSToken    *bool
 	AddEOSToken    *bool
 	TokenizerClass string
+	// SplitSpecialTokens (split_special_tokens) makes transformers, and so
+	// the engines, tokenize special-token text as plain text.
+	SplitSpecialTokens bool
 }
 
 type encodeScratch struct {
@@ -122,10 +125,33 @@ func LoadJSON(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 	for id, s := range idToToken {
 		t.tokenToID[s] = id
 	}
-	for i, a := range raw.AddedTokens {
+	// Ids of added tokens are assigned the way HuggingFace's AddedVocabulary
+	// does when it loads tokenizer.json: the id of the same text in the
+	// vocabulary (or of an earlier added token), else the next free id
+	// after the vocabulary. The "id" field is not consulted; for files
+	// written by HuggingFace the two agree.
+	vocabSize := int64(len(idToToken))
+	maxAdded := int64(-1)
+	for i := range raw.AddedTokens {
+		a := &raw.AddedTokens[i]
 		if a.Content == "" {
 			return nil, fmt.Errorf("tokenizer.json: added_tokens[%d] (id %d) has empty content", i, a.ID)
 		}
+		if id, ok := t.tokenToID[a.Content]; ok {
+			a.ID = id
+		} else {
+			switch {
+			case maxAdded < 0:
+				a.ID = uint32(vocabSize)
+			case maxAdded >= vocabSize || vocabSize == 0:
+				a.ID = uint32(maxAdded + 1)
+			default:
+				a.ID = uint32(vocabSize)
+			}
+		}
+		maxAdded = max(maxAdded, int64(a.ID))
+	}
+	for _, a := range raw.AddedTokens {
 		idToToken[a.ID] = a.Content
 		t.tokenToID[a.Content] = a.ID
 		if a.Special {
@@ -145,6 +171,15 @@ func LoadJSON(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 	if len(tokenizerConfigJSON) > 0 {
 		if t.cfg, err = parseConfig(tokenizerConfigJSON); err != nil {
 			return nil, fmt.Errorf("tokenizer_config.json: %w", err)
+		}
+		if t.cfg.SplitSpecialTokens {
+			notSpecial := func(normalized bool) func(AddedToken) bool {
+				return func(a AddedToken) bool {
+					return !a.Special && (a.Normalized && t.normalizer != nil) == normalized
+				}
+			}
+			t.rawMatch = newAddedMatcher(raw.AddedTokens, notSpecial(false))
+			t.normMatch = newAddedMatcher(raw.AddedTokens, notSpecial(true))
 		}
 		if t.cfg.ChatTemplate != "" {
 			if t.chat, err = compileChatTemplate(t.cfg.ChatTemplate); err != nil {

@@ -247,6 +247,26 @@ function flattenContent(messages) {
   });
 }
 
+const FLAGS_TOKENIZER = {
+  version: '1.0', truncation: null, padding: null,
+  added_tokens: [
+    { id: 10, content: '<L>', single_word: false, lstrip: true, rstrip: false, normalized: false, special: true },
+    { id: 11, content: '<R>', single_word: false, lstrip: false, rstrip: true, normalized: false, special: true },
+    { id: 12, content: '<W>', single_word: true, lstrip: false, rstrip: false, normalized: false, special: false },
+    { id: 13, content: '<WW>', single_word: false, lstrip: false, rstrip: false, normalized: false, special: true },
+    { id: 14, content: '\u00fc', single_word: false, lstrip: false, rstrip: false, normalized: true, special: false },
+    { id: 3, content: 'W', single_word: false, lstrip: false, rstrip: false, normalized: false, special: false },
+    { id: 99, content: '<LR>', single_word: false, lstrip: true, rstrip: true, normalized: false, special: true },
+  ],
+  normalizer: { type: 'NFC' },
+  pre_tokenizer: { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true },
+  post_processor: null, decoder: null,
+  model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null, fuse_unk: false,
+    byte_fallback: false, ignore_merges: false, vocab: { a: 0, 'Ġ': 1, '<': 2, W: 3, '>': 4, 'Ġa': 5, u: 6, 'Ì': 7, 'Ī': 8 }, merges: ['Ġ a'] },
+};
+const FLAGS_CASES = ['a  <L>a', 'a<R>  a', 'a <W> a', 'a<W>a', '<W>', ' <W>', '<WW>', 'u\u0308a', '\u00fc', ' <L>', '<R> <R>', 'a\t<L> <R>\n a',
+  'a <LR> a', '\u3000<LR>\u3000', '<L><L>', 'W<W>W', '_<W>_', '\u00e9<W>', '<W>1', 'a\u2028<L>', '<R>\u00a0\u00a0a'];
+
 // ---------------------------------------------------------------- main
 async function main() {
   fs.mkdirSync(outDir, { recursive: true });
@@ -306,6 +326,18 @@ async function main() {
     }
   }
   fs.writeFileSync(path.join(outDir, 'chat.json'), JSON.stringify(chatOut, null, 1) + '\n');
+
+  // A synthetic tokenizer exercising the added-token flags (lstrip, rstrip,
+  // single_word, normalized) and HuggingFace's added-token id assignment.
+  {
+    const tj = JSON.stringify(FLAGS_TOKENIZER);
+    const tok = Tokenizer.fromString(tj);
+    const out = [];
+    for (const text of FLAGS_CASES) {
+      out.push({ text, ids: Array.from((await tok.encode(text, null, { addSpecialTokens: false })).getIds()) });
+    }
+    fs.writeFileSync(path.join(outDir, 'added_flags.json'), JSON.stringify({ tokenizer: FLAGS_TOKENIZER, cases: out }, null, 1) + '\n');
+  }
 
   for (const m of EXTRA_MODELS) {
     manifest.models[m.name] = { dir: 'pkg/tokenizer/testdata/extra/' + m.name, package: m.pkg + '@' + pkgVersion(m.pkg), sha256: m.sha256 };
