@@ -25,7 +25,7 @@ type fixture struct {
 	reg *prometheus.Registry
 }
 
-func newFixture(t *testing.T, rules ...*lbrule.Rule) fixture {
+func newFixture(t testing.TB, rules ...*lbrule.Rule) fixture {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	toks, err := tokenizer.NewRegistry(filepath.Join("..", "..", "testdata", "tokenizers"), nil, reg)

@@ -1,0 +1,88 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"runtime"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
+)
+
+// chatBody returns a chat request of roughly n tokens (system prompt, a few
+// turns, a long user message) for the Qwen3 tokenizer.
+func chatBody(n int) []byte {
+	var long strings.Builder
+	for i := 0; long.Len() < n*5; i++ {
+		fmt.Fprintf(&long, "Paragraph %d: the service routes each request to the worker that already holds its prefix, ", i)
+		long.WriteString("so prefill is skipped and time to first token drops. Ünïcödé, 中文, emoji 🚀 and code `x := y[i]`. ")
+	}
+	b, _ := json.Marshal(map[string]any{"model": "Qwen/Qwen3-0.6B", "messages": []map[string]string{
+		{"role": "system", "content": "You are a precise assistant for platform engineers."},
+		{"role": "user", "content": "Summarise the design."},
+		{"role": "assistant", "content": "It is a KV-cache-aware load balancer."},
+		{"role": "user", "content": long.String()},
+	}})
+	return b
+}
+
+// BenchmarkRoutingDecisionChat2k measures the whole routing decision for a
+// ~2k-token chat request: render the chat template, tokenize, hash every
+// full block, look up 8 endpoints' inventories (one warm) and score. It
+// reports p50 and p99 per decision.
+func BenchmarkRoutingDecisionChat2k(b *testing.B) {
+	r := rule(3, "Qwen/Qwen3-0.6B")
+	r.Endpoints = nil
+	for i := 0; i < 8; i++ {
+		r.Endpoints = append(r.Endpoints, lbrule.Endpoint{IP: fmt.Sprintf("127.0.0.%d", 100+i), Port: 8000, Weight: 1})
+	}
+	f := newFixture(b, r)
+	body := chatBody(2000)
+	rq := &proxy.Request{Service: 1, Method: "POST", Path: "/v1/chat/completions", Body: body, Model: "Qwen/Qwen3-0.6B"}
+	tok, err := f.g.tok.Get("Qwen/Qwen3-0.6B")
+	if err != nil {
+		b.Fatal(err)
+	}
+	rt, err := tok.EncodeRequest("vllm", rq.Path, body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	st := f.g.lookup(1)
+	keys := st.hasher.Keys(nil, rt.IDs)
+	// Endpoint 3 is warm with the whole prompt, the others with unrelated blocks.
+	f.ix.Store(1, 3, 0, keys)
+	for ep := 0; ep < 8; ep++ {
+		if ep != 3 {
+			f.ix.Store(1, ep, 0, st.hasher.Keys(nil, tokenizerNoise(tok, ep)))
+		}
+	}
+	f.g.cfg.SpeculativeTTL = -1 // measure the decision, not the speculative write
+	ctx := context.Background()
+	lat := make([]time.Duration, 0, b.N)
+	runtime.GC()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		p, err := f.g.Pick(ctx, rq)
+		lat = append(lat, time.Since(t0))
+		if err != nil || p.Candidates[0].Idx != 3 {
+			b.Fatalf("decision: %v %+v", err, p)
+		}
+	}
+	b.StopTimer()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	b.ReportMetric(float64(len(rt.IDs)), "tokens")
+}
+
+func tokenizerNoise(tok *tokenizer.Tokenizer, seed int) []uint32 {
+	return tok.Encode(strings.Repeat(fmt.Sprintf("unrelated text number %d about gardening. ", seed), 100), false)
+}
