@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"mime"
 	"net"
 	"net/http"
 	"net/netip"
@@ -132,7 +131,7 @@ func (ex *exchange) forward(body []byte) {
 			ex.fail(err)
 			return
 		}
-		ex.s.m.failover.WithLabelValues(ex.svc.label).Inc()
+		ex.svc.mx.failover.Inc()
 		ex.s.logger.Debug("proxy: connect failed, trying next endpoint",
 			"service", ex.svc.cfg.ID, "ep", ep.Idx, "next", cands[i+1].Idx, "err", err)
 	}
@@ -232,6 +231,7 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) {
 	ex.res.Streamed = streaming
 	tap := usageTap{sse: isEventStream(resp.Header), limit: ex.t.cfg.UsageScanBytes}
 	scan := tap.sse || isJSON(resp.Header)
+	defer tap.release()
 
 	ex.w.WriteHeader(resp.StatusCode)
 	ex.wrote = true
@@ -240,9 +240,8 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) {
 	var flusher http.Flusher
 	if streaming {
 		flusher, _ = ex.w.(http.Flusher)
-		g := ex.s.m.activeStreams.WithLabelValues(ex.svc.label)
-		g.Inc()
-		defer g.Dec()
+		ex.svc.mx.streams.Inc()
+		defer ex.svc.mx.streams.Dec()
 		if flusher != nil {
 			flusher.Flush() // headers out now: the first token may be seconds away
 		}
@@ -318,29 +317,41 @@ func (ex *exchange) finish() {
 		ex.wrote = true
 	}
 	ex.res.Duration = time.Since(ex.start)
-	svcLabel := "none"
+	svcLabel, epLabel := "none", "none"
+	m := ex.s.m
+	var em *epMetrics
 	if ex.svc != nil {
 		svcLabel = ex.svc.label
+		ex.svc.mx.duration.Observe(ex.res.Duration.Seconds())
+		if ex.res.Endpoint >= 0 {
+			em = ex.svc.mx.ep(ex.res.Endpoint)
+			epLabel = em.label
+		}
+	} else {
+		m.duration.WithLabelValues(svcLabel).Observe(ex.res.Duration.Seconds())
 	}
-	epLabel := "none"
-	if ex.res.Endpoint >= 0 {
-		epLabel = strconv.Itoa(ex.res.Endpoint)
+	switch {
+	case em != nil && ex.res.Status == http.StatusOK:
+		em.ok.Inc()
+	default:
+		m.requests.WithLabelValues(svcLabel, epLabel, strconv.Itoa(ex.res.Status)).Inc()
 	}
-	m := ex.s.m
-	m.requests.WithLabelValues(svcLabel, epLabel, strconv.Itoa(ex.res.Status)).Inc()
-	m.duration.WithLabelValues(svcLabel).Observe(ex.res.Duration.Seconds())
-	if ex.res.BytesIn > 0 {
+	if em != nil {
+		if ex.res.BytesIn > 0 {
+			em.bytesIn.Add(float64(ex.res.BytesIn))
+		}
+		if ex.res.BytesOut > 0 {
+			em.bytesOut.Add(float64(ex.res.BytesOut))
+		}
+	} else if ex.res.BytesIn > 0 {
 		m.bytes.WithLabelValues(svcLabel, epLabel, "in").Add(float64(ex.res.BytesIn))
 	}
-	if ex.res.BytesOut > 0 {
-		m.bytes.WithLabelValues(svcLabel, epLabel, "out").Add(float64(ex.res.BytesOut))
-	}
-	if ex.res.HasUsage {
-		cached := "no"
+	if ex.res.HasUsage && em != nil {
 		if ex.res.HasCachedTokens {
-			cached = "yes"
+			em.usage[1].Inc()
+		} else {
+			em.usage[0].Inc()
 		}
-		m.usageSeen.WithLabelValues(svcLabel, epLabel, cached).Inc()
 	}
 	if lg := ex.s.logger; lg.Enabled(ex.r.Context(), slog.LevelDebug) {
 		lg.LogAttrs(ex.r.Context(), slog.LevelDebug, "proxy: request",
@@ -412,22 +423,28 @@ func removeHop(h http.Header) {
 	}
 }
 
-func isEventStream(h http.Header) bool {
-	ct := h.Get("Content-Type")
-	if ct == "" {
-		return false
-	}
-	mt, _, err := mime.ParseMediaType(ct)
-	return err == nil && mt == "text/event-stream"
-}
+func isEventStream(h http.Header) bool { return mediaType(h) == "text/event-stream" }
 
 func isJSON(h http.Header) bool {
+	mt := mediaType(h)
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// mediaType returns the lower-cased media type of Content-Type without
+// parameters. mime.ParseMediaType would also parse (and allocate) the
+// parameters, which the proxy never needs.
+func mediaType(h http.Header) string {
 	ct := h.Get("Content-Type")
-	if ct == "" {
-		return false
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
 	}
-	mt, _, err := mime.ParseMediaType(ct)
-	return err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json"))
+	ct = strings.TrimSpace(ct)
+	for i := 0; i < len(ct); i++ {
+		if c := ct[i]; 'A' <= c && c <= 'Z' {
+			return strings.ToLower(ct)
+		}
+	}
+	return ct
 }
 
 func localAddr(r *http.Request) net.Addr {

@@ -3,6 +3,8 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -83,4 +85,53 @@ func (m *metrics) forget(service string) {
 	m.failover.DeletePartialMatch(l)
 	m.bytes.DeletePartialMatch(l)
 	m.usageSeen.DeletePartialMatch(l)
+}
+
+// svcMetrics caches one service's series handles, so the request path
+// does not hash label values on every request. It belongs to one
+// configuration snapshot; Update builds a new one.
+type svcMetrics struct {
+	m        *metrics
+	label    string
+	duration prometheus.Observer
+	streams  prometheus.Gauge
+	failover prometheus.Counter
+	eps      sync.Map // ep index -> *epMetrics
+}
+
+type epMetrics struct {
+	label    string
+	ok       prometheus.Counter // status 200, the common case
+	bytesIn  prometheus.Counter
+	bytesOut prometheus.Counter
+	usage    [2]prometheus.Counter // cached_tokens absent, present
+}
+
+func (m *metrics) forService(label string) *svcMetrics {
+	return &svcMetrics{
+		m:        m,
+		label:    label,
+		duration: m.duration.WithLabelValues(label),
+		streams:  m.activeStreams.WithLabelValues(label),
+		failover: m.failover.WithLabelValues(label),
+	}
+}
+
+func (sm *svcMetrics) ep(idx int) *epMetrics {
+	if v, ok := sm.eps.Load(idx); ok {
+		return v.(*epMetrics)
+	}
+	l := strconv.Itoa(idx)
+	em := &epMetrics{
+		label:    l,
+		ok:       sm.m.requests.WithLabelValues(sm.label, l, "200"),
+		bytesIn:  sm.m.bytes.WithLabelValues(sm.label, l, "in"),
+		bytesOut: sm.m.bytes.WithLabelValues(sm.label, l, "out"),
+		usage: [2]prometheus.Counter{
+			sm.m.usageSeen.WithLabelValues(sm.label, l, "no"),
+			sm.m.usageSeen.WithLabelValues(sm.label, l, "yes"),
+		},
+	}
+	v, _ := sm.eps.LoadOrStore(idx, em)
+	return v.(*epMetrics)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"sync"
 )
 
 // HeaderModel lets a client name the model without a JSON body; it wins
@@ -187,32 +188,77 @@ func (s *scanner) value(depth int) bool {
 	}
 }
 
-// usage is the subset of an OpenAI-style response the closed-loop check
-// needs.
-type usage struct {
-	Usage *struct {
-		PromptTokens        *int64 `json:"prompt_tokens"`
-		PromptTokensDetails *struct {
-			CachedTokens *int64 `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	} `json:"usage"`
-}
-
 // parseUsage extracts usage.prompt_tokens and
-// usage.prompt_tokens_details.cached_tokens from one JSON document.
+// usage.prompt_tokens_details.cached_tokens from one JSON document. It
+// walks the raw bytes instead of unmarshalling: it runs on every
+// response, and reflection-based decoding was a visible share of the
+// proxy's own CPU time.
 func parseUsage(b []byte, r *Result) {
-	var u usage
-	if json.Unmarshal(b, &u) != nil || u.Usage == nil {
-		return
+	u := jsonPath(b, "usage")
+	if len(u) == 0 || u[0] != '{' {
+		return // absent, or null as in vLLM's non-final stream chunks
 	}
 	r.HasUsage = true
-	if u.Usage.PromptTokens != nil {
-		r.PromptTokens = *u.Usage.PromptTokens
+	if v, ok := jsonInt(jsonPath(u, "prompt_tokens")); ok {
+		r.PromptTokens = v
 	}
-	if d := u.Usage.PromptTokensDetails; d != nil && d.CachedTokens != nil {
-		r.CachedTokens = *d.CachedTokens
-		r.HasCachedTokens = true
+	if v, ok := jsonInt(jsonPath(u, "prompt_tokens_details", "cached_tokens")); ok {
+		r.CachedTokens, r.HasCachedTokens = v, true
 	}
+}
+
+// jsonPath returns the raw value found by following object keys from the
+// top of b, or nil. At each level the first matching key is taken.
+func jsonPath(b []byte, path ...string) []byte {
+	s := scanner{b: b}
+	for _, key := range path {
+		s.ws()
+		if !s.eat('{') {
+			return nil
+		}
+		for {
+			s.ws()
+			ks, ke, ok := s.str()
+			if !ok {
+				return nil // '}' (key absent) or malformed
+			}
+			s.ws()
+			if !s.eat(':') {
+				return nil
+			}
+			s.ws()
+			if isKey(b[ks:ke], key) {
+				break
+			}
+			if !s.value(0) {
+				return nil
+			}
+			s.ws()
+			if !s.eat(',') {
+				return nil
+			}
+		}
+	}
+	start := s.i
+	if !s.value(0) {
+		return nil
+	}
+	return b[start:s.i]
+}
+
+// jsonInt parses a non-negative JSON integer of at most 18 digits.
+func jsonInt(v []byte) (int64, bool) {
+	if len(v) == 0 || len(v) > 18 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
 }
 
 // usageTap watches response bytes as they are relayed and extracts usage
@@ -226,17 +272,24 @@ type usageTap struct {
 	over    bool // current line / body exceeded limit; ignore it
 	matched bool // a usage-bearing document was parsed
 	res     Result
+	pooled  *[]byte
 }
 
 var usageKey = []byte(`"usage"`)
 
+var tapBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
 func (t *usageTap) Write(p []byte) {
+	if t.buf == nil {
+		t.pooled = tapBufPool.Get().(*[]byte)
+		t.buf = (*t.pooled)[:0]
+	}
 	if !t.sse {
 		if t.over {
 			return
 		}
 		if len(t.buf)+len(p) > t.limit {
-			t.over, t.buf = true, nil
+			t.over, t.buf = true, t.buf[:0]
 			return
 		}
 		t.buf = append(t.buf, p...)
@@ -277,6 +330,15 @@ func (t *usageTap) line(l []byte) {
 	if r.HasUsage {
 		t.res, t.matched = r, true
 	}
+}
+
+// release returns the scan buffer to the pool; the tap is unusable after.
+func (t *usageTap) release() {
+	if t.pooled != nil && cap(t.buf) <= 64<<10 {
+		*t.pooled = t.buf[:0]
+		tapBufPool.Put(t.pooled)
+	}
+	t.pooled, t.buf = nil, nil
 }
 
 // finish parses what is left and copies usage into r.

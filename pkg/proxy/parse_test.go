@@ -144,3 +144,51 @@ func FuzzModelOf(f *testing.F) {
 		}
 	})
 }
+
+func TestParseUsage(t *testing.T) {
+	cases := []struct {
+		body               string
+		has, hasCached     bool
+		prompt, cachedToks int64
+	}{
+		{`{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":8}}}`, true, true, 10, 8},
+		{`{"choices":[{"usage":{"prompt_tokens":1}}],"usage":{"prompt_tokens":3}}`, true, false, 3, 0},
+		{`{"usage":null}`, false, false, 0, 0},
+		{`{"usage":{"prompt_tokens_details":null,"prompt_tokens":4}}`, true, false, 4, 0},
+		{`{"usage":{"prompt_tokens":"x","prompt_tokens_details":{"cached_tokens":-1}}}`, true, false, 0, 0},
+		{`{"id":"a"}`, false, false, 0, 0},
+		{`{"usage":{"prompt_tokens":1`, false, false, 0, 0}, // truncated: ignored
+		{`garbage`, false, false, 0, 0},
+	}
+	for _, tc := range cases {
+		var r Result
+		parseUsage([]byte(tc.body), &r)
+		if r.HasUsage != tc.has || r.HasCachedTokens != tc.hasCached || r.PromptTokens != tc.prompt || r.CachedTokens != tc.cachedToks {
+			t.Errorf("%s: %+v", tc.body, r)
+		}
+	}
+}
+
+// FuzzUsageTap feeds arbitrary response bytes, split at an arbitrary
+// point, through both tap modes: no panic, and never usage invented
+// from a body that does not mention it.
+func FuzzUsageTap(f *testing.F) {
+	f.Add(`data: {"usage":{"prompt_tokens":1,"prompt_tokens_details":{"cached_tokens":1}}}`+"\n\n", 5)
+	f.Add(`{"usage":{"prompt_tokens":2}}`, 0)
+	f.Fuzz(func(t *testing.T, body string, split int) {
+		if split < 0 || split > len(body) {
+			split = len(body) / 2
+		}
+		for _, sse := range []bool{false, true} {
+			tap := usageTap{sse: sse, limit: 256}
+			tap.Write([]byte(body[:split]))
+			tap.Write([]byte(body[split:]))
+			var r Result
+			tap.finish(&r)
+			tap.release()
+			if r.HasUsage && !strings.Contains(body, "usage") {
+				t.Fatalf("usage found in %q", body)
+			}
+		}
+	})
+}

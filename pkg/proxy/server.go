@@ -65,6 +65,7 @@ type table struct {
 type service struct {
 	cfg       Service
 	label     string // metric label, the decimal ID
+	mx        *svcMetrics
 	scheme    string // to the endpoint: http or https
 	transport *http.Transport
 	serverTLS *tls.Config
@@ -92,13 +93,13 @@ func New(cfg Config, picker Picker, logger *slog.Logger, reg prometheus.Register
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("proxy config: %w", err)
 	}
-	t, err := buildTable(cfg, nil)
-	if err != nil {
-		return nil, fmt.Errorf("proxy config: %w", err)
-	}
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
+	}
+	t, err := buildTable(cfg, nil, m)
+	if err != nil {
+		return nil, fmt.Errorf("proxy config: %w", err)
 	}
 	s := &Server{
 		logger: logger,
@@ -124,7 +125,7 @@ func New(cfg Config, picker Picker, logger *slog.Logger, reg prometheus.Register
 	return s, nil
 }
 
-func buildTable(cfg Config, old *table) (*table, error) {
+func buildTable(cfg Config, old *table, m *metrics) (*table, error) {
 	t := &table{
 		cfg:    cfg,
 		byAddr: make(map[netip.AddrPort]*service, len(cfg.Services)),
@@ -132,7 +133,7 @@ func buildTable(cfg Config, old *table) (*table, error) {
 	}
 	var errs []error
 	for _, sc := range cfg.Services {
-		svc, err := buildService(cfg, sc, old)
+		svc, err := buildService(cfg, sc, old, m)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -151,8 +152,9 @@ func buildTable(cfg Config, old *table) (*table, error) {
 	return t, nil
 }
 
-func buildService(cfg Config, sc Service, old *table) (*service, error) {
+func buildService(cfg Config, sc Service, old *table, m *metrics) (*service, error) {
 	svc := &service{cfg: sc, label: strconv.FormatUint(uint64(sc.ID), 10), scheme: "http"}
+	svc.mx = m.forService(svc.label)
 	if sc.Security != SecurityPlain {
 		tc, err := sc.serverTLS()
 		if err != nil {
@@ -239,7 +241,7 @@ func (s *Server) Update(cfg Config) error {
 		s.logger.Warn("proxy: read-header and idle timeouts change only at restart",
 			"read_header_timeout", old.cfg.ReadHeaderTimeout, "idle_timeout", old.cfg.IdleTimeout)
 	}
-	nt, err := buildTable(cfg, old)
+	nt, err := buildTable(cfg, old, s.m)
 	if err != nil {
 		return fmt.Errorf("proxy config: %w", err)
 	}

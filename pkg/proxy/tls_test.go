@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"crypto/tls"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -68,6 +70,7 @@ func TestSecurityEndToEndTLS(t *testing.T) {
 		w.Write([]byte(`{"ok":true,"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":0}}}`))
 	}))
 	b.TLS = &tls.Config{Certificates: []tls.Certificate{epPair}}
+	b.Config.ErrorLog = log.New(io.Discard, "", 0) // the rejected handshake is expected
 	b.StartTLS()
 	defer b.Close()
 
