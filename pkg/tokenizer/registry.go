@@ -350,3 +350,28 @@ func (r *Registry) Status() []ModelStatus {
 	sort.Slice(out, func(i, j int) bool { return out[i].Slug < out[j].Slug })
 	return out
 }
+
+// LoadAll loads every tokenizer staged under the registry directory now,
+// rather than on each model's first request (loading a 10 MB
+// tokenizer.json takes a fraction of a second). Directory names are taken
+// as slugs; the model name reported is the slug with "__" turned back into
+// "/". It returns the resulting status; failures are logged and counted as
+// in Get.
+func (r *Registry) LoadAll() []ModelStatus {
+	des, err := os.ReadDir(r.dir)
+	if err != nil {
+		r.log.Warn("tokenizer directory unreadable", "dir", r.dir, "err", err)
+		return r.Status()
+	}
+	for _, de := range des {
+		if !de.IsDir() {
+			continue
+		}
+		model := strings.ReplaceAll(de.Name(), "__", "/")
+		if Slug(model) != de.Name() {
+			continue // names like "a___b" have no unambiguous model name
+		}
+		_, _ = r.Get(model)
+	}
+	return r.Status()
+}

@@ -172,3 +172,36 @@ func TestRegistryConcurrentGet(t *testing.T) {
 		}
 	}
 }
+
+func TestRegistryLoadAll(t *testing.T) {
+	dir := t.TempDir()
+	for _, slug := range []string{"org__good", "org__broken"} {
+		if err := os.MkdirAll(filepath.Join(dir, slug), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "org__good", "tokenizer.json"), minimalTokenizerJSON, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "org__broken", "tokenizer.json"), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRegistry(dir, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := r.LoadAll()
+	if len(st) != 2 {
+		t.Fatalf("status %+v", st)
+	}
+	byModel := map[string]ModelStatus{}
+	for _, s := range st {
+		byModel[s.Model] = s
+	}
+	if !byModel["org/good"].Loaded || byModel["org/broken"].Loaded || byModel["org/broken"].Reason != "invalid" {
+		t.Fatalf("status %+v", st)
+	}
+	if _, err := NewRegistry("", nil, nil); err == nil {
+		t.Fatal("empty dir accepted")
+	}
+}

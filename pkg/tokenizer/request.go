@@ -82,6 +82,7 @@ type RequestOptions struct {
 //     values keep their key order), then encoded without adding special
 //     tokens again (vLLM and TRT-LLM honour "add_special_tokens").
 //
+// vLLM and TRT-LLM apply truncate_prompt_tokens (keep the last k tokens).
 // Content parts are flattened for templates that expect string content:
 // text parts joined with "\n" (vLLM, TRT-LLM, llama.cpp) or " " (SGLang).
 func (t *Tokenizer) EncodeRequest(engine, path string, body []byte) (RequestTokens, error) {
@@ -107,6 +108,7 @@ type promptRequest struct {
 	LoRARequest          json.RawMessage `json:"lora_request"`
 	MultiModalData       json.RawMessage `json:"multi_modal_data"`
 	ImageData            json.RawMessage `json:"image_data"`
+	TruncatePromptTokens *int64          `json:"truncate_prompt_tokens"`
 }
 
 // EncodeRequestWith is EncodeRequest with deployment quirks.
@@ -145,6 +147,11 @@ func (t *Tokenizer) EncodeRequestWith(engine, path string, body []byte, opts Req
 	}
 	if err != nil {
 		return RequestTokens{}, err
+	}
+	// vLLM (and TRT-LLM, which shares its request schema) keep only the
+	// last k prompt tokens when truncate_prompt_tokens is set.
+	if k := req.TruncatePromptTokens; k != nil && *k > 0 && (engine == EngineVLLM || engine == EngineTRTLLM) && int64(len(out.IDs)) > *k {
+		out.IDs = out.IDs[int64(len(out.IDs))-*k:]
 	}
 	return out, nil
 }
@@ -408,6 +415,9 @@ func objectFields(raw json.RawMessage) ([]string, []json.RawMessage, error) {
 }
 
 func dropNullKeys(raw json.RawMessage) (json.RawMessage, error) {
+	if !bytes.Contains(raw, []byte("null")) {
+		return raw, nil
+	}
 	return rewriteMessages(raw, func(keys []string, vals []json.RawMessage) ([]string, []json.RawMessage) {
 		k2, v2 := keys[:0:0], vals[:0:0]
 		for i := range keys {
@@ -422,6 +432,9 @@ func dropNullKeys(raw json.RawMessage) (json.RawMessage, error) {
 // nullContentToEmpty turns a null content (assistant tool-call turns) into
 // an empty string, as vLLM's message parser and SGLang's chat handler do.
 func nullContentToEmpty(raw json.RawMessage) (json.RawMessage, error) {
+	if !bytes.Contains(raw, []byte("null")) {
+		return raw, nil
+	}
 	return rewriteMessages(raw, func(keys []string, vals []json.RawMessage) ([]string, []json.RawMessage) {
 		for i, k := range keys {
 			if k == "content" && string(bytes.TrimSpace(vals[i])) == "null" {

@@ -172,3 +172,33 @@ func TestRequestModel(t *testing.T) {
 		}
 	}
 }
+
+func TestEncodeRequestTruncate(t *testing.T) {
+	lt := loadStaged(t, "meta-llama__Llama-3.1-8B-Instruct")
+	full := lt.Encode("one two three four five", true)
+	got, err := lt.EncodeRequest(EngineVLLM, "/v1/completions", []byte(`{"prompt":"one two three four five","truncate_prompt_tokens":3}`))
+	if err != nil || !equalIDs(got.IDs, full[len(full)-3:]) {
+		t.Fatalf("vllm truncate: %v %v", got.IDs, err)
+	}
+	got, err = lt.EncodeRequest(EngineSGLang, "/v1/completions", []byte(`{"prompt":"one two three four five","truncate_prompt_tokens":3}`))
+	if err != nil || !equalIDs(got.IDs, full) {
+		t.Fatalf("sglang ignores truncate_prompt_tokens: %v %v", got.IDs, err)
+	}
+}
+
+// BenchmarkEncodeRequestChat measures a typical chat request end to end:
+// JSON parse, template render, encode.
+func BenchmarkEncodeRequestChat(b *testing.B) {
+	tk := loadStaged(b, "Qwen__Qwen3-0.6B")
+	body := []byte(`{"model":"Qwen/Qwen3-0.6B","messages":[{"role":"system","content":"You are a helpful assistant."},` +
+		`{"role":"user","content":"Summarise the design of a KV-cache aware load balancer in three sentences."},` +
+		`{"role":"assistant","content":"It tokenizes prompts, hashes blocks and routes to the endpoint holding the longest prefix."},` +
+		`{"role":"user","content":"And how are cache events consumed?"}],"tools":[{"type":"function","function":{"name":"lookup","description":"Look up a document.","parameters":{"type":"object","properties":{"id":{"type":"string"}},"required":["id"]}}}]}`)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := tk.EncodeRequest(EngineVLLM, "/v1/chat/completions", body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
