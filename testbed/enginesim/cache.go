@@ -138,12 +138,14 @@ func (c *blockCache) insert(hbs []hashedBlock, held []*cachedBlock) ([]*cachedBl
 		}
 	}
 	for _, r := range runs {
-		step := r.to - r.from
-		if c.perBlock {
-			step = 1
+		if !c.perBlock {
+			evs = append(evs, storedEvent(hbs, r.from, r.to, c.blockSize))
+			continue
 		}
-		for s := r.from; s < r.to; s += step {
-			evs = append(evs, storedEvent(hbs, s, s+step, c.blockSize))
+		for s := r.from; s < r.to; s++ {
+			// A page event reports its own length: a trailing partial
+			// page is shorter than the page size.
+			evs = append(evs, storedEvent(hbs, s, s+1, len(hbs[s].tokens)))
 		}
 	}
 	return held, evs

@@ -70,6 +70,10 @@ type Config struct {
 	BytesBlockHashes bool
 	// EventEncoding is map or array; default map for vLLM, array for SGLang.
 	EventEncoding string
+	// SGLangPartialPages caches and publishes a prompt's trailing partial
+	// page (block_size < page size) as SGLang does. It never matches a
+	// full-page lookup; off by default so inventories count full pages.
+	SGLangPartialPages bool
 
 	PrefillUsPerToken float64 // prefill cost per uncached prompt token, default 50
 	DecodeUsPerToken  float64 // decode cost per output token, default 20000

@@ -79,6 +79,12 @@ func TestZMQEventsReconstructCache(t *testing.T) {
 			e := startEngine(t, Config{Engine: eng, CapacityBlocks: 12, MaxRunning: 3}, Deps{})
 			sub := subscribe(t, e, 0, "")
 			workload(t, e, 40)
+			// Batches are numbered by the publisher goroutine; wait until it
+			// has sent everything the requests handed it.
+			waitFor(t, "publisher drained", func() bool {
+				r := e.Stats().Ranks[0]
+				return r.Published == r.Enqueued
+			})
 			set := map[uint64]bool{}
 			want := e.Stats().Ranks[0].NextSeq
 			for seq := uint64(0); seq < want; seq++ {

@@ -341,6 +341,7 @@ type RankStats struct {
 	Evictions   uint64 `json:"evictions"`
 	Uncacheable uint64 `json:"uncacheable_blocks"`
 	NextSeq     uint64 `json:"next_seq"`
+	Enqueued    uint64 `json:"batches_enqueued"`
 	Published   uint64 `json:"batches_published"`
 	Dropped     uint64 `json:"batches_dropped"`
 	Reordered   uint64 `json:"batches_reordered"`
@@ -397,6 +398,7 @@ func (e *Engine) Stats() Stats {
 		r.mu.Unlock()
 		if r.pub != nil {
 			rs.NextSeq = r.pub.currentSeq()
+			rs.Enqueued = r.pub.enqueued.Load()
 			rs.Published = r.pub.published.Load()
 			rs.Dropped = r.pub.dropped.Load()
 			rs.Reordered = r.pub.reordered.Load()

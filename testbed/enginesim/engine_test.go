@@ -387,3 +387,26 @@ func TestTimeModel(t *testing.T) {
 		t.Fatalf("delays %v, want %v", got, want)
 	}
 }
+
+func TestSGLangPartialPages(t *testing.T) {
+	e := startEngine(t, Config{Engine: EngineSGLang, SGLangPartialPages: true}, Deps{})
+	sub := subscribe(t, e, 0, "")
+	cachedTokens(t, do(t, "POST", e.URL()+"/v1/completions", map[string]any{"prompt": seqTokens(1, 20)}))
+	b := decodeBatch(t, sub.next(t).Frames[2])
+	if len(b.events) != 2 {
+		t.Fatalf("events %v", b.events)
+	}
+	last := b.events[1]
+	if bs := toI64(evField(last, "block_size", 4)); bs != 4 {
+		t.Fatalf("partial page block_size %d, want 4", bs)
+	}
+	if p := toU64(evField(last, "parent_block_hash", 2)); p != evKeys(b.events[0])[0] {
+		t.Fatalf("partial page parent %d", p)
+	}
+	if got := cachedTokens(t, do(t, "POST", e.URL()+"/v1/completions", map[string]any{"prompt": seqTokens(1, 20)})); got != 16 {
+		t.Fatalf("cached %d: only full pages match", got)
+	}
+	if n := e.Stats().BlocksUsed; n != 2 {
+		t.Fatalf("blocks %d", n)
+	}
+}

@@ -83,10 +83,16 @@ func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 			return err
 		}
 	}
+	toInsert := hbs
+	if sh, ok := e.hasher.(*sglangHasher); ok && e.cfg.SGLangPartialPages {
+		if pp, ok := sh.partialPage(p.tokens, hbs); ok {
+			toInsert = append(hbs[:len(hbs):len(hbs)], pp)
+		}
+	}
 	rk.mu.Lock()
 	var evs []kvEvent
 	before := len(held)
-	held, evs = rk.cache.insert(hbs, held)
+	held, evs = rk.cache.insert(toInsert, held)
 	e.emit(rk, evs)
 	rk.mu.Unlock()
 	e.activeBlocks.Add(int64(len(held) - before))

@@ -191,6 +191,25 @@ func (h *sglangHasher) hashBlocks(tokens []uint32) []hashedBlock {
 	return out
 }
 
+// partialPage hashes the trailing partial page of tokens (if any), chained
+// to the last full page, as SGLang does when it publishes it.
+func (h *sglangHasher) partialPage(tokens []uint32, full []hashedBlock) (hashedBlock, bool) {
+	rest := len(tokens) % h.pageSize
+	if rest == 0 {
+		return hashedBlock{}, false
+	}
+	var buf []byte
+	if len(full) > 0 {
+		buf = append(buf, full[len(full)-1].digest...)
+	}
+	page := tokens[len(tokens)-rest:]
+	for _, t := range page {
+		buf = binary.LittleEndian.AppendUint32(buf, t)
+	}
+	d := sha256.Sum256(buf)
+	return hashedBlock{key: binary.BigEndian.Uint64(d[:8]), digest: d[:], tokens: page}, true
+}
+
 // trtHasher implements TensorRT-LLM's v1 BlockKeyHasher for plain text blocks
 // (no extra token ids, LoRA, salt or multimodal keys); the root parent is 0.
 type trtHasher struct{ tokensPerBlock int }

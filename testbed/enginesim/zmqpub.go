@@ -50,7 +50,7 @@ type zmqPublisher struct {
 	qmu    sync.RWMutex // guards closed against sends on a closed queue
 	closed bool
 
-	published, dropped, reordered, replays, lost atomic.Uint64
+	enqueued, published, dropped, reordered, replays, lost atomic.Uint64
 }
 
 type pubConfig struct {
@@ -97,6 +97,9 @@ func (p *zmqPublisher) enqueue(it pubItem) {
 	if p.closed {
 		p.lost.Add(1)
 		return
+	}
+	if !it.reset {
+		p.enqueued.Add(1)
 	}
 	p.ch <- it
 }

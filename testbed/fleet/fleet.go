@@ -260,6 +260,9 @@ func Args(c enginesim.Config) []string {
 	if d.BytesBlockHashes {
 		a = append(a, "--bytes-block-hashes")
 	}
+	if d.SGLangPartialPages {
+		a = append(a, "--sglang-partial-pages")
+	}
 	return a
 }
 

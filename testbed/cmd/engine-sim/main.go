@@ -65,6 +65,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&c.HashAlgo, "hash-algo", "", "sha256_cbor | xxhash_cbor (vllm), sha256_sglang, blockhash_trtllm; default per engine")
 	fs.StringVar(&c.Seed, "seed", os.Getenv("PYTHONHASHSEED"), "vLLM NONE_HASH seed (PYTHONHASHSEED); empty: vllm-none-hash / random for xxhash")
 	fs.BoolVar(&c.BytesBlockHashes, "bytes-block-hashes", false, "vLLM: publish raw digests instead of u64 keys")
+	fs.BoolVar(&c.SGLangPartialPages, "sglang-partial-pages", false, "SGLang: also cache and publish a prompt's trailing partial page")
 	fs.StringVar(&c.EventEncoding, "event-encoding", "", "inner event encoding: map or array (default map for vllm, array for sglang)")
 	fs.Float64Var(&c.PrefillUsPerToken, "prefill-us-per-token", 50, "prefill cost per uncached prompt token, microseconds")
 	fs.Float64Var(&c.DecodeUsPerToken, "decode-us-per-token", 20000, "decode cost per output token, microseconds")
