@@ -1,0 +1,112 @@
+// Command llmbench runs the routing-quality benchmark: the real loxilb
+// daemon in front of emulated vLLM engines on loopback, every workload
+// under every routing arm, and writes report.json plus one SVG chart per
+// workload.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+
+	"github.com/loxilb-llm/loxilb/testbed/bench"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "llmbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		suite     = flag.String("suite", "default", "default or tiny")
+		seed      = flag.Uint64("seed", 20261129, "workload seed")
+		out       = flag.String("out", "", "directory for report.json and the SVG charts (none when empty)")
+		binDir    = flag.String("bin", "", "directory holding prebuilt loxilb and loxicmd (built into a temp dir when empty)")
+		workloads = flag.String("workloads", "", "comma-separated workload names to run (all when empty)")
+		arms      = flag.String("arms", "", "comma-separated arms to run: rr, chwbl, kv, kv-nospill (all when empty)")
+		loxicmd   = flag.Bool("loxicmd", false, "create rules with loxicmd instead of the REST API")
+		quiet     = flag.Bool("quiet", false, "no progress bar")
+	)
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	wd, _ := os.Getwd()
+	root, err := bench.FindRepoRoot(wd)
+	if err != nil {
+		return err
+	}
+	var s bench.Suite
+	switch *suite {
+	case "default":
+		s = bench.DefaultSuite(*seed)
+	case "tiny":
+		s = bench.TinySuite(*seed, 78)
+	default:
+		return fmt.Errorf("suite %q: want default or tiny", *suite)
+	}
+	if *workloads != "" {
+		s.Workloads = filter(s.Workloads, *workloads, func(w bench.Workload) string { return w.Name })
+		if len(s.Workloads) == 0 {
+			return errors.New("-workloads matched no workload")
+		}
+	}
+	if *arms != "" {
+		s.Arms = filter(s.Arms, *arms, func(a bench.Arm) string { return a.Name })
+		if len(s.Arms) == 0 {
+			return errors.New("-arms matched no arm")
+		}
+	}
+	var bins bench.Binaries
+	if *binDir != "" {
+		bins = bench.Binaries{Loxilb: filepath.Join(*binDir, "loxilb"), Loxicmd: filepath.Join(*binDir, "loxicmd")}
+	} else {
+		dir, err := os.MkdirTemp("", "llmbench-bin")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		fmt.Fprintln(os.Stderr, "building loxilb and loxicmd ...")
+		if bins, err = bench.BuildBinaries(ctx, root, dir); err != nil {
+			return err
+		}
+	}
+	o := bench.Options{Bin: bins, TokenizerDir: bench.DefaultTokenizerDir(root), UseLoxicmd: *loxicmd}
+	if !*quiet {
+		o.Progress = os.Stderr
+	}
+	rep, err := bench.Run(ctx, s, o)
+	if err != nil {
+		return err
+	}
+	rep.WriteTable(os.Stdout)
+	if *out != "" {
+		if err := rep.WriteFiles(*out); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "wrote %s/report.json and %d charts\n", *out, len(rep.Workloads))
+	}
+	return nil
+}
+
+func filter[T any](items []T, names string, name func(T) string) []T {
+	want := map[string]bool{}
+	for _, n := range strings.Split(names, ",") {
+		want[strings.TrimSpace(n)] = true
+	}
+	var out []T
+	for _, it := range items {
+		if want[name(it)] {
+			out = append(out, it)
+		}
+	}
+	return out
+}

@@ -1,0 +1,183 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Binaries are the product binaries under test.
+type Binaries struct {
+	Loxilb  string
+	Loxicmd string
+}
+
+// BuildBinaries compiles cmd/loxilb and loxicmd from the module at root into
+// dir.
+func BuildBinaries(ctx context.Context, root, dir string) (Binaries, error) {
+	b := Binaries{Loxilb: filepath.Join(dir, "loxilb"), Loxicmd: filepath.Join(dir, "loxicmd")}
+	for _, t := range [][2]string{{b.Loxilb, "./cmd/loxilb"}, {b.Loxicmd, "./loxicmd"}} {
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", t[0], t[1])
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return b, fmt.Errorf("build %s: %w\n%s", t[1], err, out)
+		}
+	}
+	return b, nil
+}
+
+// FindRepoRoot walks up from dir to the directory holding go.mod.
+func FindRepoRoot(dir string) (string, error) {
+	d, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d, nil
+		}
+		p := filepath.Dir(d)
+		if p == d {
+			return "", fmt.Errorf("no go.mod above %s", dir)
+		}
+		d = p
+	}
+}
+
+// daemon is one running loxilb process.
+type daemon struct {
+	port int
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	logs bytes.Buffer
+	done chan struct{}
+}
+
+func (d *daemon) Write(p []byte) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.logs.Len() < 4<<20 {
+		d.logs.Write(p)
+	}
+	return len(p), nil
+}
+
+// Logs returns the tail of what the daemon printed.
+func (d *daemon) Logs() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.logs.String()
+	if len(s) > 4000 {
+		s = s[len(s)-4000:]
+	}
+	return s
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startDaemon runs loxilb proxy-only (no BPF, no root) with its API on a
+// free loopback port and waits until the API answers.
+func startDaemon(ctx context.Context, bin, stateDir, tokenizerDir string, env []string) (*daemon, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	d := &daemon{port: port, done: make(chan struct{})}
+	d.cmd = exec.Command(bin, "--api-addr", fmt.Sprintf("127.0.0.1:%d", port), "--state-dir", stateDir,
+		"--no-dataplane", "--tokenizer-dir", tokenizerDir, "--metrics", "--log-level", "warn")
+	d.cmd.Env = append(os.Environ(), env...)
+	d.cmd.Stdout, d.cmd.Stderr = d, d
+	if err := d.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	go func() { _ = d.cmd.Wait(); close(d.done) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(d.url("/version"))
+		if err == nil {
+			resp.Body.Close()
+			return d, nil
+		}
+		select {
+		case <-d.done:
+			return nil, fmt.Errorf("daemon exited at start:\n%s", d.Logs())
+		case <-ctx.Done():
+			d.stop()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	d.stop()
+	return nil, fmt.Errorf("daemon API did not come up in 30s:\n%s", d.Logs())
+}
+
+func (d *daemon) url(path string) string {
+	return fmt.Sprintf("http://127.0.0.1:%d/netlox/v1%s", d.port, path)
+}
+
+// stop interrupts the daemon and waits (killing it after 10s).
+func (d *daemon) stop() {
+	select {
+	case <-d.done:
+		return
+	default:
+	}
+	_ = d.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-d.done:
+	case <-time.After(10 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.done
+	}
+}
+
+// metric sums the samples of a Prometheus metric in the daemon's export.
+func (d *daemon) metric(name string) (float64, error) {
+	resp, err := http.Get(d.url("/metrics"))
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	if resp.StatusCode != 200 {
+		return 0, fmt.Errorf("GET /metrics: %d", resp.StatusCode)
+	}
+	var sum float64
+	found := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != ' ' && line[len(name)] != '{') {
+			continue
+		}
+		var v float64
+		if _, err := fmt.Sscanf(line[strings.LastIndex(line, " ")+1:], "%g", &v); err == nil {
+			sum += v
+			found = true
+		}
+	}
+	if !found {
+		return 0, errMetricAbsent
+	}
+	return sum, nil
+}
+
+var errMetricAbsent = errors.New("metric absent")

@@ -1,0 +1,214 @@
+package bench
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Percentiles of a latency distribution, in milliseconds.
+type Percentiles struct {
+	Mean float64 `json:"mean,omitempty"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+}
+
+// ArmResult is one arm's outcome on one workload.
+type ArmResult struct {
+	Arm      string `json:"arm"`
+	Label    string `json:"label"`
+	Requests int    `json:"requests"`
+	Errors   int    `json:"errors"`
+	// FirstError is the first failure seen, for diagnosis.
+	FirstError string `json:"first_error,omitempty"`
+	// HitRatio is hit_tokens/prompt_tokens summed over the engines' own
+	// counters (deltas of GET /sim/stats over the arm).
+	HitRatio     float64 `json:"hit_ratio"`
+	HitTokens    uint64  `json:"hit_tokens"`
+	PromptTokens uint64  `json:"prompt_tokens"`
+	// OfBound is HitRatio / Bound.FleetLRU.
+	OfBound float64 `json:"of_upper_bound"`
+	// TTFTms is time to the first streamed chunk at the client: queueing,
+	// the modelled prefill of the uncached tokens, one decode step, and the
+	// gateway's own work.
+	TTFTms          Percentiles `json:"ttft_ms"`
+	E2Ems           Percentiles `json:"e2e_ms"`
+	ThroughputRPS   float64     `json:"throughput_rps"`
+	OutputTokPerSec float64     `json:"output_tok_per_sec"`
+	WallSeconds     float64     `json:"wall_seconds"`
+	// PerEndpoint is requests served by each engine (its own counter).
+	PerEndpoint     []int   `json:"requests_per_endpoint"`
+	MaxOverMeanLoad float64 `json:"max_over_mean_load"`
+	// EndpointsPerGroup is the mean number of distinct endpoints a prefix
+	// group (burst, session, shared prefix) was routed to, from receipts.
+	EndpointsPerGroup float64        `json:"endpoints_per_group"`
+	Tiers             map[string]int `json:"receipt_tiers"`
+	Spills            int            `json:"spills"`
+}
+
+// WorkloadResult is one workload under every arm.
+type WorkloadResult struct {
+	Workload Workload    `json:"workload"`
+	Requests int         `json:"requests"`
+	Bound    Bound       `json:"upper_bound"`
+	Arms     []ArmResult `json:"arms"`
+}
+
+// Arm returns the named arm's result, or nil.
+func (w *WorkloadResult) Arm(name string) *ArmResult {
+	for i := range w.Arms {
+		if w.Arms[i].Arm == name {
+			return &w.Arms[i]
+		}
+	}
+	return nil
+}
+
+// Machine describes where the run happened.
+type Machine struct {
+	CPUs      int    `json:"nproc"`
+	CPUModel  string `json:"cpu_model"`
+	Kernel    string `json:"kernel"`
+	GoVersion string `json:"go"`
+	OS        string `json:"os"`
+}
+
+// Report is a whole run.
+type Report struct {
+	Suite     Suite            `json:"suite"`
+	Machine   Machine          `json:"machine"`
+	Started   time.Time        `json:"started"`
+	Elapsed   string           `json:"elapsed"`
+	Workloads []WorkloadResult `json:"workloads"`
+	Targets   []TargetResult   `json:"targets"`
+}
+
+// TargetResult is one acceptance target and whether the run met it.
+type TargetResult struct {
+	Workload string `json:"workload"`
+	Target   string `json:"target"`
+	Value    string `json:"value"`
+	Pass     bool   `json:"pass"`
+}
+
+// Workload names of the default suite the targets refer to.
+const (
+	WShared40  = "shared-prefix-40"
+	WShared100 = "shared-prefix-100"
+	WMultiTurn = "multi-turn"
+	WSiblings  = "sibling-bursts"
+	WHotPrefix = "hot-prefix"
+)
+
+// CheckTargets evaluates the acceptance targets on whatever workloads and
+// arms the report holds.
+func CheckTargets(r *Report) []TargetResult {
+	var out []TargetResult
+	for i := range r.Workloads {
+		w := &r.Workloads[i]
+		kv, rr := w.Arm(ArmKV.Name), w.Arm(ArmRR.Name)
+		switch w.Workload.Name {
+		case WShared100, WMultiTurn:
+			if kv != nil {
+				out = append(out, TargetResult{Workload: w.Workload.Name, Target: "KV-exact hit ratio >= 90% of the fleet-LRU bound",
+					Value: fmt.Sprintf("%.3f / %.3f = %.0f%%", kv.HitRatio, w.Bound.FleetLRU, 100*kv.OfBound), Pass: kv.OfBound >= 0.9})
+			}
+			if kv != nil && rr != nil && kv.TTFTms.P90 > 0 {
+				x := rr.TTFTms.P90 / kv.TTFTms.P90
+				out = append(out, TargetResult{Workload: w.Workload.Name, Target: "TTFT p90 >= 5x better than round robin",
+					Value: fmt.Sprintf("%.0f ms vs %.0f ms = %.1fx", kv.TTFTms.P90, rr.TTFTms.P90, x), Pass: x >= 5})
+			}
+		case WHotPrefix:
+			if kv != nil {
+				out = append(out, TargetResult{Workload: w.Workload.Name, Target: "no endpoint above 2x mean load (spill relief on)",
+					Value: fmt.Sprintf("max/mean %.2f %v", kv.MaxOverMeanLoad, kv.PerEndpoint), Pass: kv.MaxOverMeanLoad <= 2})
+			}
+		}
+	}
+	return out
+}
+
+// DescribeMachine reads nproc, the CPU model and the kernel release.
+func DescribeMachine() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	} else if out, err := exec.Command("uname", "-r").Output(); err == nil {
+		m.Kernel = strings.TrimSpace(string(out))
+	}
+	return m
+}
+
+// WriteFiles writes report.json and one SVG chart per workload into dir.
+func (r *Report) WriteFiles(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "report.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	for i := range r.Workloads {
+		svg := Chart(&r.Workloads[i], r.Suite.Fleet)
+		if err := os.WriteFile(filepath.Join(dir, r.Workloads[i].Workload.Name+".svg"), []byte(svg), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteTable prints the report as text tables.
+func (r *Report) WriteTable(w io.Writer) {
+	f := r.Suite.Fleet
+	fmt.Fprintf(w, "fleet: %d vLLM emulators x %d blocks of %d tokens (%d tokens total), prefill %.0f us/uncached token, decode %.0f ms/step, %d running/engine, time scale %g\n",
+		f.Engines, f.CapacityBlocks, f.BlockSize, f.TotalBlocks()*f.BlockSize, f.PrefillUsPerToken, f.DecodeUsPerToken/1000, f.MaxRunning, f.TimeScale)
+	fmt.Fprintf(w, "machine: %d CPUs, %s, kernel %s\n", r.Machine.CPUs, r.Machine.CPUModel, r.Machine.Kernel)
+	for _, wr := range r.Workloads {
+		fmt.Fprintf(w, "\n== %s: %s\n   %s\n   upper bound (one LRU cache of the fleet's capacity): %.3f   (unbounded cache: %.3f)\n",
+			wr.Workload.Name, wr.Workload.Title, wr.Workload.Description, wr.Bound.FleetLRU, wr.Bound.Unbounded)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "arm\thit ratio\tof bound\tTTFT p50 ms\tp90 ms\tp99 ms\treq/s\tper-endpoint requests\tmax/mean\teps/group\tspills\terrors\t")
+		for _, a := range wr.Arms {
+			fmt.Fprintf(tw, "%s\t%.3f\t%.0f%%\t%.1f\t%.1f\t%.1f\t%.1f\t%v\t%.2f\t%.2f\t%d\t%d\t\n", a.Arm, a.HitRatio, 100*a.OfBound,
+				a.TTFTms.P50, a.TTFTms.P90, a.TTFTms.P99, a.ThroughputRPS, a.PerEndpoint, a.MaxOverMeanLoad, a.EndpointsPerGroup, a.Spills, a.Errors)
+		}
+		tw.Flush()
+		for _, a := range wr.Arms {
+			if a.FirstError != "" {
+				fmt.Fprintf(w, "   %s first error: %s\n", a.Arm, a.FirstError)
+			}
+		}
+	}
+	if len(r.Targets) > 0 {
+		fmt.Fprintln(w, "\ntargets:")
+		for _, t := range r.Targets {
+			v := "MISSED"
+			if t.Pass {
+				v = "met"
+			}
+			fmt.Fprintf(w, "  [%s] %s: %s (%s)\n", v, t.Workload, t.Target, t.Value)
+		}
+	}
+}

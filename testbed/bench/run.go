@@ -1,0 +1,473 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/loxilb-llm/loxilb/pkg/router"
+	"github.com/loxilb-llm/loxilb/testbed/enginesim"
+)
+
+// Model is the served model of the benchmark rule; its tokenizer must be
+// staged in the tokenizer directory (testdata/tokenizers holds it).
+const Model = "Qwen/Qwen3-0.6B"
+
+// FleetConfig sizes the emulated fleet and its cost model.
+type FleetConfig struct {
+	Engines           int     `json:"engines"`
+	BlockSize         int     `json:"block_size"`
+	CapacityBlocks    int     `json:"capacity_blocks_per_engine"`
+	PrefillUsPerToken float64 `json:"prefill_us_per_uncached_token"`
+	DecodeUsPerToken  float64 `json:"decode_us_per_step"`
+	MaxRunning        int     `json:"max_running_per_engine"`
+	TimeScale         float64 `json:"time_scale"`
+	HashSeed          string  `json:"hash_seed"`
+	// Net is the third octet of the loopback addresses: engines listen on
+	// 127.0.Net.11.., the VIP is 127.0.Net.1.
+	Net     int `json:"loopback_net"`
+	Port    int `json:"engine_port"`
+	ZMQPort int `json:"kv_zmq_port"`
+	VIPPort int `json:"vip_port"`
+}
+
+// TotalBlocks is the fleet's KV capacity in blocks.
+func (f FleetConfig) TotalBlocks() int { return f.Engines * f.CapacityBlocks }
+
+func (f FleetConfig) host(i int) string { return fmt.Sprintf("127.0.%d.%d", f.Net, 11+i) }
+func (f FleetConfig) vipHost() string   { return fmt.Sprintf("127.0.%d.1", f.Net) }
+func (f FleetConfig) vip() string       { return fmt.Sprintf("%s:%d", f.vipHost(), f.VIPPort) }
+
+// Arm is one routing configuration under test.
+type Arm struct {
+	Name        string   `json:"name"`
+	Label       string   `json:"label"`
+	Select      string   `json:"select"` // loxicmd --select name
+	Sel         int      `json:"sel"`    // the same as the rule's sel number
+	KVExactMode int      `json:"kv_exact_mode"`
+	Env         []string `json:"env,omitempty"` // daemon environment
+}
+
+// Arms compared by the default suite.
+var (
+	ArmRR      = Arm{Name: "rr", Label: "round robin", Select: "rr", Sel: 0}
+	ArmCHWBL   = Arm{Name: "chwbl", Label: "chwbl (consistent hash, bounded load)", Select: "chwbl", Sel: 8}
+	ArmKV      = Arm{Name: "kv", Label: "KV-exact, spill relief on", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on"}}
+	ArmKVNoSpl = Arm{Name: "kv-nospill", Label: "KV-exact, spill relief off", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=off"}}
+)
+
+// DefaultArms returns the four arms in report order.
+func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl} }
+
+// Suite is one benchmark run.
+type Suite struct {
+	Name      string      `json:"name"`
+	Seed      uint64      `json:"seed"`
+	Fleet     FleetConfig `json:"fleet"`
+	Workloads []Workload  `json:"-"`
+	Arms      []Arm       `json:"arms"`
+}
+
+// Options are the run's collaborators.
+type Options struct {
+	Bin          Binaries
+	TokenizerDir string // holds <slug>/tokenizer.json for Model
+	// UseLoxicmd creates rules with the loxicmd binary instead of the REST
+	// API directly (the demo does, to show the user-facing path).
+	UseLoxicmd bool
+	Progress   io.Writer // progress bar; nil for none
+	Logger     *slog.Logger
+}
+
+// Run executes every workload under every arm and returns the report.
+func Run(ctx context.Context, s Suite, o Options) (*Report, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	f := s.Fleet
+	fl, err := startFleet(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	defer fl.close()
+	rep := &Report{Suite: s, Machine: DescribeMachine(), Started: time.Now().UTC()}
+	total := 0
+	for _, w := range s.Workloads {
+		total += w.Requests() * len(s.Arms)
+	}
+	pb := newProgress(o.Progress, total)
+	defer pb.finish()
+	for _, w := range s.Workloads {
+		wr := WorkloadResult{Workload: w, Requests: w.Requests(),
+			Bound: UpperBound(w.Trace(), f.BlockSize, f.TotalBlocks())}
+		for _, arm := range s.Arms {
+			pb.label(w.Name + "/" + arm.Name)
+			ar, err := runArm(ctx, s, o, fl, w, arm, pb)
+			if err != nil {
+				return rep, fmt.Errorf("workload %s, arm %s: %w", w.Name, arm.Name, err)
+			}
+			if wr.Bound.FleetLRU > 0 {
+				ar.OfBound = ar.HitRatio / wr.Bound.FleetLRU
+			}
+			wr.Arms = append(wr.Arms, ar)
+		}
+		rep.Workloads = append(rep.Workloads, wr)
+	}
+	rep.Elapsed = time.Since(rep.Started).Round(time.Millisecond).String()
+	rep.Targets = CheckTargets(rep)
+	return rep, nil
+}
+
+// fleet is the in-process engines of a run.
+type fleet struct {
+	cfg     FleetConfig
+	engines []*enginesim.Engine
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+func startFleet(ctx context.Context, f FleetConfig) (*fleet, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	fl := &fleet{cfg: f, cancel: cancel}
+	for i := 0; i < f.Engines; i++ {
+		c := enginesim.Config{Engine: enginesim.EngineVLLM, Model: Model,
+			Listen: fmt.Sprintf("%s:%d", f.host(i), f.Port), ZMQBind: f.host(i), ZMQPort: f.ZMQPort,
+			BlockSize: f.BlockSize, CapacityBlocks: f.CapacityBlocks, Seed: f.HashSeed,
+			PrefillUsPerToken: f.PrefillUsPerToken, DecodeUsPerToken: f.DecodeUsPerToken,
+			MaxRunning: f.MaxRunning, TimeScale: f.TimeScale, TimeScaleSet: true}
+		e, err := enginesim.New(c, enginesim.Deps{})
+		if err != nil {
+			fl.close()
+			return nil, fmt.Errorf("engine %d on %s: %w", i, c.Listen, err)
+		}
+		fl.engines = append(fl.engines, e)
+		fl.wg.Add(1)
+		go func() { defer fl.wg.Done(); _ = e.Run(ctx) }()
+	}
+	return fl, nil
+}
+
+func (fl *fleet) close() {
+	fl.cancel()
+	fl.wg.Wait()
+	for _, e := range fl.engines {
+		_ = e.Close()
+	}
+}
+
+func (fl *fleet) stats() []enginesim.Stats {
+	out := make([]enginesim.Stats, len(fl.engines))
+	for i, e := range fl.engines {
+		out[i] = e.Stats()
+	}
+	return out
+}
+
+// createRule installs the arm's mode-4 rule, through loxicmd or the API.
+func createRule(ctx context.Context, o Options, d *daemon, f FleetConfig, arm Arm) error {
+	if o.UseLoxicmd {
+		var eps []string
+		for i := 0; i < f.Engines; i++ {
+			eps = append(eps, f.host(i)+":1")
+		}
+		args := []string{"-p", fmt.Sprint(d.port), "create", "lb", f.vipHost(),
+			fmt.Sprintf("--tcp=%d:%d", f.VIPPort, f.Port), "--endpoints=" + strings.Join(eps, ","),
+			"--mode=fullproxy", "--select=" + arm.Select, "--model-name=" + Model}
+		if arm.KVExactMode != 0 {
+			args = append(args, fmt.Sprintf("--kv-exact-mode=%d", arm.KVExactMode), "--kv-engine-type=vllm",
+				fmt.Sprintf("--kv-zmq-port=%d", f.ZMQPort), fmt.Sprintf("--kv-block-size=%d", f.BlockSize))
+		}
+		cmd := exec.CommandContext(ctx, o.Bin.Loxicmd, args...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("loxicmd %s: %w\n%s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	var eps []string
+	for i := 0; i < f.Engines; i++ {
+		eps = append(eps, fmt.Sprintf(`{"endpointIP":%q,"targetPort":%d,"weight":1}`, f.host(i), f.Port))
+	}
+	kv := ""
+	if arm.KVExactMode != 0 {
+		kv = fmt.Sprintf(`,"kvExactMode":%d,"kvEngineType":"vllm","kvZmqPort":%d,"kvBlockSize":%d`, arm.KVExactMode, f.ZMQPort, f.BlockSize)
+	}
+	body := fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%d,"protocol":"tcp","mode":4,"sel":%d,"model_name":%q%s},"endpoints":[%s]}`,
+		f.vipHost(), f.VIPPort, arm.Sel, Model, kv, strings.Join(eps, ","))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url("/config/loadbalancer"), strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("create rule: %w", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("create rule: %d %s", resp.StatusCode, b)
+	}
+	return nil
+}
+
+// waitReady waits until the VIP answers and, for KV arms, every engine's
+// event feed is subscribed.
+func waitReady(ctx context.Context, d *daemon, f FleetConfig, arm Arm) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		ok := true
+		if arm.KVExactMode != 0 {
+			v, err := d.metric("loxilb_kv_subscriber_connected")
+			ok = err == nil && int(v) == f.Engines
+		}
+		if ok {
+			resp, err := http.Get("http://" + f.vip() + "/v1/models")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("rule not ready in 20s (VIP %s, event subscribers)\n%s", f.vip(), d.Logs())
+}
+
+// sample is one request's outcome at the client.
+type sample struct {
+	group   int
+	ttft    time.Duration
+	e2e     time.Duration
+	err     string
+	receipt router.Receipt
+	hasRcpt bool
+	out     int
+}
+
+func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm Arm, pb *progress) (ArmResult, error) {
+	f := s.Fleet
+	state, err := os.MkdirTemp("", "llmbench-state")
+	if err != nil {
+		return ArmResult{}, err
+	}
+	defer os.RemoveAll(state)
+	env := append([]string{"LLB_KV_NONE_HASH_SEED=" + f.HashSeed}, arm.Env...)
+	d, err := startDaemon(ctx, o.Bin.Loxilb, state, o.TokenizerDir, env)
+	if err != nil {
+		return ArmResult{}, err
+	}
+	defer d.stop()
+	if err := createRule(ctx, o, d, f, arm); err != nil {
+		return ArmResult{}, err
+	}
+	if err := waitReady(ctx, d, f, arm); err != nil {
+		return ArmResult{}, err
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512, MaxConnsPerHost: 0,
+		DisableCompression: true}, Timeout: 120 * time.Second}
+	defer client.CloseIdleConnections()
+	// One request shorter than a block loads the model's tokenizer in the
+	// gateway (a one-time start-up cost, not routing) and caches nothing.
+	if sm := doRequest(ctx, client, f.vip(), Req{Tokens: []uint32{1000, 1001, 1002}, MaxTokens: 1, Group: -1}); sm.err != "" {
+		return ArmResult{}, fmt.Errorf("warm-up request: %s", sm.err)
+	}
+	// Every arm starts cold: the engines drop their caches (and publish
+	// AllBlocksCleared), and counters are taken as deltas from here.
+	for _, e := range fl.engines {
+		e.Restart()
+	}
+	before := fl.stats()
+
+	var mu sync.Mutex
+	var samples []sample
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, st := range w.Streams {
+		if d := time.Until(start.Add(st.Start)); d > 0 {
+			select {
+			case <-ctx.Done():
+				wg.Wait()
+				return ArmResult{}, ctx.Err()
+			case <-time.After(d):
+			}
+		}
+		wg.Add(1)
+		go func(st Stream) {
+			defer wg.Done()
+			for k, r := range st.Reqs {
+				if k > 0 && st.Think > 0 {
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(st.Think):
+					}
+				}
+				sm := doRequest(ctx, client, f.vip(), r)
+				mu.Lock()
+				samples = append(samples, sm)
+				mu.Unlock()
+				pb.add(1)
+			}
+		}(st)
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	after := fl.stats()
+	spills, _ := d.metric("loxilb_pd_kv_tier15_spills_total")
+	return summarize(arm, samples, before, after, wall, spills), nil
+}
+
+// doRequest streams one completion and times its first token.
+func doRequest(ctx context.Context, c *http.Client, vip string, r Req) sample {
+	sm := sample{group: r.Group}
+	body, _ := json.Marshal(map[string]any{"model": Model, "prompt": r.Tokens, "max_tokens": r.MaxTokens, "stream": true})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+vip+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		sm.err = err.Error()
+		return sm
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Loxilb-Receipt", "1")
+	t0 := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		sm.err = err.Error()
+		return sm
+	}
+	defer resp.Body.Close()
+	if rc, err := router.ParseReceipt(resp.Header.Get("X-Loxilb-Route")); err == nil {
+		sm.receipt, sm.hasRcpt = rc, true
+	}
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		sm.err = fmt.Sprintf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+		return sm
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "data: ") || line == "data: [DONE]" {
+			continue
+		}
+		if sm.out == 0 {
+			sm.ttft = time.Since(t0)
+		}
+		sm.out++
+	}
+	sm.e2e = time.Since(t0)
+	if err := sc.Err(); err != nil {
+		sm.err = "stream: " + err.Error()
+	} else if sm.out == 0 {
+		sm.err = "stream carried no chunk"
+	}
+	return sm
+}
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted)) + 0.5)
+	if i >= len(sorted) {
+		i = len(sorted) - 1
+	}
+	if i > 0 && p*float64(len(sorted)) <= float64(i) {
+		i--
+	}
+	return sorted[i]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func summarize(arm Arm, samples []sample, before, after []enginesim.Stats, wall time.Duration, spills float64) ArmResult {
+	ar := ArmResult{Arm: arm.Name, Label: arm.Label, Requests: len(samples), WallSeconds: wall.Seconds(),
+		Tiers: map[string]int{}, Spills: int(spills)}
+	var ttfts, e2es []time.Duration
+	groups := map[int]map[int]bool{}
+	for _, s := range samples {
+		if s.err != "" {
+			ar.Errors++
+			if ar.FirstError == "" {
+				ar.FirstError = s.err
+			}
+			continue
+		}
+		ttfts = append(ttfts, s.ttft)
+		e2es = append(e2es, s.e2e)
+		if s.hasRcpt {
+			ar.Tiers[s.receipt.Tier]++
+			if s.group >= 0 && s.receipt.EP >= 0 {
+				if groups[s.group] == nil {
+					groups[s.group] = map[int]bool{}
+				}
+				groups[s.group][s.receipt.EP] = true
+			}
+		}
+	}
+	sort.Slice(ttfts, func(i, j int) bool { return ttfts[i] < ttfts[j] })
+	sort.Slice(e2es, func(i, j int) bool { return e2es[i] < e2es[j] })
+	ar.TTFTms = Percentiles{P50: ms(percentile(ttfts, .5)), P90: ms(percentile(ttfts, .9)), P99: ms(percentile(ttfts, .99))}
+	ar.E2Ems = Percentiles{P50: ms(percentile(e2es, .5)), P90: ms(percentile(e2es, .9)), P99: ms(percentile(e2es, .99))}
+	if len(ttfts) > 0 {
+		var sum time.Duration
+		for _, t := range ttfts {
+			sum += t
+		}
+		ar.TTFTms.Mean = ms(sum / time.Duration(len(ttfts)))
+	}
+	if len(groups) > 0 {
+		n := 0
+		for _, eps := range groups {
+			n += len(eps)
+		}
+		ar.EndpointsPerGroup = float64(n) / float64(len(groups))
+	}
+	var hit, prompt, out uint64
+	var total uint64
+	for i := range after {
+		dr := after[i].Requests - before[i].Requests
+		ar.PerEndpoint = append(ar.PerEndpoint, int(dr))
+		total += dr
+		hit += after[i].HitTokens - before[i].HitTokens
+		prompt += after[i].PromptTokens - before[i].PromptTokens
+		out += after[i].OutputTokens - before[i].OutputTokens
+	}
+	if prompt > 0 {
+		ar.HitRatio = float64(hit) / float64(prompt)
+	}
+	ar.PromptTokens, ar.HitTokens = prompt, hit
+	if wall > 0 {
+		ar.ThroughputRPS = float64(len(ttfts)) / wall.Seconds()
+		ar.OutputTokPerSec = float64(out) / wall.Seconds()
+	}
+	if total > 0 {
+		mean := float64(total) / float64(len(after))
+		maxv := 0
+		for _, v := range ar.PerEndpoint {
+			maxv = max(maxv, v)
+		}
+		ar.MaxOverMeanLoad = float64(maxv) / mean
+	}
+	return ar
+}
+
+// DefaultTokenizerDir is the tokenizers bundled with the repository.
+func DefaultTokenizerDir(root string) string { return filepath.Join(root, "testdata", "tokenizers") }
