@@ -22,6 +22,7 @@ type trtServer struct {
 	queue      [][]byte
 	drains     int
 	wrongVerb  int
+	failDrains bool // answer drains with HTTP 500
 }
 
 func newTRTServer(t *testing.T, serverInfo string) *trtServer {
@@ -46,6 +47,10 @@ func newTRTServer(t *testing.T, serverInfo string) *trtServer {
 			return
 		}
 		ts.drains++
+		if ts.failDrains {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		if len(ts.queue) == 0 {
 			fmt.Fprint(w, "[]")
@@ -202,29 +207,16 @@ func TestTRTLLMBlockSizeMismatch(t *testing.T) {
 
 func TestTRTLLMErrorsAndRestart(t *testing.T) {
 	ts := newTRTServer(t, "")
-	var failing sync.Mutex
-	fail := true
-	// Wrap the handler: the first drains fail with HTTP 500.
-	inner := ts.srv.Config.Handler
-	ts.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		failing.Lock()
-		f := fail
-		failing.Unlock()
-		if f && r.URL.Path == "/kv_cache_events" {
-			w.WriteHeader(http.StatusInternalServerError)
-			return
-		}
-		inner.ServeHTTP(w, r)
-	})
+	ts.failDrains = true
 	ts.push(string(loadTRTBody(t)))
 	h := startManager(t, fastConfig(), trtSpec(ts.port(t), 32))
 	waitFor(t, "recv errors", func() bool { return h.status(4, 1).RecvErrors >= 2 })
 	if h.status(4, 1).Connected {
 		t.Fatal("connected while drains fail")
 	}
-	failing.Lock()
-	fail = false
-	failing.Unlock()
+	ts.mu.Lock()
+	ts.failDrains = false
+	ts.mu.Unlock()
 	waitFor(t, "drained", func() bool { return h.status(4, 1).Ranks[0].LastSeq == 3 && h.status(4, 1).Connected })
 	if len(h.sink.keys(4, 1, 0)) != 1 {
 		t.Fatal("vector not applied")
