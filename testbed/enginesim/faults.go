@@ -19,6 +19,9 @@ type Faults struct {
 	DropProb float64 `json:"drop_prob"`
 	// ReorderBatches swaps each of the next N batches with the batch after it.
 	ReorderBatches int `json:"reorder_batches"`
+	// ReorderHoldMs bounds how long a held batch waits for a successor
+	// before it is sent anyway (default 200), so reordering never becomes loss.
+	ReorderHoldMs int `json:"reorder_hold_ms"`
 	// EventDelayMs delays every event batch by this many milliseconds.
 	EventDelayMs int `json:"event_delay_ms"`
 	// StallMs holds every inference request this long before serving it.
@@ -52,8 +55,8 @@ func (f *Faults) validate() error {
 	if f.FailStatus != 0 && (f.FailStatus < 400 || f.FailStatus > 599) {
 		return fmt.Errorf("fail_status %d: must be a 4xx or 5xx status", f.FailStatus)
 	}
-	if f.DropBatches < 0 || f.ReorderBatches < 0 || f.EventDelayMs < 0 || f.StallMs < 0 || f.CloseMidStream < 0 {
-		return fmt.Errorf("drop_batches, reorder_batches, event_delay_ms, stall_ms and close_mid_stream must not be negative")
+	if f.DropBatches < 0 || f.ReorderBatches < 0 || f.ReorderHoldMs < 0 || f.EventDelayMs < 0 || f.StallMs < 0 || f.CloseMidStream < 0 {
+		return fmt.Errorf("drop_batches, reorder_batches, reorder_hold_ms, event_delay_ms, stall_ms and close_mid_stream must not be negative")
 	}
 	return nil
 }
@@ -77,7 +80,7 @@ func (s *faultState) set(f Faults) {
 
 type batchAction struct {
 	drop, reorder bool
-	delay         time.Duration
+	delay, hold   time.Duration
 }
 
 func (s *faultState) batchAction(rng *rand.Rand) batchAction {
@@ -93,6 +96,10 @@ func (s *faultState) batchAction(rng *rand.Rand) batchAction {
 	case s.f.ReorderBatches > 0:
 		s.f.ReorderBatches--
 		a.reorder = true
+		a.hold = 200 * time.Millisecond
+		if s.f.ReorderHoldMs > 0 {
+			a.hold = time.Duration(s.f.ReorderHoldMs) * time.Millisecond
+		}
 	}
 	return a
 }

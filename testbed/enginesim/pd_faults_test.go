@@ -127,7 +127,9 @@ func TestVLLMPrefillDecode(t *testing.T) {
 
 func TestSGLangPrefillDecodeConcurrent(t *testing.T) {
 	pre := startEngine(t, Config{Engine: EngineSGLang, Role: RolePrefill}, Deps{})
-	dec := startEngine(t, Config{Engine: EngineSGLang, Role: RoleDecode, PDTimeout: 300 * time.Millisecond}, Deps{})
+	dec := startEngine(t, Config{Engine: EngineSGLang, Role: RoleDecode, PDTimeout: time.Minute}, Deps{})
+	// A second decode engine gives up quickly, for the refusal cases.
+	impatient := startEngine(t, Config{Engine: EngineSGLang, Role: RoleDecode, PDTimeout: 200 * time.Millisecond}, Deps{})
 	info := do(t, "GET", pre.URL()+"/get_server_info", nil)
 	bport, _ := info.json["disaggregation_bootstrap_port"].(json.Number).Int64()
 	if bport == 0 || info.json["disaggregation_mode"] != "prefill" {
@@ -152,7 +154,7 @@ func TestSGLangPrefillDecodeConcurrent(t *testing.T) {
 		t.Fatalf("decode without bootstrap: %d", r.status)
 	}
 	body["bootstrap_room"] = 12345
-	if r := do(t, "POST", dec.URL()+"/v1/completions", body); r.status != 400 || !strings.Contains(string(r.body), "12345") {
+	if r := do(t, "POST", impatient.URL()+"/v1/completions", body); r.status != 400 || !strings.Contains(string(r.body), "12345") {
 		t.Fatalf("decode without prefill leg: %d %s", r.status, r.body)
 	}
 	if r := do(t, "POST", pre.URL()+"/v1/completions", map[string]any{"prompt": "hi"}); r.status != 400 {
@@ -209,7 +211,7 @@ func TestFaultDropReorderReplayRestart(t *testing.T) {
 	if got := replay(t, e.ReplayPorts()[0], 0); len(got) != 3 || binary.BigEndian.Uint64(got[0][1]) != 0 {
 		t.Fatalf("replay after drop: %d replies", len(got))
 	}
-	r := do(t, "POST", e.URL()+"/sim/fault", map[string]any{"reorder_batches": 1})
+	r := do(t, "POST", e.URL()+"/sim/fault", map[string]any{"reorder_batches": 1, "reorder_hold_ms": 600000})
 	if r.status != 200 {
 		t.Fatalf("fault: %d %s", r.status, r.body)
 	}

@@ -121,8 +121,8 @@ func (p *zmqPublisher) send(e bufEntry) {
 func (p *zmqPublisher) run() {
 	defer close(p.done)
 	var held *bufEntry
-	// A held (reordered) batch is released after the next one, or after a
-	// short while if no batch follows, so reordering never becomes loss.
+	// A held (reordered) batch is released after the next one, or after
+	// the hold time if no batch follows, so reordering never becomes loss.
 	flush := time.NewTimer(time.Hour)
 	defer flush.Stop()
 	for {
@@ -172,7 +172,7 @@ func (p *zmqPublisher) run() {
 		case act.reorder && held == nil:
 			held = &e
 			p.reordered.Add(1)
-			flush.Reset(200 * time.Millisecond)
+			flush.Reset(act.hold)
 		default:
 			p.send(e)
 			if held != nil {

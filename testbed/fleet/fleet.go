@@ -248,6 +248,7 @@ func Args(c enginesim.Config) []string {
 		"--rand-seed", strconv.FormatUint(d.RandSeed, 10),
 		"--fault-drop-prob", ftoa(d.Faults.DropProb), "--fault-drop-batches", strconv.Itoa(d.Faults.DropBatches),
 		"--fault-reorder-batches", strconv.Itoa(d.Faults.ReorderBatches),
+		"--fault-reorder-hold-ms", strconv.Itoa(d.Faults.ReorderHoldMs),
 		"--fault-event-delay-ms", strconv.Itoa(d.Faults.EventDelayMs), "--fault-stall-ms", strconv.Itoa(d.Faults.StallMs),
 		"--fault-fail-requests", strconv.Itoa(d.Faults.FailRequests), "--fault-close-mid-stream", strconv.Itoa(d.Faults.CloseMidStream),
 	}

@@ -82,6 +82,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&f.DropProb, "fault-drop-prob", 0, "drop each event batch with this probability")
 	fs.IntVar(&f.DropBatches, "fault-drop-batches", 0, "drop the next N event batches")
 	fs.IntVar(&f.ReorderBatches, "fault-reorder-batches", 0, "swap each of the next N batches with its successor")
+	fs.IntVar(&f.ReorderHoldMs, "fault-reorder-hold-ms", 0, "longest wait of a held batch for its successor (default 200)")
 	fs.IntVar(&f.EventDelayMs, "fault-event-delay-ms", 0, "delay every event batch")
 	fs.IntVar(&f.StallMs, "fault-stall-ms", 0, "hold every request this long")
 	fs.IntVar(&f.FailRequests, "fault-fail-requests", 0, "fail the next N requests (-1: all)")
