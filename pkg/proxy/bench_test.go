@@ -12,7 +12,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -65,10 +68,99 @@ func benchProxy(b *testing.B, vip, backend string) string {
 	return ln.Addr().String()
 }
 
+// Environment of the proxy child process used by BenchmarkSideBySide.
+const (
+	envChildListen  = "LOXILB_PROXY_BENCH_CHILD_LISTEN"
+	envChildBackend = "LOXILB_PROXY_BENCH_CHILD_BACKEND"
+	// envChildProfile, if set in the benchmark's environment, makes the
+	// proxy process write a CPU profile there.
+	envChildProfile = "LOXILB_PROXY_BENCH_CPUPROFILE"
+)
+
+// TestMain turns the test binary into a bare proxy process when asked, so
+// the side-by-side benchmark can run the proxy in its own process exactly
+// like haproxy: the load generator and the backend then share one Go
+// runtime, and each proxy gets its own scheduler share from the kernel.
+func TestMain(m *testing.M) {
+	if listen := os.Getenv(envChildListen); listen != "" {
+		os.Exit(runBenchChild(listen, os.Getenv(envChildBackend)))
+	}
+	os.Exit(m.Run())
+}
+
+// runBenchChild serves until its stdin closes (the parent exited or is
+// done), then exits.
+func runBenchChild(listen, backend string) int {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cands := []Endpoint{{Idx: 0, Addr: backend}}
+	picker := PickerFunc(func(context.Context, *Request) (Plan, error) {
+		return Plan{Candidates: cands, Receipt: "bench"}, nil
+	})
+	cfg := Config{Services: []Service{{ID: 1, Listen: ln.Addr().(*net.TCPAddr).AddrPort()}}}
+	s, err := New(cfg, picker, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	if path := os.Getenv(envChildProfile); path != "" {
+		f, err := os.Create(path)
+		if err == nil && pprof.StartCPUProfile(f) == nil {
+			defer func() { pprof.StopCPUProfile(); f.Close() }()
+		}
+	}
+	fmt.Println("ready")
+	err = s.ServeListener(ctx, ln)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// startProxyProcess runs the proxy in a child process (see TestMain).
+func startProxyProcess(b *testing.B, vip, backend string) (string, int) {
+	b.Helper()
+	addr := freeAddrB(b, vip)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envChildListen+"="+addr, envChildBackend+"="+backend)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("start proxy process: %v", err)
+	}
+	b.Cleanup(func() {
+		stdin.Close()
+		_ = cmd.Wait()
+	})
+	line := make([]byte, 6)
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "ready\n" {
+		b.Fatalf("proxy process did not start (%q, %v): %s", line, err, stderr.String())
+	}
+	go func() { _, _ = io.Copy(io.Discard, out) }()
+	return addr, cmd.Process.Pid
+}
+
 // startHAProxy runs haproxy in the foreground as an HTTP reverse proxy to
 // backend, configured like the proxy (keep-alive both sides, connection
 // reuse, X-Forwarded-For). It skips the benchmark when haproxy is absent.
-func startHAProxy(b *testing.B, vip, backend string) string {
+func startHAProxy(b *testing.B, vip, backend string) (string, int) {
 	b.Helper()
 	bin, err := exec.LookPath("haproxy")
 	if err != nil {
@@ -112,7 +204,7 @@ backend be
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
 			c.Close()
-			return addr
+			return addr, cmd.Process.Pid
 		}
 		select {
 		case <-exited:
@@ -229,7 +321,7 @@ func BenchmarkThroughput(b *testing.B) {
 	}{
 		{"direct", func(*testing.B) string { return backend }},
 		{"proxy", func(b *testing.B) string { return benchProxy(b, "127.0.0.90", backend) }},
-		{"haproxy", func(b *testing.B) string { return startHAProxy(b, "127.0.0.91", backend) }},
+		{"haproxy", func(b *testing.B) string { a, _ := startHAProxy(b, "127.0.0.91", backend); return a }},
 	}
 	for _, tg := range targets {
 		b.Run(tg.name, func(b *testing.B) {
@@ -245,25 +337,30 @@ func BenchmarkThroughput(b *testing.B) {
 
 // BenchmarkSideBySide runs direct, proxy and haproxy in interleaved
 // rounds of the same size within one benchmark, so the machine's noise
-// hits all three alike, and reports the proxy/haproxy throughput ratio
+// hits all three alike. The proxy and haproxy each run as their own
+// process (2 threads each), the load generator and backend in this one.
+// It reports the proxy/haproxy throughput ratio
 // (goal ≥ 0.8) and the latency the proxy adds over a direct connection.
 // Run it with -benchtime=Nx: N is the number of rounds.
 func BenchmarkSideBySide(b *testing.B) {
 	const perRound = 4000
 	backend := hostPort(benchBackend(b))
-	direct := newLoadClient(backend)
-	prox := newLoadClient(benchProxy(b, "127.0.0.92", backend))
-	hap := newLoadClient(startHAProxy(b, "127.0.0.93", backend))
-	clients := []*loadClient{direct, prox, hap}
+	proxyAddr, proxyPID := startProxyProcess(b, "127.0.0.92", backend)
+	hapAddr, hapPID := startHAProxy(b, "127.0.0.93", backend)
+	clients := []*loadClient{newLoadClient(backend), newLoadClient(proxyAddr), newLoadClient(hapAddr)}
+	pids := []int{0, proxyPID, hapPID}
 	for _, lc := range clients {
 		lc.run(b, 2*benchConcurrency)
 	}
 	agg := make([]loadStats, len(clients))
+	cpu := make([]time.Duration, len(clients))
 	b.ResetTimer()
 	for round := range b.N {
 		for k := range clients {
 			i := (k + round) % len(clients) // rotate who goes first
+			c0 := procCPU(pids[i])
 			st := clients[i].run(b, perRound)
+			cpu[i] += procCPU(pids[i]) - c0
 			agg[i].n += st.n
 			agg[i].elapsed += st.elapsed
 			agg[i].lat = append(agg[i].lat, st.lat...)
@@ -275,9 +372,40 @@ func BenchmarkSideBySide(b *testing.B) {
 		b.ReportMetric(st.rps(), names[i]+"-req/s")
 		b.ReportMetric(float64(st.pct(0.5).Microseconds()), names[i]+"-p50-µs")
 		b.ReportMetric(float64(st.pct(0.99).Microseconds()), names[i]+"-p99-µs")
+		if pids[i] != 0 && cpu[i] > 0 {
+			b.ReportMetric(float64(cpu[i].Microseconds())/float64(st.n), names[i]+"-cpu-µs/req")
+		}
 	}
 	b.ReportMetric(agg[1].rps()/agg[2].rps(), "proxy/haproxy")
 	b.ReportMetric(float64((agg[1].pct(0.5) - agg[0].pct(0.5)).Microseconds()), "added-p50-µs")
+}
+
+// procCPU returns the user+system CPU time a process has used so far,
+// from /proc (clock ticks of 10 ms; rounds are long enough for that).
+func procCPU(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the parenthesised command name; utime and stime are
+	// the 14th and 15th fields of the whole line.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
 // BenchmarkModelOf measures the request parser on a chat body of about
