@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -60,4 +61,38 @@ func reportTokens(b *testing.B, n int) {
 	b.ReportMetric(float64(n), "tokens/op")
 	b.ReportMetric(nsPerOp/float64(n), "ns/token")
 	b.ReportMetric(float64(n)/(nsPerOp/1e9), "tokens/s")
+}
+
+// BenchmarkEncodePromptRegexp2 is BenchmarkEncodePrompt on the general
+// regexp2 pre-tokenizer path (the scanner switched off): the speed any
+// tokenizer with an unfamiliar Split pattern gets.
+func BenchmarkEncodePromptRegexp2(b *testing.B) {
+	prompt, err := os.ReadFile("testdata/bench_prompt.txt")
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := string(prompt)
+	for _, m := range parityModels {
+		b.Run(m.name, func(b *testing.B) {
+			tk, err := Load(filepath.Join(stagedDir, m.slug))
+			if err != nil {
+				b.Fatal(err)
+			}
+			pattern := qwenPattern
+			if m.name == "llama3_1" {
+				pattern = llama3Pattern
+			}
+			if tk.pre.(*preSequence).steps[0].(*splitPre).m, err = newRegexMatcher(pattern); err != nil {
+				b.Fatal(err)
+			}
+			n := len(tk.Encode(text, false))
+			buf := make([]uint32, 0, n)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				buf = tk.AppendEncode(buf[:0], text, false)
+			}
+			reportTokens(b, n)
+		})
+	}
 }
