@@ -58,7 +58,8 @@ type Engine struct {
 	advertiseHost string
 	engineID      string
 
-	rr                                       atomic.Uint64
+	rr, reqSeq                               atomic.Uint64
+	started                                  time.Time
 	requests, failed, promptTok, hitTok      atomic.Uint64
 	completed, outputTok, transfers, claimed atomic.Uint64
 	ctxReqID                                 atomic.Uint64
@@ -66,7 +67,6 @@ type Engine struct {
 	activeBlocks                             atomic.Int64 // blocks pinned by running requests
 
 	closeOnce sync.Once
-	closeErr  error
 }
 
 // New builds an engine and binds all its sockets (HTTP, ZMQ PUB and replay,
@@ -107,7 +107,8 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 	}
 	e.hasher = h
 	e.enc = zmqEncoder{engine: cfg.Engine, encoding: cfg.EventEncoding, intHashes: !cfg.BytesBlockHashes}
-	e.engineID = fmt.Sprintf("sim-%s-%x", cfg.Engine, time.Now().UnixNano())
+	e.started = time.Now()
+	e.engineID = fmt.Sprintf("sim-%s-%x", cfg.Engine, e.started.UnixNano())
 	e.pd = newPDStore()
 
 	ok := false
@@ -235,7 +236,7 @@ func (e *Engine) Close() error {
 		}
 		e.pd.close()
 	})
-	return e.closeErr
+	return nil
 }
 
 // Addr is the HTTP host:port.

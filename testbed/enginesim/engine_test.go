@@ -410,3 +410,15 @@ func TestSGLangPartialPages(t *testing.T) {
 		t.Fatalf("blocks %d", n)
 	}
 }
+
+func TestRoundRobinRanks(t *testing.T) {
+	e := startEngine(t, Config{Engine: EngineVLLM, DPRanks: 2}, Deps{})
+	for i := 0; i < 4; i++ {
+		cachedTokens(t, do(t, "POST", e.URL()+"/v1/completions", map[string]any{"prompt": seqTokens(1000*i, 16)}))
+	}
+	for _, r := range e.Cache().Ranks {
+		if len(r.Blocks) != 2 {
+			t.Fatalf("rank %d holds %d blocks, want 2 (round robin)", r.Rank, len(r.Blocks))
+		}
+	}
+}

@@ -101,7 +101,7 @@ func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 	if plan.prefillOnly {
 		outN = 1
 	}
-	extras := e.pdAfter(p, plan, n)
+	extras := e.pdAfter(p, plan)
 	out := outputTokens(p.tokens, outN)
 	u := usage{PromptTokens: len(p.tokens), CompletionTokens: outN, TotalTokens: len(p.tokens) + outN}
 	u.PromptTokensDetails.CachedTokens = cached

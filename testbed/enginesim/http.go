@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -308,7 +307,7 @@ func (e *Engine) parse(r *http.Request, chat bool) (*parsedRequest, error) {
 	}
 	p.requestID = r.Header.Get("X-Request-Id")
 	if p.requestID == "" {
-		p.requestID = fmt.Sprintf("%x", time.Now().UnixNano()^int64(e.rr.Add(1))<<40)
+		p.requestID = fmt.Sprintf("%x-%d", e.started.UnixNano(), e.reqSeq.Add(1))
 	}
 	return p, nil
 }

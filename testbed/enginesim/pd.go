@@ -352,7 +352,7 @@ func (e *Engine) fetchRemote(ctx context.Context, method, u string, p *parsedReq
 
 // pdAfter records a finished prefill leg and builds the parameters its
 // response carries.
-func (e *Engine) pdAfter(p *parsedRequest, plan pdPlan, _ int) pdExtras {
+func (e *Engine) pdAfter(p *parsedRequest, plan pdPlan) pdExtras {
 	if !plan.prefillOnly {
 		return pdExtras{}
 	}
