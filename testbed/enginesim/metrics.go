@@ -5,7 +5,9 @@ import (
 )
 
 // registerMetrics exposes the load and cache gauges under the engine's own
-// metric names, which is what gateways scrape.
+// metric names, which is what gateways scrape. reg is the engine's private
+// registry, as a separate engine process would have, never the host
+// program's: two emulated engines in one test binary must not collide.
 func (e *Engine) registerMetrics(reg prometheus.Registerer) error {
 	labels := prometheus.Labels{"model_name": e.cfg.Model}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
