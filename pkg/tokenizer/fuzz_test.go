@@ -60,3 +60,26 @@ func FuzzEncode(f *testing.F) {
 		}
 	})
 }
+
+// FuzzEncodeRequest: arbitrary request bodies (untrusted client input) must
+// give ids or an error, never a panic.
+func FuzzEncodeRequest(f *testing.F) {
+	for _, b := range []string{
+		`{"model":"m","prompt":"hi"}`, `{"prompt":[1,2,3]}`, `{"prompt":[[1],[2]]}`, `{"prompt":["a","b"],"add_special_tokens":false}`,
+		`{"messages":[{"role":"user","content":"hi"}]}`, `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"}]}],"cache_salt":"x"}`,
+		`{"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}],"tools":[{"type":"function"}]}`,
+		`{"messages":[],"chat_template_kwargs":{"enable_thinking":false},"continue_final_message":true}`, `{"prompt":"x","truncate_prompt_tokens":1}`,
+	} {
+		f.Add([]byte(b), uint8(0), true)
+	}
+	tk := loadStaged(f, "Qwen__Qwen3-0.6B")
+	engines := []string{EngineVLLM, EngineSGLang, EngineTRTLLM, EngineLlamaCPP}
+	f.Fuzz(func(t *testing.T, body []byte, engine uint8, chat bool) {
+		path := PathCompletions
+		if chat {
+			path = PathChatCompletions
+		}
+		_, _ = tk.EncodeRequest(engines[int(engine)%len(engines)], path, body)
+		_, _ = RequestModel(body)
+	})
+}
