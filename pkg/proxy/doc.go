@@ -10,7 +10,8 @@
 // program steers VIP traffic to. A connection's local address selects its
 // rule, so one listener may carry many rules.
 //
-// Out: requests to endpoints over one pooled HTTP/1.1 transport per rule;
+// Out: requests to endpoints over one pool of HTTP/1.1 keep-alive
+// connections per rule (upstream.go);
 // per-request outcomes (status, bytes, usage.prompt_tokens_details.
 // cached_tokens) back to the Picker through Plan.Done, so the router can
 // compare predicted with actual cache hits; in-flight counts per endpoint

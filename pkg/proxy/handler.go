@@ -145,7 +145,7 @@ func (ex *exchange) attempt(ep Endpoint, body []byte) (err error, retryable bool
 	inflight.Add(1)
 	defer inflight.Add(-1)
 
-	resp, err := ex.svc.transport.RoundTrip(ex.outbound(ep, body))
+	resp, err := ex.svc.up.roundTrip(ex.outbound(ep, body), ep.Addr)
 	if err != nil {
 		if ex.r.Context().Err() != nil {
 			return fmt.Errorf("%w: waiting for endpoint %s: %w", ErrClientCanceled, ep.Addr, err), false
@@ -159,7 +159,8 @@ func (ex *exchange) attempt(ep Endpoint, body []byte) (err error, retryable bool
 }
 
 // outbound builds the endpoint request. The body is replayed from the
-// buffer, so the transport can also retry on a stale pooled connection.
+// buffer, so a request whose write failed on a stale pooled connection
+// can be sent again on a fresh one.
 func (ex *exchange) outbound(ep Endpoint, body []byte) *http.Request {
 	r := ex.r
 	h := make(http.Header, len(r.Header)+2)

@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -67,7 +66,7 @@ type service struct {
 	label     string // metric label, the decimal ID
 	mx        *svcMetrics
 	scheme    string // to the endpoint: http or https
-	transport *http.Transport
+	up        *upstream
 	serverTLS *tls.Config
 	// transportKey identifies everything the transport was built from, so
 	// Update can keep the pooled connections when nothing relevant changed.
@@ -182,38 +181,13 @@ func buildService(cfg Config, sc Service, old *table, m *metrics) (*service, err
 	if old != nil {
 		for _, o := range old.list {
 			if o.cfg.ID == sc.ID && o.transportKey == svc.transportKey {
-				svc.transport = o.transport
+				svc.up = o.up
 				return svc, nil
 			}
 		}
 	}
-	svc.transport = newTransport(cfg, upTLS)
+	svc.up = newUpstream(cfg, upTLS)
 	return svc, nil
-}
-
-// newTransport builds the pooled client for one service. HTTP/1.1 only:
-// engines speak it, and one connection per in-flight request keeps a slow
-// stream from blocking its siblings the way a shared HTTP/2 connection's
-// flow control can. Compression is left to the client and the engine;
-// the proxy neither adds Accept-Encoding nor decodes bodies.
-func newTransport(cfg Config, upTLS *tls.Config) *http.Transport {
-	var protos http.Protocols
-	protos.SetHTTP1(true)
-	d := &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
-	return &http.Transport{
-		Proxy:                 nil, // never through an environment proxy
-		DialContext:           d.DialContext,
-		TLSClientConfig:       upTLS,
-		TLSHandshakeTimeout:   cfg.DialTimeout,
-		ForceAttemptHTTP2:     false,
-		Protocols:             &protos,
-		DisableCompression:    true,
-		MaxIdleConnsPerHost:   cfg.MaxIdleConnsPerHost,
-		IdleConnTimeout:       cfg.UpstreamIdleTimeout,
-		ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
-		WriteBufferSize:       32 << 10,
-		ReadBufferSize:        32 << 10,
-	}
 }
 
 // Update swaps in a new configuration without dropping listeners or
@@ -259,15 +233,15 @@ func (s *Server) Update(cfg Config) error {
 	if s.serving {
 		s.closeStaleLocked(nt)
 	}
-	keep := map[*http.Transport]bool{}
+	keep := map[*upstream]bool{}
 	ids := map[uint32]bool{}
 	for _, svc := range nt.list {
-		keep[svc.transport] = true
+		keep[svc.up] = true
 		ids[svc.cfg.ID] = true
 	}
 	for _, o := range old.list {
-		if !keep[o.transport] {
-			o.transport.CloseIdleConnections()
+		if !keep[o.up] {
+			o.up.closeIdle(true)
 		}
 		if !ids[o.cfg.ID] {
 			s.m.forget(o.label)
@@ -407,7 +381,7 @@ func (s *Server) gracefulStop() {
 
 func (s *Server) closeTransports() {
 	for _, svc := range s.table.Load().list {
-		svc.transport.CloseIdleConnections()
+		svc.up.closeIdle(true)
 	}
 }
 

@@ -1,0 +1,282 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// upstream is the proxy's HTTP/1.1 client for one service: a pool of
+// keep-alive connections per endpoint address.
+//
+// It replaces http.Transport on the hot path. Transport hands every
+// request to a writer goroutine and every response back from a reader
+// goroutine; for small LLM control requests those hand-offs were a large
+// share of the proxy's CPU time. Here the request goroutine writes the
+// request and reads the response itself, on a connection it owns until
+// the body is finished. The price is that an idle pooled connection has
+// no reader watching it, so before reuse the connection is probed with a
+// non-blocking peek (see alive) to drop ones the endpoint has closed,
+// which is what Transport's idle reader achieves.
+type upstream struct {
+	dialer        net.Dialer
+	tlsConf       *tls.Config // nil for plain HTTP to endpoints
+	headerTimeout time.Duration
+	idleTimeout   time.Duration
+	maxIdle       int
+
+	mu     sync.Mutex
+	idle   map[string][]*pconn // endpoint address -> idle connections, most recent last
+	closed bool
+
+	dials atomic.Int64 // connections opened, for tests
+}
+
+func newUpstream(cfg Config, tlsConf *tls.Config) *upstream {
+	return &upstream{
+		dialer:        net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second},
+		tlsConf:       tlsConf,
+		headerTimeout: cfg.ResponseHeaderTimeout,
+		idleTimeout:   cfg.UpstreamIdleTimeout,
+		maxIdle:       cfg.MaxIdleConnsPerHost,
+		idle:          map[string][]*pconn{},
+	}
+}
+
+// pconn is one connection to an endpoint.
+type pconn struct {
+	u        *upstream
+	addr     string
+	conn     net.Conn
+	raw      net.Conn // the TCP connection under TLS, for the liveness peek
+	br       *bufio.Reader
+	bw       *bufio.Writer
+	idleAt   time.Time
+	reused   bool
+	stopCanc func() bool // detaches the request context's cancellation
+}
+
+// errWriteFailed marks a failure to send the request on a reused
+// connection: the endpoint cannot have received a complete request, so
+// the request may be sent again on a fresh connection.
+var errWriteFailed = errors.New("write request")
+
+// roundTrip sends req to addr and returns the response with its headers
+// read. The response body must be read to EOF or closed; either returns
+// the connection to the pool or closes it.
+func (u *upstream) roundTrip(req *http.Request, addr string) (*http.Response, error) {
+	for try := 0; ; try++ {
+		pc, err := u.get(req.Context(), addr, try > 0)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := pc.exchange(req)
+		if err == nil {
+			return resp, nil
+		}
+		pc.close()
+		if errors.Is(err, errWriteFailed) && pc.reused && try == 0 && req.Context().Err() == nil {
+			continue
+		}
+		return nil, err
+	}
+}
+
+// get returns a live idle connection or dials a new one.
+func (u *upstream) get(ctx context.Context, addr string, fresh bool) (*pconn, error) {
+	if !fresh {
+		for {
+			pc := u.popIdle(addr)
+			if pc == nil {
+				break
+			}
+			if time.Since(pc.idleAt) < u.idleTimeout && pc.alive() {
+				pc.reused = true
+				return pc, nil
+			}
+			_ = pc.conn.Close()
+		}
+	}
+	return u.dial(ctx, addr)
+}
+
+func (u *upstream) popIdle(addr string) *pconn {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	l := u.idle[addr]
+	if len(l) == 0 {
+		return nil
+	}
+	pc := l[len(l)-1]
+	l[len(l)-1] = nil
+	u.idle[addr] = l[:len(l)-1]
+	return pc
+}
+
+func (u *upstream) dial(ctx context.Context, addr string) (*pconn, error) {
+	raw, err := u.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	u.dials.Add(1)
+	conn := raw
+	if u.tlsConf != nil {
+		tc := u.tlsConf
+		if tc.ServerName == "" {
+			tc = tc.Clone()
+			host, _, splitErr := net.SplitHostPort(addr)
+			if splitErr != nil {
+				host = addr
+			}
+			tc.ServerName = host
+		}
+		tlsConn := tls.Client(raw, tc)
+		hctx, cancel := context.WithTimeout(ctx, u.dialer.Timeout)
+		err := tlsConn.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			_ = raw.Close()
+			return nil, err
+		}
+		conn = tlsConn
+	}
+	return &pconn{
+		u:    u,
+		addr: addr,
+		conn: conn,
+		raw:  raw,
+		br:   bufio.NewReaderSize(conn, 32<<10),
+		bw:   bufio.NewWriterSize(conn, 32<<10),
+	}, nil
+}
+
+// exchange writes req and reads the response headers. The request
+// context's cancellation is wired to the connection's deadline until the
+// body is done, so a client that goes away unblocks any read or write.
+func (pc *pconn) exchange(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	pc.stopCanc = context.AfterFunc(ctx, func() { _ = pc.conn.SetDeadline(time.Unix(1, 0)) })
+	if err := req.Write(pc.bw); err != nil {
+		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
+	}
+	if err := pc.bw.Flush(); err != nil {
+		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
+	}
+	if pc.u.headerTimeout > 0 {
+		_ = pc.conn.SetReadDeadline(time.Now().Add(pc.u.headerTimeout))
+	}
+	var resp *http.Response
+	for {
+		r, err := http.ReadResponse(pc.br, req)
+		if err != nil {
+			return nil, err
+		}
+		// Interim responses (100 Continue, 103 Early Hints) are not
+		// relayed; the final one follows on the same connection.
+		if r.StatusCode >= 100 && r.StatusCode < 200 && r.StatusCode != http.StatusSwitchingProtocols {
+			continue
+		}
+		resp = r
+		break
+	}
+	if pc.u.headerTimeout > 0 {
+		_ = pc.conn.SetReadDeadline(time.Time{})
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		return nil, errors.New("endpoint switched protocols, which the proxy does not relay")
+	}
+	resp.Body = &bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !req.Close}
+	return resp, nil
+}
+
+// release puts the connection back into the pool, unless the request
+// context fired (its deadline is poisoned) or the pool is full.
+func (pc *pconn) release() {
+	if pc.stopCanc != nil && !pc.stopCanc() {
+		pc.close()
+		return
+	}
+	pc.stopCanc = nil
+	u := pc.u
+	u.mu.Lock()
+	if u.closed || len(u.idle[pc.addr]) >= u.maxIdle {
+		u.mu.Unlock()
+		_ = pc.conn.Close()
+		return
+	}
+	pc.idleAt = time.Now()
+	u.idle[pc.addr] = append(u.idle[pc.addr], pc)
+	u.mu.Unlock()
+}
+
+func (pc *pconn) close() {
+	if pc.stopCanc != nil {
+		pc.stopCanc()
+		pc.stopCanc = nil
+	}
+	_ = pc.conn.Close()
+}
+
+// closeIdle closes every pooled connection; with final set, connections
+// returned later are closed instead of pooled.
+func (u *upstream) closeIdle(final bool) {
+	u.mu.Lock()
+	idle := u.idle
+	u.idle = map[string][]*pconn{}
+	if final {
+		u.closed = true
+	}
+	u.mu.Unlock()
+	for _, l := range idle {
+		for _, pc := range l {
+			_ = pc.conn.Close()
+		}
+	}
+}
+
+// bodyReader returns the connection to the pool once the body was read
+// to its end, and closes it if the body is abandoned or broken.
+type bodyReader struct {
+	rc       io.ReadCloser
+	pc       *pconn
+	reusable bool
+	done     bool
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	if b.done {
+		return 0, io.EOF
+	}
+	n, err := b.rc.Read(p)
+	switch {
+	case err == io.EOF:
+		b.finish(b.reusable)
+	case err != nil:
+		b.finish(false)
+	}
+	return n, err
+}
+
+func (b *bodyReader) Close() error {
+	if !b.done {
+		b.finish(false)
+	}
+	return nil
+}
+
+func (b *bodyReader) finish(reuse bool) {
+	b.done = true
+	if reuse {
+		b.pc.release()
+	} else {
+		b.pc.close()
+	}
+}
