@@ -83,10 +83,20 @@ func (u *upstream) roundTrip(req *http.Request, addr string) (*http.Response, er
 			return resp, nil
 		}
 		pc.close()
-		if errors.Is(err, errWriteFailed) && pc.reused && try == 0 && req.Context().Err() == nil {
-			continue
+		if !errors.Is(err, errWriteFailed) || !pc.reused || try > 0 || req.Context().Err() != nil {
+			return nil, err
 		}
-		return nil, err
+		if req.Body != nil && req.Body != http.NoBody {
+			if req.GetBody == nil {
+				return nil, err
+			}
+			body, gerr := req.GetBody()
+			if gerr != nil {
+				return nil, err
+			}
+			req = req.WithContext(req.Context()) // a copy: the caller's request keeps its body
+			req.Body = body
+		}
 	}
 }
 

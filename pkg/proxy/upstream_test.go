@@ -1,0 +1,193 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestUpstreamDropsConnectionClosedWhileIdle(t *testing.T) {
+	b, backendConns := echoBackend(t, "b0")
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.100", Config{}, Service{}, p)
+	c := newClient()
+	post := func() {
+		t.Helper()
+		resp, err := c.Post("http://"+px.addr+"/v1/completions", "application/json", strings.NewReader(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		_ = decodeEcho(t, resp)
+	}
+	post()
+	// The endpoint closes its idle keep-alive connection (as engines do
+	// after their keep-alive timeout). The proxy must notice before
+	// reuse instead of failing the next request.
+	b.CloseClientConnections()
+	post()
+	if got := backendConns.Load(); got != 2 {
+		t.Errorf("endpoint saw %d connections, want 2 (one redial after its close)", got)
+	}
+	if got := p.waitResult(t); got.Err != nil {
+		t.Errorf("first request: %v", got.Err)
+	}
+	if got := p.waitResult(t); got.Err != nil || got.Attempts != 1 {
+		t.Errorf("request after idle close: %+v", got)
+	}
+}
+
+func TestUpstreamRetriesFailedWriteOnFreshConnection(t *testing.T) {
+	b, _ := echoBackend(t, "b0")
+	u := newUpstream(Config{}.withDefaults(), nil)
+	defer u.closeIdle(true)
+	// A pooled connection that passes the liveness probe but is dead:
+	// the request write fails, so nothing reached the endpoint and the
+	// request is sent again on a fresh connection.
+	dead, peer := net.Pipe()
+	peer.Close()
+	u.idle[hostPort(b)] = []*pconn{{u: u, addr: hostPort(b), conn: dead, raw: dead,
+		br: bufio.NewReader(dead), bw: bufio.NewWriter(dead), idleAt: time.Now()}}
+	req, _ := http.NewRequest("POST", "http://"+hostPort(b)+"/v1/completions", strings.NewReader(`{"a":1}`))
+	resp, err := u.roundTrip(req, hostPort(b))
+	if err != nil {
+		t.Fatalf("roundTrip: %v", err)
+	}
+	e := decodeEcho(t, resp)
+	if e.Body != `{"a":1}` {
+		t.Errorf("replayed body %q", e.Body)
+	}
+	if u.dials.Load() != 1 {
+		t.Errorf("dials %d, want 1", u.dials.Load())
+	}
+	if n := len(u.idle[hostPort(b)]); n != 1 {
+		t.Errorf("fresh connection not pooled after the body was read: %d idle", n)
+	}
+}
+
+func TestUpstreamPoolBounded(t *testing.T) {
+	release := make(chan struct{})
+	var entered sync.WaitGroup
+	entered.Add(4)
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered.Done()
+		<-release
+	}))
+	defer b.Close()
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.101", Config{MaxIdleConnsPerHost: 1}, Service{}, p)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := newClient().Get("http://" + px.addr + "/")
+			if err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	entered.Wait()
+	if got := px.InFlight(7, 0); got != 4 {
+		t.Errorf("InFlight = %d, want 4", got)
+	}
+	close(release)
+	wg.Wait()
+	for range 4 {
+		p.waitResult(t)
+	}
+	up := px.table.Load().list[0].up
+	up.mu.Lock()
+	n := len(up.idle[hostPort(b)])
+	up.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d idle connections kept, want MaxIdleConnsPerHost=1", n)
+	}
+}
+
+func TestClientCancelWhileWaitingForEndpoint(t *testing.T) {
+	entered := make(chan struct{})
+	endpointSawCancel := make(chan struct{})
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		close(entered)
+		<-r.Context().Done()
+		close(endpointSawCancel)
+	}))
+	defer b.Close()
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.102", Config{}, Service{}, p)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+px.addr+"/v1/completions", strings.NewReader(`{}`))
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := newClient().Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-entered
+	cancel()
+	<-errc
+	r := p.waitResult(t)
+	if r.Class != ClassClientCanceled || r.Status != StatusClientClosed {
+		t.Errorf("result %+v, want client_canceled / 499", r)
+	}
+	<-endpointSawCancel // the proxy hung up on the endpoint too
+	if got := px.InFlight(7, 0); got != 0 {
+		t.Errorf("InFlight after cancel = %d", got)
+	}
+}
+
+func TestRelayChunkedTrailersAndHead(t *testing.T) {
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Checksum")
+		w.Header().Set("Content-Type", "text/plain")
+		if r.Method == http.MethodHead {
+			w.Header().Set("Content-Length", "5")
+			return
+		}
+		io.WriteString(w, "hello ")
+		w.(http.Flusher).Flush()
+		io.WriteString(w, "world")
+		w.Header().Set("X-Checksum", "abc")
+	}))
+	defer b.Close()
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.103", Config{}, Service{}, p)
+	c := newClient()
+	resp, err := c.Get("http://" + px.addr + "/file")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || string(body) != "hello world" {
+		t.Fatalf("body %q err %v", body, err)
+	}
+	if got := resp.Trailer.Get("X-Checksum"); got != "abc" {
+		t.Errorf("trailer %q, want abc", got)
+	}
+	resp, err = c.Head("http://" + px.addr + "/file")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.ContentLength != 5 {
+		t.Errorf("HEAD: %d length %d", resp.StatusCode, resp.ContentLength)
+	}
+	// Both requests reused one endpoint connection, the HEAD included.
+	if d := px.table.Load().list[0].up.dials.Load(); d != 1 {
+		t.Errorf("%d endpoint dials, want 1", d)
+	}
+}
