@@ -1,0 +1,208 @@
+package dispatch
+
+import (
+	"crypto/tls"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Limits of the configuration.
+const (
+	// MaxQueueDepthPerEP bounds LLB_PD_QUEUE_DEPTH_PER_EP, as loxilb does.
+	MaxQueueDepthPerEP = 64
+	// DefaultBootstrapPort is SGLang's --disaggregation-bootstrap-port
+	// default, used when a rule's pdBootstrapPort is 0.
+	DefaultBootstrapPort = 8998
+)
+
+// Config holds the process-wide P/D settings. Zero values take the defaults
+// documented on each field (see WithDefaults).
+type Config struct {
+	// PrefillTimeout bounds a whole prefill (or context) leg: connect,
+	// compute and the complete response. LLB_PD_PREFILL_TIMEOUT_SEC,
+	// default 30s.
+	PrefillTimeout time.Duration
+	// DecodeFirstByteTimeout bounds the time from sending a decode leg to
+	// its first response body byte. LLB_PD_DECODE_TIMEOUT_SEC, default 60s.
+	DecodeFirstByteTimeout time.Duration
+	// DecodeIdleTimeout bounds the silence between two reads of a decode
+	// response once it started. LLB_PD_DECODE_IDLE_SEC, default 60s.
+	DecodeIdleTimeout time.Duration
+	// DialTimeout bounds one TCP connect to an endpoint. Default 3s.
+	DialTimeout time.Duration
+
+	// MaxInflightPerEP caps concurrent legs per endpoint; 0 disables
+	// admission control. LLB_PD_MAX_INFLIGHT_PER_EP.
+	MaxInflightPerEP int
+	// QueueDepthPerEP is how many requests may wait for a slot of one
+	// endpoint when it is at its cap; beyond it a request is shed with 429.
+	// LLB_PD_QUEUE_DEPTH_PER_EP, 0..64, default 16; a negative value (what
+	// ConfigFromEnv makes of an explicit 0) means no waiting at all.
+	QueueDepthPerEP int
+	// MaxPark is how long a request waits for a slot before it is shed
+	// with 503. LLB_PD_MAX_PARK_SEC, default 5s.
+	MaxPark time.Duration
+	// MaxTotalInflight caps concurrent P/D requests of the process; 0 is
+	// unlimited. LLB_PD_MAX_TOTAL_INFLIGHT.
+	MaxTotalInflight int
+	// RetryAfter is the Retry-After value sent with 429 and 503 sheds.
+	// Default 1s (rounded up to whole seconds on the wire).
+	RetryAfter time.Duration
+
+	// MaxParamsBytes caps the transfer parameters taken from a prefill
+	// response (vLLM kv_transfer_params, TensorRT-LLM
+	// disaggregated_params), and MaxPrefillBody the whole prefill body.
+	// Defaults 64 KiB and 4 MiB.
+	MaxParamsBytes int
+	MaxPrefillBody int64
+
+	// SessionTTL is how long a session keeps its prefill and decode
+	// endpoints after its last request; SessionMax bounds the table.
+	// Defaults 300s and 65536.
+	SessionTTL time.Duration
+	SessionMax int
+	// TrieMaxKeys bounds the routing-history prefix index per service.
+	// Default 262144 block keys.
+	TrieMaxKeys int
+	// TrieMinPercent is the share of the request's blocks the history must
+	// match for the prefix tier to decide (loxilb's pd_cache_threshold).
+	// Default 20.
+	TrieMinPercent int
+	// BalanceAbs lets an affinity tier (session, prefix history) keep its
+	// endpoint only while that endpoint has at most this many more legs in
+	// flight than the least loaded one (loxilb's pd_balance_abs_threshold).
+	// Default 3; negative disables the guard.
+	BalanceAbs int
+	// PromptChunkBytes is the chunk size of the prompt-prefix hash used for
+	// the prefix history when the gateway supplies no block keys.
+	// Default 64.
+	PromptChunkBytes int
+
+	// MaxIdleConnsPerHost sizes the pooled transport. Default 64.
+	MaxIdleConnsPerHost int
+	// TLS is used for pools whose scheme is https (security 2). nil means
+	// the system roots.
+	TLS *tls.Config
+}
+
+// WithDefaults returns c with unset fields defaulted.
+func (c Config) WithDefaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.PrefillTimeout, 30*time.Second)
+	def(&c.DecodeFirstByteTimeout, 60*time.Second)
+	def(&c.DecodeIdleTimeout, 60*time.Second)
+	def(&c.DialTimeout, 3*time.Second)
+	def(&c.MaxPark, 5*time.Second)
+	def(&c.RetryAfter, time.Second)
+	def(&c.SessionTTL, 300*time.Second)
+	switch {
+	case c.QueueDepthPerEP == 0:
+		c.QueueDepthPerEP = 16
+	case c.QueueDepthPerEP < 0:
+		c.QueueDepthPerEP = 0 // explicitly no waiting
+	}
+	if c.MaxParamsBytes == 0 {
+		c.MaxParamsBytes = 64 << 10
+	}
+	if c.MaxPrefillBody == 0 {
+		c.MaxPrefillBody = 4 << 20
+	}
+	if c.SessionMax == 0 {
+		c.SessionMax = 65536
+	}
+	if c.TrieMaxKeys == 0 {
+		c.TrieMaxKeys = 262144
+	}
+	if c.TrieMinPercent == 0 {
+		c.TrieMinPercent = 20
+	}
+	if c.BalanceAbs == 0 {
+		c.BalanceAbs = 3
+	}
+	if c.PromptChunkBytes == 0 {
+		c.PromptChunkBytes = 64
+	}
+	if c.MaxIdleConnsPerHost == 0 {
+		c.MaxIdleConnsPerHost = 64
+	}
+	return c
+}
+
+// Validate reports the first invalid field of a defaulted config.
+func (c Config) Validate() error {
+	switch {
+	case c.PrefillTimeout < 0 || c.DecodeFirstByteTimeout < 0 || c.DecodeIdleTimeout < 0 || c.DialTimeout < 0 || c.MaxPark < 0:
+		return fmt.Errorf("P/D timeouts must not be negative")
+	case c.MaxInflightPerEP < 0:
+		return fmt.Errorf("LLB_PD_MAX_INFLIGHT_PER_EP %d: must be >= 0", c.MaxInflightPerEP)
+	case c.QueueDepthPerEP < 0 || c.QueueDepthPerEP > MaxQueueDepthPerEP:
+		return fmt.Errorf("LLB_PD_QUEUE_DEPTH_PER_EP %d: must be within 0..%d", c.QueueDepthPerEP, MaxQueueDepthPerEP)
+	case c.MaxTotalInflight < 0:
+		return fmt.Errorf("LLB_PD_MAX_TOTAL_INFLIGHT %d: must be >= 0", c.MaxTotalInflight)
+	case c.MaxParamsBytes < 2 || c.MaxPrefillBody < int64(c.MaxParamsBytes):
+		return fmt.Errorf("params cap %d / prefill body cap %d: need 2 <= params <= body", c.MaxParamsBytes, c.MaxPrefillBody)
+	case c.SessionMax < 1 || c.TrieMaxKeys < 1:
+		return fmt.Errorf("session table %d / prefix index %d: must be positive", c.SessionMax, c.TrieMaxKeys)
+	case c.TrieMinPercent < 0 || c.TrieMinPercent > 100:
+		return fmt.Errorf("prefix threshold %d%%: must be within 0..100", c.TrieMinPercent)
+	case c.PromptChunkBytes < 1:
+		return fmt.Errorf("prompt chunk %d bytes: must be positive", c.PromptChunkBytes)
+	}
+	return nil
+}
+
+// ConfigFromEnv reads the LLB_PD_* variables over the defaults. getenv is
+// os.Getenv in the daemon. An unparsable or out-of-range value is an error
+// naming the variable, not a silent default.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	var c Config
+	secs := func(name string, dst *time.Duration) error {
+		v := getenv(name)
+		if v == "" {
+			return nil
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f <= 0 || f > 86400 {
+			return fmt.Errorf("%s=%q: want seconds within (0, 86400]", name, v)
+		}
+		*dst = time.Duration(f * float64(time.Second))
+		return nil
+	}
+	ints := func(name string, dst *int, lo, hi int) error {
+		v := getenv(name)
+		if v == "" {
+			return nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < lo || n > hi {
+			return fmt.Errorf("%s=%q: want an integer within %d..%d", name, v, lo, hi)
+		}
+		*dst = n
+		return nil
+	}
+	for _, err := range []error{
+		secs("LLB_PD_PREFILL_TIMEOUT_SEC", &c.PrefillTimeout),
+		secs("LLB_PD_DECODE_TIMEOUT_SEC", &c.DecodeFirstByteTimeout),
+		secs("LLB_PD_DECODE_IDLE_SEC", &c.DecodeIdleTimeout),
+		secs("LLB_PD_MAX_PARK_SEC", &c.MaxPark),
+		secs("LLB_PD_SESSION_TTL_SEC", &c.SessionTTL),
+		ints("LLB_PD_MAX_INFLIGHT_PER_EP", &c.MaxInflightPerEP, 0, 1<<20),
+		ints("LLB_PD_QUEUE_DEPTH_PER_EP", &c.QueueDepthPerEP, 0, MaxQueueDepthPerEP),
+		ints("LLB_PD_MAX_TOTAL_INFLIGHT", &c.MaxTotalInflight, 0, 1<<24),
+	} {
+		if err != nil {
+			return Config{}, err
+		}
+	}
+	// An explicit 0 queue depth means "no waiting": keep it distinct from
+	// unset, which defaults to 16.
+	if getenv("LLB_PD_QUEUE_DEPTH_PER_EP") == "0" {
+		c.QueueDepthPerEP = -1
+	}
+	return c, nil
+}
