@@ -157,6 +157,8 @@ func storedEvent(hbs []hashedBlock, from, to, blockSize int) kvEvent {
 		e.keys = append(e.keys, hbs[i].key)
 		e.digests = append(e.digests, hbs[i].digest)
 		e.tokens = append(e.tokens, hbs[i].tokens...)
+		e.extras = append(e.extras, hbs[i].extra)
+		e.lora = hbs[i].lora
 	}
 	if from > 0 {
 		e.hasParent = true

@@ -42,7 +42,10 @@ type Config struct {
 	// or 127.0.0.1 when that is a wildcard.
 	AdvertiseHost string
 	Model         string // served model name, default "sim-model"
-	MaxModelLen   int    // default 32768
+	// LoRAModules are adapter names served besides Model (vLLM). A request
+	// naming one gets that LoRA's name in its block hashes and events.
+	LoRAModules []string
+	MaxModelLen int // default 32768
 
 	BlockSize      int // tokens per block/page; default 16 (TensorRT-LLM: 32)
 	CapacityBlocks int // KV pool size in blocks per rank; default 4096

@@ -45,6 +45,7 @@ type Engine struct {
 	client *http.Client
 	sleepf func(ctx context.Context, d time.Duration) error
 	hasher blockHasher
+	loras  []*loraRef
 	enc    zmqEncoder
 	ranks  []*rank
 	trt    *trtQueue
@@ -106,6 +107,9 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 		return nil, fmt.Errorf("engine config: %w", err)
 	}
 	e.hasher = h
+	for i, name := range cfg.LoRAModules {
+		e.loras = append(e.loras, &loraRef{name: name, id: i + 1})
+	}
 	e.enc = zmqEncoder{engine: cfg.Engine, encoding: cfg.EventEncoding, intHashes: !cfg.BytesBlockHashes}
 	e.started = time.Now()
 	e.engineID = fmt.Sprintf("sim-%s-%x", cfg.Engine, e.started.UnixNano())

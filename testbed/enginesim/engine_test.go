@@ -422,3 +422,36 @@ func TestRoundRobinRanks(t *testing.T) {
 		}
 	}
 }
+
+// TestVLLMLoRAAndCacheSalt checks a LoRA request with a cache salt hashes
+// and publishes exactly as the reference vector (seed 42, block 16).
+func TestVLLMLoRAAndCacheSalt(t *testing.T) {
+	e := startEngine(t, Config{Engine: EngineVLLM, Seed: "42", LoRAModules: []string{"other", "my-lora"}}, Deps{})
+	sub := subscribe(t, e, 0, "")
+	r := do(t, "POST", e.URL()+"/v1/completions", map[string]any{"model": "my-lora", "prompt": seqTokens(1, 48), "cache_salt": "tenant-a"})
+	cachedTokens(t, r)
+	ev := decodeBatch(t, sub.next(t).Frames[2]).events[0].(map[string]any)
+	want := []uint64{11988454098528493374, 5279212012238077059, 12551227964529826862}
+	if got := evKeys(ev); !reflect.DeepEqual(got, want) {
+		t.Fatalf("keys %v, want %v", got, want)
+	}
+	if ev["lora_name"] != "my-lora" || toI64(ev["lora_id"]) != 2 {
+		t.Fatalf("lora fields %v %v", ev["lora_name"], ev["lora_id"])
+	}
+	if got := fmt.Sprint(ev["extra_keys"]); got != "[[my-lora tenant-a] [my-lora] [my-lora]]" {
+		t.Fatalf("extra_keys %s", got)
+	}
+	// The same tokens without the salt or the adapter share nothing.
+	if got := cachedTokens(t, do(t, "POST", e.URL()+"/v1/completions", map[string]any{"prompt": seqTokens(1, 48)})); got != 0 {
+		t.Fatalf("plain request hit salted blocks: %d", got)
+	}
+	if got := cachedTokens(t, do(t, "POST", e.URL()+"/v1/completions", map[string]any{"model": "my-lora", "prompt": seqTokens(1, 48), "cache_salt": "tenant-a"})); got != 32 {
+		t.Fatalf("same tenant cached %d", got)
+	}
+	if r := do(t, "POST", e.URL()+"/v1/completions", map[string]any{"prompt": "x", "cache_salt": ""}); r.status != 400 {
+		t.Fatalf("empty salt: %d", r.status)
+	}
+	if m := do(t, "GET", e.URL()+"/v1/models", nil); !strings.Contains(string(m.body), `"id":"my-lora"`) {
+		t.Fatalf("models %s", m.body)
+	}
+}

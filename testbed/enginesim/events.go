@@ -28,6 +28,8 @@ type kvEvent struct {
 	parentDigest []byte
 	tokens       []uint32 // all tokens of all blocks in keys, concatenated
 	blockSize    int
+	extras       [][]string // vLLM extra_keys per block (nil entries for none)
+	lora         *loraRef
 }
 
 // zmqEncoder renders a batch of events into the msgpack payload of one ZMQ
@@ -101,9 +103,9 @@ func (z zmqEncoder) vllmEvent(b []byte, e *kvEvent) []byte {
 			b = z.vllmParent(b, e)
 			b = mpTokens(b, e.tokens)
 			b = mpUint(b, uint64(e.blockSize))
-			b = mpNil(b) // lora_id
+			b = loraID(b, e)
 			b = mpStr(b, "GPU")
-			return mpNil(b) // lora_name
+			return loraName(b, e)
 		case evRemoved:
 			b = mpArray(b, 3)
 			b = mpStr(b, "BlockRemoved")
@@ -128,15 +130,26 @@ func (z zmqEncoder) vllmEvent(b []byte, e *kvEvent) []byte {
 		b = mpStr(b, "block_size")
 		b = mpUint(b, uint64(e.blockSize))
 		b = mpStr(b, "lora_id")
-		b = mpNil(b)
+		b = loraID(b, e)
 		b = mpStr(b, "medium")
 		b = mpStr(b, "GPU")
 		b = mpStr(b, "lora_name")
-		b = mpNil(b)
+		b = loraName(b, e)
 		b = mpStr(b, "extra_keys")
 		b = mpArray(b, len(e.keys))
-		for range e.keys {
-			b = mpNil(b)
+		for i := range e.keys {
+			var x []string
+			if i < len(e.extras) {
+				x = e.extras[i]
+			}
+			if x == nil {
+				b = mpNil(b)
+				continue
+			}
+			b = mpArray(b, len(x))
+			for _, k := range x {
+				b = mpStr(b, k)
+			}
 		}
 		b = mpStr(b, "group_idx")
 		b = mpUint(b, 0)
@@ -157,6 +170,20 @@ func (z zmqEncoder) vllmEvent(b []byte, e *kvEvent) []byte {
 		b = mpStr(b, "type")
 		return mpStr(b, "AllBlocksCleared")
 	}
+}
+
+func loraID(b []byte, e *kvEvent) []byte {
+	if e.lora == nil {
+		return mpNil(b)
+	}
+	return mpUint(b, uint64(e.lora.id))
+}
+
+func loraName(b []byte, e *kvEvent) []byte {
+	if e.lora == nil {
+		return mpNil(b)
+	}
+	return mpStr(b, e.lora.name)
 }
 
 // sglangKeys writes page keys as SGLang does: signed int64 (the uint64 bit

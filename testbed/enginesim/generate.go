@@ -58,7 +58,7 @@ func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 	defer e.sched.release()
 
 	bs := e.cfg.BlockSize
-	hbs := e.hasher.hashBlocks(p.tokens)
+	hbs := e.hashPrompt(p)
 	rk.mu.Lock()
 	// As in vLLM, the last prompt token is always computed, so a full hit
 	// stops one block short when the prompt is block aligned.
@@ -123,6 +123,22 @@ func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 	}
 	writeJSON(w, 200, e.completionBody(p, out, u, extras))
 	return nil
+}
+
+// hashPrompt keys the prompt's blocks; vLLM mixes a LoRA name and a
+// cache_salt into the hashes (SGLang and TensorRT-LLM salts are not
+// emulated: their hashing of salted pages differs between versions).
+func (e *Engine) hashPrompt(p *parsedRequest) []hashedBlock {
+	if vh, ok := e.hasher.(*vllmHasher); ok && e.cfg.Engine == EngineVLLM {
+		x := blockExtras{lora: e.lora(p.Model)}
+		if p.CacheSalt != nil {
+			x.cacheSalt = *p.CacheSalt
+		}
+		if x.lora != nil || x.cacheSalt != "" {
+			return vh.hashBlocksExtra(p.tokens, x)
+		}
+	}
+	return e.hasher.hashBlocks(p.tokens)
 }
 
 // decodeStep is the modelled duration of one decode step at the current load.

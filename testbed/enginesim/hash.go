@@ -28,6 +28,20 @@ type hashedBlock struct {
 	key    uint64   // the u64 published in events (SGLang: the int64 bit pattern)
 	digest []byte   // full digest (vLLM only; events may carry it as bytes)
 	tokens []uint32 // the block's tokens, aliasing the prompt slice
+	extra  []string // vLLM extra_keys of this block (LoRA name, cache_salt); nil for none
+	lora   *loraRef // the LoRA adapter the block belongs to, if any
+}
+
+// loraRef names a LoRA adapter as vLLM's events do.
+type loraRef struct {
+	name string
+	id   int
+}
+
+// blockExtras are the request properties that vLLM mixes into block hashes.
+type blockExtras struct {
+	lora      *loraRef
+	cacheSalt string
 }
 
 // blockHasher splits a token sequence into full blocks and keys them exactly
@@ -116,22 +130,37 @@ func (h *vllmHasher) sum(b []byte) []byte {
 }
 
 func (h *vllmHasher) hashBlocks(tokens []uint32) []hashedBlock {
+	return h.hashBlocksExtra(tokens, blockExtras{})
+}
+
+// hashBlocksExtra follows generate_block_hash_extra_keys: the LoRA name on
+// every block, then the cache salt on block 0 only.
+func (h *vllmHasher) hashBlocksExtra(tokens []uint32, x blockExtras) []hashedBlock {
 	n := len(tokens) / h.blockSize
 	out := make([]hashedBlock, 0, n)
 	parent := h.noneHash
 	var buf []byte
 	for i := 0; i < n; i++ {
 		blk := tokens[i*h.blockSize : (i+1)*h.blockSize]
-		buf = vllmBlockCBOR(buf[:0], parent, blk)
+		var extra []string
+		if x.lora != nil {
+			extra = append(extra, x.lora.name)
+		}
+		if i == 0 && x.cacheSalt != "" {
+			extra = append(extra, x.cacheSalt)
+		}
+		buf = vllmBlockCBOR(buf[:0], parent, blk, extra)
 		d := h.sum(buf)
-		out = append(out, hashedBlock{key: binary.BigEndian.Uint64(d[len(d)-8:]), digest: d, tokens: blk})
+		out = append(out, hashedBlock{key: binary.BigEndian.Uint64(d[len(d)-8:]), digest: d, tokens: blk,
+			extra: extra, lora: x.lora})
 		parent = d
 	}
 	return out
 }
 
-// vllmBlockCBOR appends canonical CBOR of the 3-tuple (parent, tokens, None).
-func vllmBlockCBOR(dst, parent []byte, tokens []uint32) []byte {
+// vllmBlockCBOR appends canonical CBOR of the 3-tuple (parent, tokens,
+// extra_keys), extra_keys being None or a tuple of strings.
+func vllmBlockCBOR(dst, parent []byte, tokens []uint32, extra []string) []byte {
 	dst = append(dst, 0x83)
 	dst = cborHead(dst, 2, uint64(len(parent)))
 	dst = append(dst, parent...)
@@ -139,7 +168,14 @@ func vllmBlockCBOR(dst, parent []byte, tokens []uint32) []byte {
 	for _, t := range tokens {
 		dst = cborHead(dst, 0, uint64(t))
 	}
-	return append(dst, 0xf6)
+	if extra == nil {
+		return append(dst, 0xf6)
+	}
+	dst = cborHead(dst, 4, uint64(len(extra)))
+	for _, k := range extra {
+		dst = cborText(dst, k)
+	}
+	return dst
 }
 
 func cborText(dst []byte, s string) []byte {

@@ -53,9 +53,24 @@ func (e *Engine) handleHealth(w http.ResponseWriter, _ *http.Request) {
 
 func (e *Engine) handleModels(w http.ResponseWriter, _ *http.Request) {
 	owner := map[string]string{EngineVLLM: "vllm", EngineSGLang: "sglang", EngineTRTLLM: "tensorrt_llm", EngineLlamaCpp: "llamacpp"}[e.cfg.Engine]
-	writeJSON(w, 200, map[string]any{"object": "list", "data": []any{map[string]any{
+	data := []any{map[string]any{
 		"id": e.cfg.Model, "object": "model", "created": e.now().Unix(), "owned_by": owner,
-		"root": e.cfg.Model, "parent": nil, "max_model_len": e.cfg.MaxModelLen}}})
+		"root": e.cfg.Model, "parent": nil, "max_model_len": e.cfg.MaxModelLen}}
+	for _, l := range e.loras {
+		data = append(data, map[string]any{"id": l.name, "object": "model", "created": e.now().Unix(),
+			"owned_by": owner, "root": l.name, "parent": e.cfg.Model, "max_model_len": e.cfg.MaxModelLen})
+	}
+	writeJSON(w, 200, map[string]any{"object": "list", "data": data})
+}
+
+// lora returns the adapter a request's model names, or nil.
+func (e *Engine) lora(model string) *loraRef {
+	for _, l := range e.loras {
+		if l.name == model {
+			return l
+		}
+	}
+	return nil
 }
 
 func (e *Engine) handleTokenize(w http.ResponseWriter, r *http.Request) {
@@ -167,6 +182,7 @@ type genRequest struct {
 	BootstrapPort       *int           `json:"bootstrap_port"`
 	BootstrapRoom       *json.Number   `json:"bootstrap_room"`
 	DisaggregatedParams map[string]any `json:"disaggregated_params"`
+	CacheSalt           *string        `json:"cache_salt"`
 	DataParallelRank    *int           `json:"data_parallel_rank"`
 	RoutedDPRank        *int           `json:"routed_dp_rank"`
 }
@@ -278,8 +294,11 @@ func (e *Engine) parse(r *http.Request, chat bool) (*parsedRequest, error) {
 	if err := dec.Decode(&p.genRequest); err != nil {
 		return nil, fmt.Errorf("%w: request body is not valid JSON for this endpoint: %v", ErrBadRequest, err)
 	}
-	if e.cfg.Engine == EngineVLLM && p.Model != "" && p.Model != e.cfg.Model {
+	if e.cfg.Engine == EngineVLLM && p.Model != "" && p.Model != e.cfg.Model && e.lora(p.Model) == nil {
 		return nil, fmt.Errorf("%w: The model `%s` does not exist.", ErrModelNotFound, p.Model)
+	}
+	if p.CacheSalt != nil && *p.CacheSalt == "" {
+		return nil, fmt.Errorf("%w: Parameter 'cache_salt' must be a non-empty string if provided.", ErrBadRequest)
 	}
 	if chat && (len(p.Messages) == 0 || string(p.Messages) == "null") {
 		return nil, fmt.Errorf("%w: messages is required", ErrBadRequest)

@@ -56,10 +56,33 @@ func TestVLLMHashVectors(t *testing.T) {
 		}
 	}
 	loadJSON(t, "vllm_hash_vectors.json", &f)
-	ran := 0
+	ran, extras := 0, 0
 	for _, c := range f.Cases {
+		var x blockExtras
 		if len(c.Blocks) > 0 && string(c.Blocks[0].ExtraKeys) != "null" {
-			continue // LoRA, cache_salt and multimodal blocks are not emulated
+			var k0, k1 []any
+			json.Unmarshal(c.Blocks[0].ExtraKeys, &k0)
+			if len(c.Blocks) > 1 {
+				json.Unmarshal(c.Blocks[1].ExtraKeys, &k1)
+			}
+			strs := func(v []any) bool {
+				for _, e := range v {
+					if _, ok := e.(string); !ok {
+						return false
+					}
+				}
+				return true
+			}
+			if !strs(k0) || !strs(k1) {
+				continue // multimodal extra keys are not emulated
+			}
+			if len(k1) > 0 {
+				x.lora = &loraRef{name: k1[0].(string), id: 1}
+			}
+			if len(k0) > len(k1) {
+				x.cacheSalt = k0[len(k0)-1].(string)
+			}
+			extras++
 		}
 		h, err := newHasher(EngineVLLM, c.Algo, c.Seed, c.BlockSize)
 		if err != nil {
@@ -69,13 +92,13 @@ func TestVLLMHashVectors(t *testing.T) {
 		if got := hex.EncodeToString(vh.noneHash); got != c.NoneHashHex {
 			t.Errorf("%s: none hash %s, want %s", c.Name, got, c.NoneHashHex)
 		}
-		hbs := h.hashBlocks(u32s(t, c.Tokens))
+		hbs := vh.hashBlocksExtra(u32s(t, c.Tokens), x)
 		if len(hbs) != len(c.Blocks) {
 			t.Fatalf("%s: %d blocks, want %d", c.Name, len(hbs), len(c.Blocks))
 		}
 		parent := vh.noneHash
 		for i, b := range c.Blocks {
-			if got := hex.EncodeToString(vllmBlockCBOR(nil, parent, hbs[i].tokens)); got != b.CBORHex {
+			if got := hex.EncodeToString(vllmBlockCBOR(nil, parent, hbs[i].tokens, hbs[i].extra)); got != b.CBORHex {
 				t.Errorf("%s block %d: cbor %s, want %s", c.Name, i, got, b.CBORHex)
 			}
 			if got := hex.EncodeToString(hbs[i].digest); got != b.DigestHex {
@@ -88,8 +111,8 @@ func TestVLLMHashVectors(t *testing.T) {
 		}
 		ran++
 	}
-	if ran < 40 {
-		t.Fatalf("only %d vLLM cases ran", ran)
+	if ran < 42 || extras != 2 {
+		t.Fatalf("only %d vLLM cases ran (%d with LoRA/salt extra keys)", ran, extras)
 	}
 }
 

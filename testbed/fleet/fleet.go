@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -260,6 +261,9 @@ func Args(c enginesim.Config) []string {
 	}
 	if d.BytesBlockHashes {
 		a = append(a, "--bytes-block-hashes")
+	}
+	if len(d.LoRAModules) > 0 {
+		a = append(a, "--lora-modules", strings.Join(d.LoRAModules, ","))
 	}
 	if d.SGLangPartialPages {
 		a = append(a, "--sglang-partial-pages")

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -77,6 +78,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&c.PDTimeout, "pd-timeout", 30*time.Second, "how long a decode leg waits for its prefill")
 	fs.IntVar(&c.TRTEventBuffer, "trt-event-buffer", 10000, "TensorRT-LLM event buffer size")
 	fs.Uint64Var(&c.RandSeed, "rand-seed", 1, "seed of fault probabilities")
+	loras := fs.String("lora-modules", "", "comma-separated LoRA adapter names served besides --model (vLLM)")
 	tokDir := fs.String("tokenizer-dir", "", "directory with tokenizer.json (+ tokenizer_config.json); empty: built-in simple tokenizer")
 	logLevel := fs.String("log-level", "info", "debug, info, warn, error")
 	fs.Float64Var(&f.DropProb, "fault-drop-prob", 0, "drop each event batch with this probability")
@@ -96,6 +98,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	c.TimeScaleSet = true
 	c.Faults = f
+	if *loras != "" {
+		c.LoRAModules = strings.Split(*loras, ",")
+	}
 
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
