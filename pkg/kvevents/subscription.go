@@ -10,8 +10,9 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/blockhash"
 )
 
-// RankStatus is the state of one publisher (one DP rank, or the TensorRT-LLM
-// drain).
+// RankStatus is the state of one publisher: one DP rank of a ZMQ engine, or
+// the TensorRT-LLM drain (a single entry; attention-DP ranks named in its
+// events still reach the Sink as separate ranks).
 type RankStatus struct {
 	Rank     int    `json:"rank"`
 	Endpoint string `json:"endpoint"`
