@@ -8,14 +8,12 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/control"
-	"github.com/loxilb-llm/loxilb/pkg/engine"
 	"github.com/loxilb-llm/loxilb/pkg/gateway"
 	"github.com/loxilb-llm/loxilb/pkg/health"
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
@@ -62,7 +60,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
-	kvCfg, err := kvEventsConfig(getenv)
+	kvCfg, err := kvevents.ConfigFromEnv(getenv)
 	if err != nil {
 		return err
 	}
@@ -173,25 +171,6 @@ func envInt(getenv func(string) string, name string, def, lo, hi int) (int, erro
 		return 0, fmt.Errorf("%s=%q: want an integer in %d..%d", name, v, lo, hi)
 	}
 	return n, nil
-}
-
-func kvEventsConfig(getenv func(string) string) (kvevents.Config, error) {
-	c := kvevents.Config{ReplayPortOffset: engine.DefaultReplayPortOffset}
-	off, err := envInt(getenv, "LLB_KV_REPLAY_PORT_OFFSET", engine.DefaultReplayPortOffset, 0, 60000)
-	if err != nil {
-		return c, err
-	}
-	c.ReplayPortOffset = off
-	lo, err := envInt(getenv, "LOXILB_KV_TRTLLM_POLL_MIN_MS", 5, 1, 10000)
-	if err != nil {
-		return c, err
-	}
-	hi, err := envInt(getenv, "LOXILB_KV_TRTLLM_POLL_MAX_MS", 20, 1, 10000)
-	if err != nil {
-		return c, err
-	}
-	c.TRTPollMin, c.TRTPollMax = time.Duration(lo)*time.Millisecond, time.Duration(hi)*time.Millisecond
-	return c, nil
 }
 
 // inspector serves the inventory API from the index and the subscribers.
