@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"regexp"
@@ -105,14 +106,23 @@ func RunInNetNS(t *testing.T, ns string, env ...string) bool {
 	args := []string{"--mount", "--propagation", "private", "nsenter", "--net=/run/netns/" + ns, os.Args[0], "-test.run", strings.Join(parts, "/"), "-test.v", "-test.count=1"}
 	cmd := exec.Command("unshare", args...)
 	cmd.Env = append(append(os.Environ(), childEnv+"="+ns), env...)
-	out, err := cmd.CombinedOutput()
-	for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+	var buf strings.Builder
+	if testing.Verbose() {
+		// Stream as well: a hanging child is otherwise silent until killed.
+		cmd.Stdout = io.MultiWriter(&buf, os.Stderr)
+	} else {
+		cmd.Stdout = &buf
+	}
+	cmd.Stderr = cmd.Stdout
+	err := cmd.Run()
+	out := buf.String()
+	for _, line := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
 		t.Log(line)
 	}
 	if err != nil {
 		t.Fatalf("test in network namespace %s failed: %v", ns, err)
 	}
-	if !strings.Contains(string(out), "--- PASS: "+parts0(t.Name())) && !strings.Contains(string(out), "\nPASS") {
+	if !strings.Contains(out, "--- PASS: "+parts0(t.Name())) && !strings.Contains(out, "\nPASS") {
 		t.Fatalf("test in network namespace %s did not report PASS", ns)
 	}
 	return false
