@@ -9,8 +9,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
-
-	"github.com/loxilb-llm/loxilb/pkg/proxy"
 )
 
 // ---- vLLM (NixlConnector), sequential ----
@@ -182,14 +180,13 @@ func (x *exchange) runSGLang(ctx context.Context) {
 		room := rand.Uint64() >> 1 // uniform in [0, 2^63-1]
 		body := sglangBody(x.body, pre.Host, port, room)
 		x.res.Attempts++
-		retry := x.sglangAttempt(ctx, pre, body)
-		if !retry {
-			return
-		}
-		if i == len(x.c.Prefill)-1 {
+		last := i == len(x.c.Prefill)-1
+		if !x.sglangAttempt(ctx, pre, body, last) {
 			return
 		}
 		x.d.m.failover.WithLabelValues(x.label, strconv.Itoa(pre.Idx)).Inc()
+		x.d.logger.Debug("dispatch: prefill connect failed, trying next endpoint with a fresh room",
+			"service", x.req.Pool.Service, "ep", pre.Idx, "next", x.c.Prefill[i+1].Idx)
 	}
 }
 
@@ -197,8 +194,9 @@ func (x *exchange) runSGLang(ctx context.Context) {
 // client; the prefill response is read and discarded. A failed prefill
 // cancels the decode leg and vice versa. retry is true when the prefill
 // endpoint could not be connected to and nothing reached the client, so
-// the caller may try the next prefill endpoint with a fresh room.
-func (x *exchange) sglangAttempt(ctx context.Context, pre Endpoint, body []byte) (retry bool) {
+// the caller may try the next prefill endpoint with a fresh room (never
+// for the last candidate: that failure is answered here).
+func (x *exchange) sglangAttempt(ctx context.Context, pre Endpoint, body []byte, last bool) (retry bool) {
 	lctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	prefillDone := make(chan prefillOutcome, 1)
@@ -230,8 +228,7 @@ func (x *exchange) sglangAttempt(ctx context.Context, pre Endpoint, body []byte)
 		x.decodeFailed(ctx, derr)
 		return false
 	}
-	if out.connectFailed && ctx.Err() == nil {
-		x.res.Class, x.res.Err = proxy.ClassConnect, out.err
+	if out.connectFailed && !last && ctx.Err() == nil {
 		return true
 	}
 	x.outcomeTag = "prefill_error"
