@@ -97,13 +97,35 @@ func RunInNetNS(t *testing.T, ns string, env ...string) bool {
 	if InNetNS() {
 		return true
 	}
-	parts := strings.Split(t.Name(), "/")
+	runChild(t, ns, []string{"-test.run", anchored(t.Name())}, env)
+	return false
+}
+
+// RunBenchInNetNS is RunInNetNS for benchmarks: the child runs only b's
+// benchmark (top-level benchmarks only).
+func RunBenchInNetNS(b *testing.B, ns string, env ...string) bool {
+	b.Helper()
+	if InNetNS() {
+		return true
+	}
+	runChild(b, ns, []string{"-test.run", "^$", "-test.bench", anchored(b.Name()), "-test.benchtime", "1x"}, env)
+	return false
+}
+
+func anchored(name string) string {
+	parts := strings.Split(name, "/")
 	for i, p := range parts {
 		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
 	}
+	return strings.Join(parts, "/")
+}
+
+func runChild(tb testing.TB, ns string, testArgs []string, env []string) {
+	tb.Helper()
 	// A private mount namespace too, so a test may mount bpffs without
 	// touching the host's mount table.
-	args := []string{"--mount", "--propagation", "private", "nsenter", "--net=/run/netns/" + ns, os.Args[0], "-test.run", strings.Join(parts, "/"), "-test.v", "-test.count=1"}
+	args := []string{"--mount", "--propagation", "private", "nsenter", "--net=/run/netns/" + ns, os.Args[0]}
+	args = append(append(args, testArgs...), "-test.v", "-test.count=1")
 	cmd := exec.Command("unshare", args...)
 	cmd.Env = append(append(os.Environ(), childEnv+"="+ns), env...)
 	var buf strings.Builder
@@ -116,20 +138,17 @@ func RunInNetNS(t *testing.T, ns string, env ...string) bool {
 	cmd.Stderr = cmd.Stdout
 	err := cmd.Run()
 	out := buf.String()
-	for _, line := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
-		t.Log(line)
+	if !testing.Verbose() {
+		for _, line := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
+			tb.Log(line)
+		}
 	}
 	if err != nil {
-		t.Fatalf("test in network namespace %s failed: %v", ns, err)
+		tb.Fatalf("test in network namespace %s failed: %v", ns, err)
 	}
-	if !strings.Contains(out, "--- PASS: "+parts0(t.Name())) && !strings.Contains(out, "\nPASS") {
-		t.Fatalf("test in network namespace %s did not report PASS", ns)
+	if !strings.Contains(out, "\nPASS") && !strings.HasPrefix(out, "PASS") {
+		tb.Fatalf("test in network namespace %s did not report PASS", ns)
 	}
-	return false
-}
-
-func parts0(name string) string {
-	return strings.Split(name, "/")[0]
 }
 
 // Isolated is the usual opening of a privileged test: it checks privileges,

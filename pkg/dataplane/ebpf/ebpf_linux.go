@@ -1056,3 +1056,14 @@ func protoName(p uint8) string {
 	}
 	return fmt.Sprintf("proto-%d", p)
 }
+
+// ProgramRuntime returns how often tc_lb ran and its total run time, as
+// counted by the kernel while BPF run-time statistics are enabled
+// (kernel.bpf_stats_enabled or ebpf.EnableStats); otherwise both stay 0.
+func (d *Dataplane) ProgramRuntime() (runs uint64, total time.Duration, err error) {
+	st, err := d.objs.TcLb.Stats()
+	if err != nil {
+		return 0, 0, fmt.Errorf("tc_lb stats: %w", err)
+	}
+	return st.RunCount, st.Runtime, nil
+}
