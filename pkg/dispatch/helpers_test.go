@@ -280,3 +280,5 @@ func reference(t *testing.T, engine, path string, body any) string {
 }
 
 var _ = proxy.Result{}
+
+func faultsStall(ms int) enginesim.Faults { return enginesim.Faults{StallMs: ms} }
