@@ -42,7 +42,7 @@ func (g *Gateway) Pick(_ context.Context, req *proxy.Request) (proxy.Plan, error
 	}
 	r := st.rule
 	if r.Service.PDDisagg {
-		return proxy.Plan{}, fmt.Errorf("%w: rule %d is a prefill/decode pool; P/D dispatch is not available in this build", proxy.ErrUnavailable, st.id)
+		return g.pickPD(st)
 	}
 	cands := g.candidates(st)
 	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode}

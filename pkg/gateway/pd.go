@@ -1,0 +1,207 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/dispatch"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/router"
+	"github.com/loxilb-llm/loxilb/pkg/selector"
+)
+
+// DispatchFunc runs a prefill/decode request after the proxy has read the
+// body: it writes the whole response and returns the outcome. It has the
+// shape of the proxy's Plan.Dispatch hook.
+type DispatchFunc func(ctx context.Context, w http.ResponseWriter, req *proxy.Request) proxy.Result
+
+// PD serves rules with pd_disagg_mode through pkg/dispatch and hands every
+// other rule to the Gateway. It is the proxy's Picker when P/D is enabled,
+// and a control.Reconciler so removed rules drop their sessions, prefix
+// history and admission slots.
+type PD struct {
+	g *Gateway
+	d *dispatch.Dispatcher
+
+	mu    sync.Mutex
+	known map[uint32]bool // P/D services seen by Reconcile
+}
+
+var (
+	_ proxy.Picker       = (*PD)(nil)
+	_ control.Reconciler = (*PD)(nil)
+)
+
+// NewPD wraps g with the P/D dispatcher d.
+func NewPD(g *Gateway, d *dispatch.Dispatcher) (*PD, error) {
+	if g == nil || d == nil {
+		return nil, fmt.Errorf("gateway: P/D needs the gateway and a dispatcher")
+	}
+	return &PD{g: g, d: d, known: make(map[uint32]bool)}, nil
+}
+
+// Dispatcher returns the wrapped dispatcher (for InFlight and tests).
+func (p *PD) Dispatcher() *dispatch.Dispatcher { return p.d }
+
+// Name implements control.Reconciler.
+func (p *PD) Name() string { return "pd-dispatch" }
+
+// Reconcile implements control.Reconciler: it forgets the state of P/D
+// rules that are gone.
+func (p *PD) Reconcile(_ context.Context, services []control.Service) error {
+	next := make(map[uint32]bool)
+	for _, s := range services {
+		if s.Rule.Service.Mode == lbrule.ModeFullProxy && s.Rule.Service.PDDisagg {
+			next[s.ID] = true
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id := range p.known {
+		if !next[id] {
+			p.d.Forget(id)
+		}
+	}
+	p.known = next
+	return nil
+}
+
+// Pick implements proxy.Picker. P/D rules get a plan whose dispatch runs
+// the engine's flow; every other rule is the Gateway's.
+func (p *PD) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, error) {
+	st := p.g.lookup(req.Service)
+	if st == nil || !st.rule.Service.PDDisagg {
+		return p.g.Pick(ctx, req)
+	}
+	plan, fn, err := p.g.preparePD(st, req, p.d)
+	if err != nil || fn == nil {
+		return plan, err
+	}
+	// The proxy runs fn through Plan.Dispatch once that hook exists; until
+	// then a P/D request cannot be forwarded as a single upstream call.
+	return proxy.Plan{}, fmt.Errorf("%w: rule %d is a prefill/decode pool and this proxy has no dispatch hook", proxy.ErrUnavailable, st.id)
+}
+
+// Prepare is Pick for a P/D rule without the proxy: it returns the plan
+// (receipt, decode endpoint as candidate) and the function that runs the
+// flow. fn is nil when the request is not an inference call and the plan
+// simply forwards it to a decode endpoint.
+func (p *PD) Prepare(req *proxy.Request) (proxy.Plan, DispatchFunc, error) {
+	st := p.g.lookup(req.Service)
+	if st == nil || !st.rule.Service.PDDisagg {
+		return proxy.Plan{}, nil, fmt.Errorf("%w: service %d is not a prefill/decode rule", proxy.ErrUnavailable, req.Service)
+	}
+	return p.g.preparePD(st, req, p.d)
+}
+
+// pickPD is the Gateway's own answer for a P/D rule: without a dispatcher
+// (the Gateway used as Picker directly, not through PD) it cannot serve it.
+func (g *Gateway) pickPD(st *service) (proxy.Plan, error) {
+	return proxy.Plan{}, fmt.Errorf("%w: rule %d is a prefill/decode pool; the proxy must use the P/D picker (gateway.NewPD)", proxy.ErrUnavailable, st.id)
+}
+
+// pdPool renders a rule's endpoints for the dispatcher, with health.
+func (g *Gateway) pdPool(st *service) *dispatch.Pool {
+	r := st.rule
+	pool := &dispatch.Pool{Service: st.id, Engine: r.Engine(), Scheme: "http", BootstrapPort: r.Service.PDBootstrap}
+	if r.Service.Security == lbrule.SecurityE2ETLS {
+		pool.Scheme = "https"
+	}
+	for i, ep := range r.Endpoints {
+		e := dispatch.Endpoint{Idx: i, Host: ep.IP, Port: ep.Port, NixlPort: ep.NixlPort, Healthy: true}
+		if g.health != nil {
+			e.Healthy = g.health.Healthy(st.id, i)
+		}
+		switch ep.Role {
+		case lbrule.RolePrefill:
+			pool.Prefill = append(pool.Prefill, e)
+		case lbrule.RoleDecode:
+			pool.Decode = append(pool.Decode, e)
+		}
+	}
+	return pool
+}
+
+// preparePD makes the P/D decision for one request: Tier 1.5 keys (mode 1),
+// the prefill ladder and the decode choice. Non-inference calls (model
+// list, health) are forwarded to a healthy decode endpoint as is.
+func (g *Gateway) preparePD(st *service, req *proxy.Request, d *dispatch.Dispatcher) (proxy.Plan, DispatchFunc, error) {
+	r := st.rule
+	pool := g.pdPool(st)
+	if !isInference(req.Method, req.Path) {
+		var cands []proxy.Endpoint
+		for _, e := range pool.Decode {
+			if e.Healthy {
+				cands = append(cands, proxy.Endpoint{Idx: e.Idx, Addr: e.Addr()})
+			}
+		}
+		if len(cands) == 0 {
+			return proxy.Plan{}, nil, fmt.Errorf("%w: rule %d has no healthy decode endpoint", proxy.ErrUnavailable, st.id)
+		}
+		return proxy.Plan{Candidates: cands, Receipt: "pd passthrough"}, nil, nil
+	}
+	dreq := &dispatch.Request{Pool: pool, Method: req.Method, Path: req.Path, Header: req.Header, Body: req.Body}
+	if h := r.Service.SessionHeaderName; h != "" {
+		dreq.Session = req.Header.Get(h)
+	}
+	var keys []uint64
+	if st.hasher != nil && r.Service.KVExactMode == lbrule.KVExactPD {
+		model := r.Service.ModelName
+		if model == "" {
+			model = req.Model
+		}
+		if model == "" {
+			g.m.missed(st.label, ReasonNoModel)
+		} else {
+			ids, reason, err := g.promptTokens(st, model, req)
+			if err != nil {
+				return proxy.Plan{}, nil, err
+			}
+			if reason == "" {
+				keys = st.hasher.Keys(nil, ids) // a fresh slice: the closure outlives Pick
+			}
+		}
+	}
+	if len(keys) > 0 {
+		dreq.PrefixKeys = keys
+		view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode}
+		bs := st.hasher.BlockSize()
+		dreq.KV = func(cands []selector.Candidate) (int, string, bool) {
+			if g.engine != nil {
+				for i := range cands {
+					if m, ok := g.engine.Metrics(st.id, cands[i].Idx); ok {
+						cands[i].Metrics = m
+					}
+				}
+			}
+			dec := g.router.Decide(view, keys, bs, cands, nil, selector.Request{})
+			if dec.EP < 0 || dec.Tier == router.TierFallback {
+				return -1, "", false
+			}
+			return dec.EP, dec.Receipt().String(), true
+		}
+	}
+	choice, err := d.Choose(dreq)
+	if err != nil {
+		return proxy.Plan{}, nil, fmt.Errorf("%w: %w", proxy.ErrUnavailable, err)
+	}
+	if len(keys) > 0 && g.cfg.SpeculativeTTL > 0 {
+		// The chosen prefill worker will hold this prefix before its
+		// events say so; siblings should follow it there.
+		g.inv.StoreSpeculative(st.id, choice.Prefill[0].Idx, keys, g.cfg.SpeculativeTTL)
+	}
+	plan := proxy.Plan{
+		Candidates: []proxy.Endpoint{{Idx: choice.Decode.Idx, Addr: choice.Decode.Addr()}},
+		Receipt:    choice.Receipt(),
+	}
+	fn := func(ctx context.Context, w http.ResponseWriter, preq *proxy.Request) proxy.Result {
+		run := *dreq
+		run.Header, run.Body = preq.Header, preq.Body
+		return d.Execute(ctx, w, &run, choice)
+	}
+	return plan, fn, nil
+}
