@@ -88,6 +88,9 @@ type Options struct {
 	// API directly (the demo does, to show the user-facing path).
 	UseLoxicmd bool
 	Progress   io.Writer // progress bar; nil for none
+	// Receipts, when set, gets one line per request: workload, arm,
+	// prefix group, prompt tokens, TTFT and the routing receipt.
+	Receipts io.Writer
 	Logger     *slog.Logger
 }
 
@@ -259,10 +262,16 @@ type sample struct {
 	receipt router.Receipt
 	hasRcpt bool
 	out     int
+	tokens  int
 }
 
 func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm Arm, pb *progress) (ArmResult, error) {
 	f := s.Fleet
+	// Every arm starts cold: the engines drop their caches before the
+	// arm's daemon subscribes, so it sees the new epoch from its start.
+	for _, e := range fl.engines {
+		e.Restart()
+	}
 	state, err := os.MkdirTemp("", "llmbench-state")
 	if err != nil {
 		return ArmResult{}, err
@@ -284,19 +293,28 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 		DisableCompression: true}, Timeout: 120 * time.Second}
 	defer client.CloseIdleConnections()
 	// One request shorter than a block loads the model's tokenizer in the
-	// gateway (a one-time start-up cost, not routing) and caches nothing.
+	// gateway (a one-time start-up cost, not routing) and caches nothing;
+	// counters are deltas from after it.
 	if sm := doRequest(ctx, client, f.vip(), Req{Tokens: []uint32{1000, 1001, 1002}, MaxTokens: 1, Group: -1}); sm.err != "" {
 		return ArmResult{}, fmt.Errorf("warm-up request: %s", sm.err)
-	}
-	// Every arm starts cold: the engines drop their caches (and publish
-	// AllBlocksCleared), and counters are taken as deltas from here.
-	for _, e := range fl.engines {
-		e.Restart()
 	}
 	before := fl.stats()
 
 	var mu sync.Mutex
 	var samples []sample
+	record := func(sm sample) {
+		mu.Lock()
+		samples = append(samples, sm)
+		if o.Receipts != nil {
+			rc := "none"
+			if sm.hasRcpt {
+				rc = sm.receipt.String()
+			}
+			fmt.Fprintf(o.Receipts, "%s\t%s\tgroup=%d\ttokens=%d\tttft_ms=%.1f\t%s\t%s\n", w.Name, arm.Name, sm.group, sm.tokens, ms(sm.ttft), rc, sm.err)
+		}
+		mu.Unlock()
+		pb.add(1)
+	}
 	var wg sync.WaitGroup
 	start := time.Now()
 	for _, st := range w.Streams {
@@ -307,6 +325,21 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 				return ArmResult{}, ctx.Err()
 			case <-time.After(d):
 			}
+		}
+		if st.Offsets != nil {
+			for k, r := range st.Reqs {
+				wg.Add(1)
+				go func(k int, r Req) {
+					defer wg.Done()
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(time.Until(start.Add(st.at(k)))):
+					}
+					record(doRequest(ctx, client, f.vip(), r))
+				}(k, r)
+			}
+			continue
 		}
 		wg.Add(1)
 		go func(st Stream) {
@@ -319,11 +352,7 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 					case <-time.After(st.Think):
 					}
 				}
-				sm := doRequest(ctx, client, f.vip(), r)
-				mu.Lock()
-				samples = append(samples, sm)
-				mu.Unlock()
-				pb.add(1)
+				record(doRequest(ctx, client, f.vip(), r))
 			}
 		}(st)
 	}
@@ -336,7 +365,7 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 
 // doRequest streams one completion and times its first token.
 func doRequest(ctx context.Context, c *http.Client, vip string, r Req) sample {
-	sm := sample{group: r.Group}
+	sm := sample{group: r.Group, tokens: len(r.Tokens)}
 	body, _ := json.Marshal(map[string]any{"model": Model, "prompt": r.Tokens, "max_tokens": r.MaxTokens, "stream": true})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+vip+"/v1/completions", bytes.NewReader(body))
 	if err != nil {

@@ -5,12 +5,12 @@ import "time"
 // DefaultFleet is four vLLM emulators sized so the default suite runs in a
 // few minutes on two cores: 1,024 blocks of 16 tokens each (16k tokens per
 // engine, 64k for the fleet), 50 us per uncached prompt token (a 2k-token
-// miss costs ~100 ms), 10 ms per decode step, and two running sequences per
+// miss costs ~100 ms), 5 ms per decode step, and two running sequences per
 // engine, which stands in for a prefill-bound GPU: a long recomputation
 // holds the engine and later requests queue behind it.
 func DefaultFleet() FleetConfig {
 	return FleetConfig{Engines: 4, BlockSize: 16, CapacityBlocks: 1024,
-		PrefillUsPerToken: 50, DecodeUsPerToken: 10000, MaxRunning: 2, TimeScale: 1,
+		PrefillUsPerToken: 50, DecodeUsPerToken: 5000, MaxRunning: 2, TimeScale: 1,
 		HashSeed: "4242", Net: 77, Port: 28000, ZMQPort: 25557, VIPPort: 28080}
 }
 
@@ -22,15 +22,15 @@ func DefaultWorkloads(seed uint64, f FleetConfig) []Workload {
 	g40 := g100 * 40 / 100
 	return []Workload{
 		SharedPrefix(WShared40, seed, SharedPrefixSpec{Groups: g40, PerGroup: 16, SystemTokens: sys, QuestionTokens: 128,
-			OutputTokens: 4, RatePerSec: 40, FillOfFleetPercent: 100 * g40 * sysBlocks / f.TotalBlocks()}),
+			OutputTokens: 2, RatePerSec: 90, FillOfFleetPercent: 100 * g40 * sysBlocks / f.TotalBlocks()}),
 		SharedPrefix(WShared100, seed, SharedPrefixSpec{Groups: g100, PerGroup: 12, SystemTokens: sys, QuestionTokens: 128,
-			OutputTokens: 4, RatePerSec: 40, FillOfFleetPercent: 100 * g100 * sysBlocks / f.TotalBlocks()}),
-		MultiTurn(WMultiTurn, seed, MultiTurnSpec{Users: 24, Turns: 8, SystemTokens: 1024, QuestionTokens: 160, AnswerTokens: 96,
-			OutputTokens: 4, Think: 150 * time.Millisecond, Stagger: 40 * time.Millisecond}),
+			OutputTokens: 2, RatePerSec: 90, FillOfFleetPercent: 100 * g100 * sysBlocks / f.TotalBlocks()}),
+		MultiTurn(WMultiTurn, seed, MultiTurnSpec{Users: 16, Turns: 8, SystemTokens: 512, QuestionTokens: 320, AnswerTokens: 96,
+			OutputTokens: 2, Interval: 145 * time.Millisecond, Stagger: 9 * time.Millisecond}),
 		SiblingBursts(WSiblings, seed, SiblingSpec{Bursts: 16, Siblings: 8, PrefixTokens: 3072, QuestionTokens: 64,
-			OutputTokens: 4, BurstGap: 300 * time.Millisecond, MaxSpread: 10 * time.Millisecond}),
+			OutputTokens: 2, BurstGap: 300 * time.Millisecond, MaxSpread: 10 * time.Millisecond}),
 		HotPrefix(WHotPrefix, seed, HotPrefixSpec{Prefixes: 16, Requests: 320, HotShare: 0.5, ZipfS: 1.1, PrefixTokens: sys,
-			QuestionTokens: 128, OutputTokens: 4, RatePerSec: 40}),
+			QuestionTokens: 128, OutputTokens: 2, RatePerSec: 90}),
 	}
 }
 
@@ -50,6 +50,6 @@ func TinySuite(seed uint64, net int) Suite {
 		SharedPrefix(WShared100, seed, SharedPrefixSpec{Groups: 4, PerGroup: 6, SystemTokens: 1024, QuestionTokens: 64,
 			OutputTokens: 2, RatePerSec: 50, FillOfFleetPercent: 100 * 4 * 64 / f.TotalBlocks()}),
 		MultiTurn(WMultiTurn, seed, MultiTurnSpec{Users: 4, Turns: 3, SystemTokens: 512, QuestionTokens: 64, AnswerTokens: 32,
-			OutputTokens: 2, Think: 20 * time.Millisecond, Stagger: 10 * time.Millisecond}),
+			OutputTokens: 2, Interval: 60 * time.Millisecond, Stagger: 15 * time.Millisecond}),
 	}}
 }

@@ -17,13 +17,24 @@ type Req struct {
 	Group int
 }
 
-// Stream is a sequence of requests sent one after another by one client:
-// the first at Start, each next one Think after the previous completed.
-// An open-loop arrival process is many one-request streams.
+// Stream is a sequence of requests of one client: the first at Start, each
+// next one Think after the previous completed (closed loop), or, when
+// Offsets is set, request k at Start + Offsets[k] whether or not the
+// previous one is done (a fixed schedule, as trace replays use). An
+// open-loop arrival process is many one-request streams.
 type Stream struct {
-	Start time.Duration
-	Think time.Duration
-	Reqs  []Req
+	Start   time.Duration
+	Think   time.Duration
+	Offsets []time.Duration
+	Reqs    []Req
+}
+
+// at is the nominal start of request k.
+func (s Stream) at(k int) time.Duration {
+	if s.Offsets != nil {
+		return s.Start + s.Offsets[k]
+	}
+	return s.Start + time.Duration(k)*s.Think
 }
 
 // Workload is a seeded, deterministic set of streams.
@@ -44,8 +55,9 @@ func (w Workload) Requests() int {
 	return n
 }
 
-// Trace is the workload's requests in nominal arrival order (a stream's
-// k-th request at Start + k*Think), the order the offline bound replays.
+// Trace is the workload's requests in nominal arrival order (a closed-loop
+// stream's k-th request at Start + k*Think), the order the offline bound
+// replays.
 func (w Workload) Trace() []Req {
 	type item struct {
 		at   time.Duration
@@ -55,7 +67,7 @@ func (w Workload) Trace() []Req {
 	var items []item
 	for si, s := range w.Streams {
 		for k, r := range s.Reqs {
-			items = append(items, item{s.Start + time.Duration(k)*s.Think, si, k, r})
+			items = append(items, item{s.at(k), si, k, r})
 		}
 	}
 	sort.SliceStable(items, func(i, j int) bool {
@@ -161,24 +173,33 @@ type MultiTurnSpec struct {
 	QuestionTokens int
 	AnswerTokens   int // tokens of the previous answer appended to the history
 	OutputTokens   int
-	Think          time.Duration // pause between a user's turns
-	Stagger        time.Duration // users start Stagger apart
+	// Interval is the mean time between a user's turns, drawn uniformly
+	// from [0.5, 1.5] x Interval and fixed in advance, so the offered rate
+	// is Users/Interval whatever the latency, as a trace replay offers it
+	// (the jitter keeps round robin from locking users onto endpoints).
+	Interval time.Duration
+	Stagger  time.Duration // users start Stagger apart
 }
 
-// MultiTurn builds the workload: one closed-loop stream per user.
+// MultiTurn builds the workload: one fixed-schedule stream per user.
 func MultiTurn(name string, seed uint64, s MultiTurnSpec) Workload {
 	g := newTokenGen(seed, 2)
 	system := g.tokens(s.SystemTokens)
 	w := Workload{Name: name, Title: "Multi-turn chat, growing history",
-		Description: fmt.Sprintf("%d users x %d turns, shared %d-token system prompt, +%d question +%d answer tokens per turn, %v think time",
-			s.Users, s.Turns, s.SystemTokens, s.QuestionTokens, s.AnswerTokens, s.Think),
+		Description: fmt.Sprintf("%d users x %d turns, shared %d-token system prompt, +%d question +%d answer tokens per turn, a turn every %v per user (%.0f req/s)",
+			s.Users, s.Turns, s.SystemTokens, s.QuestionTokens, s.AnswerTokens, s.Interval, float64(s.Users)/s.Interval.Seconds()),
 		Params: map[string]any{"users": s.Users, "turns": s.Turns, "system_tokens": s.SystemTokens,
 			"question_tokens": s.QuestionTokens, "answer_tokens": s.AnswerTokens, "output_tokens": s.OutputTokens,
-			"think_ms": s.Think.Milliseconds(), "stagger_ms": s.Stagger.Milliseconds()}}
+			"interval_ms": s.Interval.Milliseconds(), "stagger_ms": s.Stagger.Milliseconds()}}
 	for u := 0; u < s.Users; u++ {
-		st := Stream{Start: time.Duration(u) * s.Stagger, Think: s.Think}
+		st := Stream{Start: time.Duration(u) * s.Stagger}
 		hist := system
+		var off time.Duration
 		for t := 0; t < s.Turns; t++ {
+			if t > 0 {
+				off += s.Interval/2 + time.Duration(g.r.Int64N(int64(s.Interval)+1))
+			}
+			st.Offsets = append(st.Offsets, off)
 			if t > 0 {
 				hist = concat(hist, g.tokens(s.AnswerTokens))
 			}

@@ -34,6 +34,8 @@ func run() error {
 		arms      = flag.String("arms", "", "comma-separated arms to run: rr, chwbl, kv, kv-nospill (all when empty)")
 		loxicmd   = flag.Bool("loxicmd", false, "create rules with loxicmd instead of the REST API")
 		quiet     = flag.Bool("quiet", false, "no progress bar")
+		receipts  = flag.String("receipts", "", "write every request's routing receipt and TTFT to this file")
+		env       = flag.String("env", "", "extra daemon environment for every arm, KEY=VALUE[,KEY=VALUE], e.g. LOXILB_KV_LOAD_PENALTY=64")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -65,6 +67,11 @@ func run() error {
 			return errors.New("-arms matched no arm")
 		}
 	}
+	if *env != "" {
+		for i := range s.Arms {
+			s.Arms[i].Env = append(append([]string(nil), s.Arms[i].Env...), strings.Split(*env, ",")...)
+		}
+	}
 	var bins bench.Binaries
 	if *binDir != "" {
 		bins = bench.Binaries{Loxilb: filepath.Join(*binDir, "loxilb"), Loxicmd: filepath.Join(*binDir, "loxicmd")}
@@ -82,6 +89,14 @@ func run() error {
 	o := bench.Options{Bin: bins, TokenizerDir: bench.DefaultTokenizerDir(root), UseLoxicmd: *loxicmd}
 	if !*quiet {
 		o.Progress = os.Stderr
+	}
+	if *receipts != "" {
+		rf, err := os.Create(*receipts)
+		if err != nil {
+			return err
+		}
+		defer rf.Close()
+		o.Receipts = rf
 	}
 	rep, err := bench.Run(ctx, s, o)
 	if err != nil {

@@ -1,0 +1,168 @@
+package bench
+
+import (
+	"context"
+	"encoding/xml"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestWorkloadsAreDeterministic(t *testing.T) {
+	a := DefaultWorkloads(7, DefaultFleet())
+	b := DefaultWorkloads(7, DefaultFleet())
+	c := DefaultWorkloads(8, DefaultFleet())
+	for i := range a {
+		if !reflect.DeepEqual(a[i].Trace(), b[i].Trace()) {
+			t.Errorf("%s: same seed, different trace", a[i].Name)
+		}
+		if reflect.DeepEqual(a[i].Trace(), c[i].Trace()) {
+			t.Errorf("%s: different seeds, same trace", a[i].Name)
+		}
+		if a[i].Requests() == 0 {
+			t.Errorf("%s: no requests", a[i].Name)
+		}
+	}
+}
+
+func TestSharedPrefixShape(t *testing.T) {
+	w := SharedPrefix("x", 1, SharedPrefixSpec{Groups: 3, PerGroup: 4, SystemTokens: 64, QuestionTokens: 16, OutputTokens: 1, RatePerSec: 100})
+	if w.Requests() != 12 {
+		t.Fatalf("requests %d, want 12", w.Requests())
+	}
+	sys := map[int][]uint32{}
+	for _, r := range w.Trace() {
+		if len(r.Tokens) != 80 {
+			t.Fatalf("prompt length %d, want 80", len(r.Tokens))
+		}
+		if s, ok := sys[r.Group]; ok && !reflect.DeepEqual(s, r.Tokens[:64]) {
+			t.Fatalf("group %d does not share its system prompt", r.Group)
+		}
+		sys[r.Group] = r.Tokens[:64]
+	}
+}
+
+func TestMultiTurnHistoryGrows(t *testing.T) {
+	w := MultiTurn("x", 1, MultiTurnSpec{Users: 2, Turns: 3, SystemTokens: 32, QuestionTokens: 8, AnswerTokens: 4, OutputTokens: 1, Interval: time.Second})
+	for _, s := range w.Streams {
+		for k := 1; k < len(s.Reqs); k++ {
+			prev, cur := s.Reqs[k-1].Tokens, s.Reqs[k].Tokens
+			if len(cur) != len(prev)+12 || !reflect.DeepEqual(cur[:len(prev)], prev) {
+				t.Fatalf("turn %d does not extend turn %d", k, k-1)
+			}
+			if s.Offsets[k] <= s.Offsets[k-1] {
+				t.Fatalf("turn %d scheduled before turn %d", k, k-1)
+			}
+		}
+	}
+}
+
+func TestUpperBound(t *testing.T) {
+	g := newTokenGen(1, 1)
+	a, b := g.tokens(64), g.tokens(64) // 4 blocks of 16 each
+	q := func() []uint32 { return g.tokens(8) }
+	trace := []Req{{Tokens: concat(a, q())}, {Tokens: concat(b, q())}, {Tokens: concat(a, q())}}
+	// Unbounded: the third request hits a's 4 blocks: 64 of 216 tokens.
+	if got, want := UpperBound(trace, 16, 0).Unbounded, 64.0/216; got != want {
+		t.Errorf("unbounded %v, want %v", got, want)
+	}
+	// Room for 4 blocks only: b evicts a, so nothing hits.
+	if got := UpperBound(trace, 16, 4).FleetLRU; got != 0 {
+		t.Errorf("4-block LRU %v, want 0", got)
+	}
+	// A block-aligned repeat stops one block short (the last token is
+	// always computed).
+	trace = []Req{{Tokens: a}, {Tokens: a}}
+	if got, want := UpperBound(trace, 16, 0).Unbounded, 48.0/128; got != want {
+		t.Errorf("aligned repeat %v, want %v", got, want)
+	}
+}
+
+func TestChartIsWellFormedSVG(t *testing.T) {
+	w := &WorkloadResult{Workload: Workload{Name: "w", Title: "t <&>", Description: "d"}, Bound: Bound{FleetLRU: .8, Unbounded: .9},
+		Arms: []ArmResult{{Arm: "rr", Label: "round robin", HitRatio: .2, TTFTms: Percentiles{P50: 10, P90: 90, P99: 200}},
+			{Arm: "kv", Label: "KV", HitRatio: .75, TTFTms: Percentiles{P50: 5, P90: 20, P99: 40}}}}
+	svg := Chart(w, DefaultFleet())
+	dec := xml.NewDecoder(strings.NewReader(svg))
+	for {
+		if _, err := dec.Token(); err != nil {
+			if err.Error() == "EOF" {
+				break
+			}
+			t.Fatalf("invalid SVG: %v\n%s", err, svg)
+		}
+	}
+	for _, want := range []string{"round robin", "upper bound", "TTFT"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("chart lacks %q", want)
+		}
+	}
+}
+
+// TestTinySuite runs the whole harness (real daemon process, emulated
+// engines, proxy, rules per arm, report files) on a workload of seconds.
+func TestTinySuite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the daemon")
+	}
+	ctx := context.Background()
+	wd, _ := os.Getwd()
+	root, err := FindRepoRoot(wd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bins, err := BuildBinaries(ctx, root, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := TinySuite(3, 79)
+	rep, err := Run(ctx, s, Options{Bin: bins, TokenizerDir: DefaultTokenizerDir(root), UseLoxicmd: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb strings.Builder
+	rep.WriteTable(&sb)
+	t.Log("\n" + sb.String())
+	if len(rep.Workloads) != len(s.Workloads) {
+		t.Fatalf("%d workload results, want %d", len(rep.Workloads), len(s.Workloads))
+	}
+	for _, w := range rep.Workloads {
+		if len(w.Arms) != len(s.Arms) {
+			t.Fatalf("%s: %d arms, want %d", w.Workload.Name, len(w.Arms), len(s.Arms))
+		}
+		for _, a := range w.Arms {
+			if a.Errors != 0 || a.Requests != w.Requests {
+				t.Errorf("%s/%s: %d errors of %d requests (first: %s)", w.Workload.Name, a.Arm, a.Errors, a.Requests, a.FirstError)
+			}
+			sum := 0
+			for _, n := range a.PerEndpoint {
+				sum += n
+			}
+			if sum != w.Requests {
+				t.Errorf("%s/%s: engines counted %d requests, want %d", w.Workload.Name, a.Arm, sum, w.Requests)
+			}
+			if a.HitRatio < 0 || a.HitRatio > 1 || a.TTFTms.P50 <= 0 {
+				t.Errorf("%s/%s: implausible hit ratio %v or TTFT %v", w.Workload.Name, a.Arm, a.HitRatio, a.TTFTms)
+			}
+		}
+		kv, rr := w.Arm(ArmKV.Name), w.Arm(ArmRR.Name)
+		if kv.Tiers["tier1.5"] == 0 {
+			t.Errorf("%s: the KV-exact arm made no Tier-1.5 decision: %v", w.Workload.Name, kv.Tiers)
+		}
+		if w.Workload.Name == WShared100 && kv.HitRatio < rr.HitRatio {
+			t.Errorf("%s: KV-exact hit ratio %.3f below round robin %.3f", w.Workload.Name, kv.HitRatio, rr.HitRatio)
+		}
+	}
+	dir := t.TempDir()
+	if err := rep.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"report.json", WShared100 + ".svg", WMultiTurn + ".svg"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Error(err)
+		}
+	}
+}
