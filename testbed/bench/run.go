@@ -91,7 +91,7 @@ type Options struct {
 	// Receipts, when set, gets one line per request: workload, arm,
 	// prefix group, prompt tokens, TTFT and the routing receipt.
 	Receipts io.Writer
-	Logger     *slog.Logger
+	Logger   *slog.Logger
 }
 
 // Run executes every workload under every arm and returns the report.
