@@ -118,8 +118,10 @@ type Dispatcher struct {
 	sess   *sessions
 	trie   *prefixIndex
 	now    func() time.Time
-	rr     atomic.Uint64 // rotates least-loaded ties
-	bufs   sync.Pool     // relay buffers
+	// rrPre and rrDec rotate least-loaded ties, separately so one does not
+	// step the other in lockstep.
+	rrPre, rrDec atomic.Uint64
+	bufs         sync.Pool // relay buffers
 }
 
 // New builds a dispatcher with its own pooled transport. reg may be nil.
@@ -225,10 +227,10 @@ func (d *Dispatcher) Choose(req *Request) (Choice, error) {
 		}
 	}
 	if chosen < 0 {
-		chosen, c.Tier = leastLoaded(pre, d.rr.Add(1)), TierLeastLoaded
+		chosen, c.Tier = leastLoaded(pre, d.rrPre.Add(1)), TierLeastLoaded
 	}
 	if decIdx < 0 {
-		decIdx = leastLoaded(dec, d.rr.Add(1))
+		decIdx = leastLoaded(dec, d.rrDec.Add(1))
 	}
 	d.m.prefillTier.WithLabelValues(label, c.Tier).Inc()
 	// Chosen first, then the rest least loaded first (stable by index).

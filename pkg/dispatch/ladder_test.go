@@ -237,3 +237,16 @@ func TestAdmissionBurst(t *testing.T) {
 		t.Fatalf("queued %v", got)
 	}
 }
+
+// TestLeastLoadedSpread: with no affinity at all (short, distinct prompts)
+// both the prefill and the decode legs rotate over every worker.
+func TestLeastLoadedSpread(t *testing.T) {
+	f := newFleet(t, fleetOpts{engine: "vllm", nPrefill: 2, nDec: 2})
+	for i := 0; i < 8; i++ {
+		whichPrefill(t, f, bodyFor(flowCases[0], fmt.Sprintf("hi %d", i), 2))
+	}
+	pre, dec := transfersOf(f), decodesOf(f)
+	if pre[0] != 4 || pre[1] != 4 || dec[0] != 4 || dec[1] != 4 {
+		t.Fatalf("prefill %v decode %v, want 4 each", pre, dec)
+	}
+}
