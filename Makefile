@@ -47,8 +47,14 @@ gen-bpf: ## regenerate the bpf2go output with the pinned clang
 regen-parity: ## regenerate tokenizer goldens and compare Go and Rust tokenizer speed
 	sh testbed/parity/regen.sh
 
-bench: ## hot-path micro-benchmarks
-	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./pkg/...
+bench: ## hot-path micro-benchmarks (tokenize, hash, inventory, routing, proxy) as one table
+	$(GO) run ./testbed/bench/cmd/hotpath $(ARGS)
+
+bench-routing: build ## routing-quality benchmark through the real daemon; results in testbed/bench/results
+	$(GO) run ./testbed/bench/cmd/llmbench -bin $(BIN) -out testbed/bench/results $(ARGS)
+
+demo: build ## four vLLM emulators + the daemon on loopback: round robin vs KV-exact side by side (no root)
+	$(GO) run ./testbed/demo -bin $(BIN)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -91,6 +91,8 @@ type Options struct {
 	// Receipts, when set, gets one line per request: workload, arm,
 	// prefix group, prompt tokens, TTFT and the routing receipt.
 	Receipts io.Writer
+	// Commands, when set, gets every loxicmd command line run.
+	Commands io.Writer
 	Logger   *slog.Logger
 }
 
@@ -191,6 +193,9 @@ func createRule(ctx context.Context, o Options, d *daemon, f FleetConfig, arm Ar
 		if arm.KVExactMode != 0 {
 			args = append(args, fmt.Sprintf("--kv-exact-mode=%d", arm.KVExactMode), "--kv-engine-type=vllm",
 				fmt.Sprintf("--kv-zmq-port=%d", f.ZMQPort), fmt.Sprintf("--kv-block-size=%d", f.BlockSize))
+		}
+		if o.Commands != nil {
+			fmt.Fprintf(o.Commands, "$ loxicmd %s\n", strings.Join(args, " "))
 		}
 		cmd := exec.CommandContext(ctx, o.Bin.Loxicmd, args...)
 		if out, err := cmd.CombinedOutput(); err != nil {

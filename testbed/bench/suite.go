@@ -53,3 +53,20 @@ func TinySuite(seed uint64, net int) Suite {
 			OutputTokens: 2, Interval: 60 * time.Millisecond, Stagger: 15 * time.Millisecond}),
 	}}
 }
+
+// DemoSuite is what `make demo` runs: four engines, round robin against
+// KV-exact, a shared-prefix workload and a multi-turn chat of about ten
+// seconds each.
+func DemoSuite(seed uint64, net int) Suite {
+	f := DefaultFleet()
+	f.Net = net
+	f.Port, f.ZMQPort, f.VIPPort = 28200, 25757, 28280
+	const sys = 2048
+	groups := f.TotalBlocks() / (sys / f.BlockSize)
+	return Suite{Name: "demo", Seed: seed, Fleet: f, Arms: []Arm{ArmRR, ArmKV}, Workloads: []Workload{
+		SharedPrefix(WShared100, seed, SharedPrefixSpec{Groups: groups, PerGroup: 8, SystemTokens: sys, QuestionTokens: 128,
+			OutputTokens: 2, RatePerSec: 90, FillOfFleetPercent: 100}),
+		MultiTurn(WMultiTurn, seed, MultiTurnSpec{Users: 16, Turns: 6, SystemTokens: 512, QuestionTokens: 320, AnswerTokens: 96,
+			OutputTokens: 2, Interval: 145 * time.Millisecond, Stagger: 9 * time.Millisecond}),
+	}}
+}
