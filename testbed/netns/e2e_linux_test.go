@@ -42,8 +42,8 @@ func withLab(t *testing.T, n int) *Lab {
 	requireCurl(t)
 	if dataplanetest.InNetNS() {
 		var lab Lab
-		if err := json.Unmarshal([]byte(os.Getenv(labEnv)), &lab); err != nil {
-			t.Fatalf("lab description: %v", err)
+		if err := jsonLab(&lab); err != nil {
+			t.Fatal(err)
 		}
 		return &lab
 	}
@@ -64,7 +64,14 @@ func withLab(t *testing.T, n int) *Lab {
 	return nil
 }
 
-func startBackend(t *testing.T, ns, name string) {
+func jsonLab(lab *Lab) error {
+	if err := json.Unmarshal([]byte(os.Getenv(labEnv)), lab); err != nil {
+		return fmt.Errorf("lab description: %w", err)
+	}
+	return nil
+}
+
+func startBackend(t testing.TB, ns, name string) {
 	t.Helper()
 	cmd := exec.Command("nsenter", "--net=/run/netns/"+ns, os.Args[0])
 	cmd.Env = append(os.Environ(), roleEnv+"=backend", "LOXILB_LAB_NAME="+name)

@@ -129,8 +129,10 @@ func runChild(tb testing.TB, ns string, testArgs []string, env []string) {
 	cmd := exec.Command("unshare", args...)
 	cmd.Env = append(append(os.Environ(), childEnv+"="+ns), env...)
 	var buf strings.Builder
-	if testing.Verbose() {
-		// Stream as well: a hanging child is otherwise silent until killed.
+	_, isBench := tb.(*testing.B)
+	if testing.Verbose() || isBench {
+		// Stream as well: a hanging child is otherwise silent until killed,
+		// and benchmark logs are truncated.
 		cmd.Stdout = io.MultiWriter(&buf, os.Stderr)
 	} else {
 		cmd.Stdout = &buf
@@ -138,7 +140,7 @@ func runChild(tb testing.TB, ns string, testArgs []string, env []string) {
 	cmd.Stderr = cmd.Stdout
 	err := cmd.Run()
 	out := buf.String()
-	if !testing.Verbose() {
+	if !testing.Verbose() && !isBench {
 		for _, line := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
 			tb.Log(line)
 		}

@@ -22,7 +22,7 @@ func BenchmarkProgram(b *testing.B) {
 		dataplanetest.RunBenchInNetNS(b, dataplanetest.NewNetNS(b, "lbbench"))
 		return
 	}
-	fixtureNet(&testing.T{})
+	fixtureNet(b)
 	d, err := New(Config{StackForwarding: true}, nil)
 	if err != nil {
 		b.Fatal(err)

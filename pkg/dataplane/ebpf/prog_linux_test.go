@@ -34,7 +34,7 @@ func vipN(n byte) netip.Addr { return netip.AddrFrom4([4]byte{172, 31, 9, n}) }
 
 // fixtureNet gives the namespace routes to the client and backend networks,
 // and forwarding, so bpf_fib_lookup succeeds in test runs.
-func fixtureNet(t *testing.T) {
+func fixtureNet(t testing.TB) {
 	t.Helper()
 	for _, args := range [][]string{
 		{"link", "add", "lbt0", "type", "veth", "peer", "name", "lbt0p"},
