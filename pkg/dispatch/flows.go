@@ -122,13 +122,7 @@ func (x *exchange) runVLLM(ctx context.Context) {
 // decode runs the decode leg and records its failure.
 func (x *exchange) decode(ctx context.Context, body []byte) {
 	if err := x.decodeLeg(ctx, body); err != nil {
-		if x.outcomeTag == "" {
-			x.outcomeTag = "decode_error"
-			if x.wrote {
-				x.outcomeTag = "stream_aborted"
-			}
-		}
-		x.fail(ctx, err)
+		x.decodeFailed(ctx, err)
 	}
 }
 
@@ -220,11 +214,14 @@ func (x *exchange) sglangAttempt(ctx context.Context, pre Endpoint, body []byte,
 	cancel(errOtherLeg)
 	out := <-prefillDone
 	prefillFailed := out.err != nil && !errors.Is(out.err, errOtherLeg) && !errors.Is(out.err, context.Canceled) || out.err == nil && out.status/100 != 2
-	if !prefillFailed || x.wrote {
-		if prefillFailed {
-			x.d.m.streamAborted.WithLabelValues(x.label, strconv.Itoa(x.c.Decode.Idx)).Inc()
-			x.outcomeTag = "stream_aborted"
-		}
+	if prefillFailed && x.wrote {
+		// Bytes already went out: cut the stream, blaming the prefill.
+		x.d.m.streamAborted.WithLabelValues(x.label, strconv.Itoa(x.c.Decode.Idx)).Inc()
+		x.outcomeTag = "stream_aborted"
+		x.fail(ctx, out.error())
+		return false
+	}
+	if !prefillFailed {
 		x.decodeFailed(ctx, derr)
 		return false
 	}
@@ -237,7 +234,9 @@ func (x *exchange) sglangAttempt(ctx context.Context, pre Endpoint, body []byte,
 }
 
 func (x *exchange) decodeFailed(ctx context.Context, err error) {
-	if x.outcomeTag == "" {
+	if ctx.Err() != nil || errors.Is(err, ErrClientGone) {
+		x.outcomeTag = "" // derived: client_canceled
+	} else if x.outcomeTag == "" {
 		x.outcomeTag = "decode_error"
 		if x.wrote {
 			x.outcomeTag = "stream_aborted"

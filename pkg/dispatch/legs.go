@@ -161,6 +161,16 @@ type prefillOutcome struct {
 	connectFailed bool
 }
 
+// error is the leg's failure as an error (a transport error, or the
+// engine's error status).
+func (o prefillOutcome) error() error {
+	if o.err != nil || o.status/100 == 2 {
+		return o.err
+	}
+	return &legError{leg: legPrefill, addr: o.ep.Addr(), class: "status",
+		err: fmt.Errorf("%w: prefill endpoint answered %d: %s", ErrLegStatus, o.status, excerpt(o.body))}
+}
+
 // prefillOnce runs one prefill leg to ep under the prefill timeout, holding
 // an admission slot for its duration, and reads the whole (bounded) body.
 func (x *exchange) prefillOnce(ctx context.Context, ep Endpoint, body []byte) prefillOutcome {
@@ -402,13 +412,16 @@ func (x *exchange) decodeLeg(ctx context.Context, body []byte) error {
 			break
 		}
 		if rerr != nil {
-			x.d.m.streamAborted.WithLabelValues(x.label, epl).Inc()
 			switch {
 			case timedOutNow():
+				x.d.m.streamAborted.WithLabelValues(x.label, epl).Inc()
 				return legErr("timeout", fmt.Errorf("%w: decode stalled for %v", ErrLegTimeout, x.d.cfg.DecodeIdleTimeout))
 			case ctx.Err() != nil:
+				// The client left or the other leg failed; the caller
+				// knows which and counts it.
 				return fmt.Errorf("%w: %w", context.Canceled, rerr)
 			}
+			x.d.m.streamAborted.WithLabelValues(x.label, epl).Inc()
 			wrapped, class, _ := transportError(rerr)
 			return legErr(class, wrapped)
 		}
