@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -96,6 +97,9 @@ type Choice struct {
 	Tier    string // how the first prefill endpoint was chosen
 	Detail  string // the Tier 1.5 receipt, or the prefix depth
 	keys    []uint64
+	// parsed is the body as Choose parsed it, reused by Execute (which is
+	// given the same body) so a request is parsed once.
+	parsed map[string]json.RawMessage
 }
 
 // Receipt renders the choice for the X-Loxilb-Route header and logs.
@@ -195,7 +199,10 @@ func (d *Dispatcher) Choose(req *Request) (Choice, error) {
 	}
 	c := Choice{keys: req.PrefixKeys}
 	if c.keys == nil {
-		c.keys = PromptKeys(req.Body, d.cfg.PromptChunkBytes)
+		if m, err := parseBody(req.Body); err == nil {
+			c.parsed = m
+			c.keys = promptKeys(m, d.cfg.PromptChunkBytes)
+		}
 	}
 	label := strconv.FormatUint(uint64(svc), 10)
 	chosen, decIdx := -1, -1
@@ -325,7 +332,8 @@ func (d *Dispatcher) Serve(ctx context.Context, w http.ResponseWriter, req *Requ
 }
 
 // Execute runs the flow for an already made Choice (the gateway chooses at
-// pick time so the receipt header can name the endpoints).
+// pick time so the receipt header can name the endpoints). req.Body must
+// be the body the Choice was made for.
 func (d *Dispatcher) Execute(ctx context.Context, w http.ResponseWriter, req *Request, c Choice) proxy.Result {
 	start := d.now()
 	res := proxy.Result{Endpoint: c.Decode.Idx, BytesIn: int64(len(req.Body))}
@@ -335,7 +343,10 @@ func (d *Dispatcher) Execute(ctx context.Context, w http.ResponseWriter, req *Re
 		return d.fail(w, req, res, err, "shed")
 	}
 	defer leave()
-	body, err := parseBody(req.Body)
+	body, err := c.parsed, error(nil)
+	if body == nil {
+		body, err = parseBody(req.Body)
+	}
 	if err != nil {
 		return d.fail(w, req, res, err, "bad_request")
 	}

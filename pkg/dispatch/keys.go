@@ -17,6 +17,10 @@ func PromptKeys(body []byte, chunk int) []uint64 {
 	if json.Unmarshal(body, &m) != nil {
 		return nil
 	}
+	return promptKeys(m, chunk)
+}
+
+func promptKeys(m map[string]json.RawMessage, chunk int) []uint64 {
 	var text []byte
 	for _, k := range []string{"messages", "prompt", "text", "input_ids"} {
 		if v, ok := m[k]; ok {

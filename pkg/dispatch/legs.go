@@ -12,6 +12,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -80,13 +81,29 @@ func cloneBody(m map[string]json.RawMessage) map[string]json.RawMessage {
 	return out
 }
 
+// encodeBody writes the object back with keys sorted. The values are the
+// client's own bytes (they decoded once, so they are valid JSON) and are
+// copied as they are: json.Marshal would re-validate and compact every one.
 func encodeBody(m map[string]json.RawMessage) []byte {
-	b, err := json.Marshal(m)
-	if err != nil {
-		// Values are RawMessages that decoded once, so this cannot fail.
-		panic(fmt.Sprintf("dispatch: re-encode body: %v", err))
+	keys := make([]string, 0, len(m))
+	n := 2
+	for k, v := range m {
+		keys = append(keys, k)
+		n += len(k) + len(v) + 8
 	}
-	return b
+	sort.Strings(keys)
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		kb, _ := json.Marshal(k) // JSON string quoting (strconv's is Go syntax)
+		b = append(b, kb...)
+		b = append(b, ':')
+		b = append(b, m[k]...)
+	}
+	return append(b, '}')
 }
 
 func raw(v any) json.RawMessage {
