@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -156,6 +157,10 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Dispatche
 	d.sess = newSessions(cfg.SessionTTL, cfg.SessionMax, func() time.Time { return d.now() })
 	d.trie = newPrefixIndex(cfg.TrieMaxKeys)
 	d.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
+	// Start the tie rotation anywhere, so gateways started together do not
+	// all send their first requests to the same endpoints.
+	d.rrPre.Store(rand.Uint64())
+	d.rrDec.Store(rand.Uint64())
 	return d, nil
 }
 

@@ -117,7 +117,7 @@ func newPDBench(t *testing.T, engine string, kvMode, third int) *pdBench {
 	if err := b.g.Reconcile(context.Background(), []control.Service{{ID: 1, Rule: rule}}); err != nil {
 		t.Fatal(err)
 	}
-	b.newPD(t)
+	b.newPD(t, dispatch.Config{})
 	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		req := &proxy.Request{Service: 1, Method: r.Method, Path: r.URL.Path, Model: proxy.ModelOf(r.Header, body),
@@ -137,9 +137,9 @@ func newPDBench(t *testing.T, engine string, kvMode, third int) *pdBench {
 }
 
 // newPD starts over with an empty dispatcher (no routing history).
-func (b *pdBench) newPD(t *testing.T) {
+func (b *pdBench) newPD(t *testing.T, cfg dispatch.Config) {
 	t.Helper()
-	d, err := dispatch.New(dispatch.Config{}, nil, prometheus.NewRegistry())
+	d, err := dispatch.New(cfg, nil, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,9 +218,12 @@ func TestPDTier15FollowsInventory(t *testing.T) {
 				t.Fatalf("prefill cache holds %d blocks", len(keys))
 			}
 			b.index.Store(1, holder, 0, keys)
+			// No routing history may decide: the prefix tier needs a full
+			// match, and every question differs.
+			b.newPD(t, dispatch.Config{TrieMinPercent: 100})
 			for round := 0; round < 4; round++ {
-				b.newPD(t) // no session, no history: only the inventory knows
-				rc, _ := b.chat(t, doc+fmt.Sprintf(" Question %d?", round+2), round%2 == 1)
+				q := fmt.Sprintf(" Question %d: %s", round+2, strings.Repeat(fmt.Sprintf("detail-%d ", round), 30))
+				rc, _ := b.chat(t, doc+q, round%2 == 1)
 				if !strings.Contains(rc, "tier=tier1.5") || !strings.Contains(rc, fmt.Sprintf("prefill=%d", holder)) {
 					t.Fatalf("round %d receipt %q: want Tier 1.5 to prefill %d", round, rc, holder)
 				}
