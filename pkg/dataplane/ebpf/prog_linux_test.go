@@ -289,6 +289,44 @@ func TestPacketFixtures(t *testing.T) {
 			verdict: actRedirect, out: fwd(tcp(client, 43000, vip, 80, fACK)), counters: hitOrig})
 	})
 
+	t.Run("Mode5HostOneArm", func(t *testing.T) {
+		f.t = t
+		f.upsert(dataplane.Service{ID: 12, VIP: netip.IPv4Unspecified(), Port: 9000, Mode: dataplane.ModeHostOneArm, Sel: dataplane.SelRoundRobin}, ep(backend1, 80))
+		local := netip.MustParseAddr("172.31.2.1") // an address of this host
+		f.run(step{name: "SYN to a local address: DNAT + SNAT", in: tcp(client, 42500, local, 9000, fSYN),
+			verdict: actRedirect, out: fwd(tcp(lbAddr, 42500, backend1, 80, fSYN)), counters: newFlow, ct: 2})
+		f.run(step{name: "reply", in: tcp(backend1, 80, lbAddr, 42500, fSYN|fACK),
+			verdict: actRedirect, out: fwd(tcp(local, 9000, client, 42500, fSYN|fACK)), counters: hitReply})
+		f.run(step{name: "same port, not a local address", in: tcp(client, 42501, other, 9000, fSYN),
+			verdict: actOK, counters: map[string]uint64{"pass_no_service": 1}})
+	})
+
+	t.Run("SCTPDSR", func(t *testing.T) {
+		f.t = t
+		vip := vipN(13)
+		f.upsert(dataplane.Service{ID: 13, VIP: vip, Port: 38412, Proto: "sctp", Mode: dataplane.ModeDSR, Sel: dataplane.SelHash}, ep(backend2, 38412))
+		in := pkt{src: client, dst: vip, sport: 5000, dport: 38412, proto: 132, payload: "init"}
+		out := in
+		out.ttl = 63
+		f.run(step{name: "SCTP to a DSR VIP: untouched but TTL", in: in, verdict: actRedirect, out: &out, counters: newFlow, ct: 1})
+	})
+
+	t.Run("RemovedEndpointFlowsFlushed", func(t *testing.T) {
+		f.t = t
+		vip := vipN(14)
+		svc := dataplane.Service{ID: 14, VIP: vip, Port: 80, Sel: dataplane.SelRoundRobin}
+		f.upsert(svc, ep(backend1, 80), ep(backend2, 80))
+		f.run(step{name: "flow 1", in: tcp(client, 43500, vip, 80, fSYN), verdict: actRedirect, out: fwd(tcp(client, 43500, backend1, 80, fSYN)), counters: newFlow, ct: 2})
+		f.run(step{name: "flow 2", in: tcp(client, 43501, vip, 80, fSYN), verdict: actRedirect, out: fwd(tcp(client, 43501, backend2, 80, fSYN)), counters: newFlow, ct: 2})
+		before := len(f.ct())
+		f.upsert(svc, ep(backend2, 80))
+		if n := before - len(f.ct()); n != 2 {
+			t.Fatalf("%d entries flushed, want the 2 of the removed endpoint", n)
+		}
+		f.run(step{name: "flow 2 continues", in: tcp(client, 43501, vip, 80, fACK), verdict: actRedirect, out: fwd(tcp(client, 43501, backend2, 80, fACK)), counters: hitOrig})
+		f.run(step{name: "flow 1 is gone", in: tcp(client, 43500, vip, 80, fACK), verdict: actShot, counters: map[string]uint64{"drop_not_syn": 1}})
+	})
+
 	t.Run("UDP", func(t *testing.T) {
 		f.t = t
 		vip := vipN(5)
