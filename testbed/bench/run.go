@@ -66,10 +66,15 @@ var (
 	ArmCHWBL   = Arm{Name: "chwbl", Label: "chwbl (consistent hash, bounded load)", Select: "chwbl", Sel: 8}
 	ArmKV      = Arm{Name: "kv", Label: "KV-exact, spill relief on", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on"}}
 	ArmKVNoSpl = Arm{Name: "kv-nospill", Label: "KV-exact, spill relief off", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=off"}}
+	// ArmKVLoad is KV-exact with the load blend weighted 16x the default
+	// (one request in flight is worth 512 cached tokens instead of 32): it
+	// shows how much of the gap to the targets the default blend leaves.
+	ArmKVLoad = Arm{Name: "kv-load512", Label: "KV-exact, spill on, load penalty 512", Select: "rr", Sel: 0, KVExactMode: 3,
+		Env: []string{"LOXILB_KV_SPILL_RELIEF=on", "LOXILB_KV_LOAD_PENALTY=512"}}
 )
 
-// DefaultArms returns the four arms in report order.
-func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl} }
+// DefaultArms returns the arms of the default suite in report order.
+func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl, ArmKVLoad} }
 
 // Suite is one benchmark run.
 type Suite struct {
@@ -78,7 +83,12 @@ type Suite struct {
 	Fleet     FleetConfig `json:"fleet"`
 	Workloads []Workload  `json:"-"`
 	Arms      []Arm       `json:"arms"`
+	// Runs repeats every arm; the report gives the median of each metric.
+	// 0 means 1.
+	Runs int `json:"runs"`
 }
+
+func (s Suite) runs() int { return max(s.Runs, 1) }
 
 // Options are the run's collaborators.
 type Options struct {
@@ -110,19 +120,28 @@ func Run(ctx context.Context, s Suite, o Options) (*Report, error) {
 	rep := &Report{Suite: s, Machine: DescribeMachine(), Started: time.Now().UTC()}
 	total := 0
 	for _, w := range s.Workloads {
-		total += w.Requests() * len(s.Arms)
+		total += w.Requests() * len(s.Arms) * s.runs()
 	}
 	pb := newProgress(o.Progress, total)
 	defer pb.finish()
 	for _, w := range s.Workloads {
 		wr := WorkloadResult{Workload: w, Requests: w.Requests(),
 			Bound: UpperBound(w.Trace(), f.BlockSize, f.TotalBlocks())}
-		for _, arm := range s.Arms {
-			pb.label(w.Name + "/" + arm.Name)
-			ar, err := runArm(ctx, s, o, fl, w, arm, pb)
-			if err != nil {
-				return rep, fmt.Errorf("workload %s, arm %s: %w", w.Name, arm.Name, err)
+		runs := make([][]ArmResult, len(s.Arms))
+		for r := 0; r < s.runs(); r++ {
+			// Arms alternate within a repetition so that a noisy moment of
+			// a shared machine hits one run of each arm, not one arm.
+			for ai, arm := range s.Arms {
+				pb.label(fmt.Sprintf("%s/%s #%d", w.Name, arm.Name, r+1))
+				ar, err := runArm(ctx, s, o, fl, w, arm, pb)
+				if err != nil {
+					return rep, fmt.Errorf("workload %s, arm %s: %w", w.Name, arm.Name, err)
+				}
+				runs[ai] = append(runs[ai], ar)
 			}
+		}
+		for ai := range s.Arms {
+			ar := medianRun(runs[ai])
 			if wr.Bound.FleetLRU > 0 {
 				ar.OfBound = ar.HitRatio / wr.Bound.FleetLRU
 			}

@@ -21,15 +21,17 @@ func DefaultWorkloads(seed uint64, f FleetConfig) []Workload {
 	g100 := f.TotalBlocks() / sysBlocks // system prompts fill the fleet
 	g40 := g100 * 40 / 100
 	return []Workload{
-		SharedPrefix(WShared40, seed, SharedPrefixSpec{Groups: g40, PerGroup: 16, SystemTokens: sys, QuestionTokens: 128,
+		SharedPrefix(WShared40, seed, SharedPrefixSpec{Groups: g40, PerGroup: 12, SystemTokens: sys, QuestionTokens: 128,
 			OutputTokens: 2, RatePerSec: 90, FillOfFleetPercent: 100 * g40 * sysBlocks / f.TotalBlocks()}),
 		SharedPrefix(WShared100, seed, SharedPrefixSpec{Groups: g100, PerGroup: 12, SystemTokens: sys, QuestionTokens: 128,
 			OutputTokens: 2, RatePerSec: 90, FillOfFleetPercent: 100 * g100 * sysBlocks / f.TotalBlocks()}),
-		MultiTurn(WMultiTurn, seed, MultiTurnSpec{Users: 16, Turns: 8, SystemTokens: 512, QuestionTokens: 320, AnswerTokens: 96,
+		MultiTurn(WMultiTurn, seed, MultiTurnSpec{Users: 16, Turns: 12, SystemTokens: 512, UserContextTokens: 1024,
+			QuestionTokens: 128, AnswerTokens: 64, OutputTokens: 2, Interval: 130 * time.Millisecond, Stagger: 8 * time.Millisecond}),
+		MultiTurn(WMultiTurnShort, seed, MultiTurnSpec{Users: 16, Turns: 6, SystemTokens: 512, QuestionTokens: 320, AnswerTokens: 96,
 			OutputTokens: 2, Interval: 145 * time.Millisecond, Stagger: 9 * time.Millisecond}),
-		SiblingBursts(WSiblings, seed, SiblingSpec{Bursts: 16, Siblings: 8, PrefixTokens: 3072, QuestionTokens: 64,
-			OutputTokens: 2, BurstGap: 300 * time.Millisecond, MaxSpread: 10 * time.Millisecond}),
-		HotPrefix(WHotPrefix, seed, HotPrefixSpec{Prefixes: 16, Requests: 320, HotShare: 0.5, ZipfS: 1.1, PrefixTokens: sys,
+		SiblingBursts(WSiblings, seed, SiblingSpec{Bursts: 12, Siblings: 8, PrefixTokens: 3072, QuestionTokens: 64,
+			OutputTokens: 2, BurstGap: 250 * time.Millisecond, MaxSpread: 10 * time.Millisecond}),
+		HotPrefix(WHotPrefix, seed, HotPrefixSpec{Prefixes: 16, Requests: 270, HotShare: 0.5, ZipfS: 1.1, PrefixTokens: sys,
 			QuestionTokens: 128, OutputTokens: 2, RatePerSec: 90}),
 	}
 }
@@ -37,7 +39,7 @@ func DefaultWorkloads(seed uint64, f FleetConfig) []Workload {
 // DefaultSuite is the suite `make bench-routing` runs.
 func DefaultSuite(seed uint64) Suite {
 	f := DefaultFleet()
-	return Suite{Name: "default", Seed: seed, Fleet: f, Workloads: DefaultWorkloads(seed, f), Arms: DefaultArms()}
+	return Suite{Name: "default", Seed: seed, Fleet: f, Workloads: DefaultWorkloads(seed, f), Arms: DefaultArms(), Runs: 3}
 }
 
 // TinySuite runs in seconds: two engines, small workloads, the round-robin

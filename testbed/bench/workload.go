@@ -168,11 +168,15 @@ func SharedPrefix(name string, seed uint64, s SharedPrefixSpec) Workload {
 // MultiTurnSpec is a multi-round chat: users share a system prompt and each
 // user's history grows by a question and an answer every round.
 type MultiTurnSpec struct {
-	Users, Turns   int
-	SystemTokens   int
-	QuestionTokens int
-	AnswerTokens   int // tokens of the previous answer appended to the history
-	OutputTokens   int
+	Users, Turns int
+	SystemTokens int
+	// UserContextTokens is a per-user prompt placed after the shared
+	// system prompt (production-stack multi-round-qa's user history
+	// prompt: a profile, a document, earlier sessions); 0 for none.
+	UserContextTokens int
+	QuestionTokens    int
+	AnswerTokens      int // tokens of the previous answer appended to the history
+	OutputTokens      int
 	// Interval is the mean time between a user's turns, drawn uniformly
 	// from [0.5, 1.5] x Interval and fixed in advance, so the offered rate
 	// is Users/Interval whatever the latency, as a trace replay offers it
@@ -186,14 +190,17 @@ func MultiTurn(name string, seed uint64, s MultiTurnSpec) Workload {
 	g := newTokenGen(seed, 2)
 	system := g.tokens(s.SystemTokens)
 	w := Workload{Name: name, Title: "Multi-turn chat, growing history",
-		Description: fmt.Sprintf("%d users x %d turns, shared %d-token system prompt, +%d question +%d answer tokens per turn, a turn every %v per user (%.0f req/s)",
-			s.Users, s.Turns, s.SystemTokens, s.QuestionTokens, s.AnswerTokens, s.Interval, float64(s.Users)/s.Interval.Seconds()),
-		Params: map[string]any{"users": s.Users, "turns": s.Turns, "system_tokens": s.SystemTokens,
+		Description: fmt.Sprintf("%d users x %d turns, shared %d-token system prompt + %d-token user context, +%d question +%d answer tokens per turn, a turn every %v per user (%.0f req/s)",
+			s.Users, s.Turns, s.SystemTokens, s.UserContextTokens, s.QuestionTokens, s.AnswerTokens, s.Interval, float64(s.Users)/s.Interval.Seconds()),
+		Params: map[string]any{"users": s.Users, "turns": s.Turns, "system_tokens": s.SystemTokens, "user_context_tokens": s.UserContextTokens,
 			"question_tokens": s.QuestionTokens, "answer_tokens": s.AnswerTokens, "output_tokens": s.OutputTokens,
 			"interval_ms": s.Interval.Milliseconds(), "stagger_ms": s.Stagger.Milliseconds()}}
 	for u := 0; u < s.Users; u++ {
 		st := Stream{Start: time.Duration(u) * s.Stagger}
 		hist := system
+		if s.UserContextTokens > 0 {
+			hist = concat(system, g.tokens(s.UserContextTokens))
+		}
 		var off time.Duration
 		for t := 0; t < s.Turns; t++ {
 			if t > 0 {

@@ -34,6 +34,7 @@ func run() error {
 		arms      = flag.String("arms", "", "comma-separated arms to run: rr, chwbl, kv, kv-nospill (all when empty)")
 		loxicmd   = flag.Bool("loxicmd", false, "create rules with loxicmd instead of the REST API")
 		quiet     = flag.Bool("quiet", false, "no progress bar")
+		runs      = flag.Int("runs", 0, "repetitions per arm, medians reported (0: the suite's default, 3 for default)")
 		receipts  = flag.String("receipts", "", "write every request's routing receipt and TTFT to this file")
 		env       = flag.String("env", "", "extra daemon environment for every arm, KEY=VALUE[,KEY=VALUE], e.g. LOXILB_KV_LOAD_PENALTY=64")
 	)
@@ -66,6 +67,9 @@ func run() error {
 		if len(s.Arms) == 0 {
 			return errors.New("-arms matched no arm")
 		}
+	}
+	if *runs > 0 {
+		s.Runs = *runs
 	}
 	if *env != "" {
 		for i := range s.Arms {
