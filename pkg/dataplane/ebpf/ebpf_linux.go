@@ -62,12 +62,19 @@ type Dataplane struct {
 	frontends  map[lbSvcKey]uint32 // installed frontend -> service ID
 	idxUsed    [dataplane.MaxServices]bool
 	proxySlots map[uint16]uint32  // proxy listener port -> lb_proxy_socks key
-	routes     map[netip.Addr]int // local VIP routes we added -> users
+	routes     map[netip.Addr]*vipRoute // mode-4 VIPs made local, by VIP
 	nCPU       int
 
 	ctEntries int // conntrack entries seen by the last GC pass
 	gcStop    chan struct{}
 	gcDone    chan struct{}
+}
+
+// vipRoute tracks the services using a mode-4 VIP and whether the local
+// route is ours to remove.
+type vipRoute struct {
+	users map[uint32]bool
+	ours  bool
 }
 
 type svcState struct {
@@ -119,7 +126,7 @@ func New(cfg Config, logger *slog.Logger) (*Dataplane, error) {
 		services:   map[uint32]*svcState{},
 		frontends:  map[lbSvcKey]uint32{},
 		proxySlots: map[uint16]uint32{},
-		routes:     map[netip.Addr]int{},
+		routes:     map[netip.Addr]*vipRoute{},
 	}
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: loading BPF programs needs root (CAP_BPF, CAP_NET_ADMIN); running proxy-only", dataplane.ErrUnsupported)
@@ -493,6 +500,14 @@ func (d *Dataplane) UpsertService(ctx context.Context, svc dataplane.Service, ep
 	}
 	st := d.services[svc.ID]
 	fresh := st == nil
+	if !fresh && (st.svc.Mode == dataplane.ModeFullProxy) != (svc.Mode == dataplane.ModeFullProxy) {
+		// The frontends move between the kernel path and proxy steering;
+		// the same key may be in the other map.
+		for _, k := range st.keys {
+			d.removeFrontend(st, k)
+		}
+		st.keys = nil
+	}
 	if fresh {
 		idx, ok := d.allocIdx()
 		if !ok {
@@ -555,7 +570,7 @@ func (d *Dataplane) install(st *svcState, svc dataplane.Service, eps []dataplane
 			slot = uint32(len(d.proxySlots))
 			d.proxySlots[svc.ProxyPort] = slot
 		}
-		if err := d.addLocalRoute(svc.VIP); err != nil {
+		if err := d.addLocalRoute(svc.VIP, svc.ID); err != nil {
 			return err
 		}
 		for _, k := range keys {
@@ -654,7 +669,7 @@ func (d *Dataplane) removeFrontend(st *svcState, k lbSvcKey) {
 		d.log.Warn("delete proxy VIP entry", "id", st.svc.ID, "err", err)
 	}
 	if st.svc.Mode == dataplane.ModeFullProxy {
-		d.releaseLocalRoute(addrFrom(k.Vip))
+		d.releaseLocalRoute(addrFrom(k.Vip), st.svc.ID)
 	}
 	delete(d.frontends, k)
 }
@@ -828,23 +843,23 @@ func (d *Dataplane) RegisterProxyListener(port uint16, l syscall.Conn) error {
 
 // addLocalRoute makes a mode-4 VIP local (table local, dev lo) unless it
 // already is, so the stack delivers its packets to a socket.
-func (d *Dataplane) addLocalRoute(vip netip.Addr) error {
-	if n, ok := d.routes[vip]; ok {
-		d.routes[vip] = n + 1
+func (d *Dataplane) addLocalRoute(vip netip.Addr, id uint32) error {
+	if r, ok := d.routes[vip]; ok {
+		r.users[id] = true
 		return nil
 	}
-	if rs, err := netlink.RouteGet(vip.AsSlice()); err == nil && len(rs) > 0 && rs[0].Type == unix.RTN_LOCAL {
-		return nil // already local (loopback range or an assigned address)
-	}
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("make VIP %v local: %w", vip, err)
-	}
-	r := localRoute(lo.Attrs().Index, vip)
-	if err := netlink.RouteReplace(r); err != nil {
-		return fmt.Errorf("make VIP %v local: %w", vip, err)
-	}
-	d.routes[vip] = 1
+	r := &vipRoute{users: map[uint32]bool{id: true}}
+	if rs, err := netlink.RouteGet(vip.AsSlice()); err != nil || len(rs) == 0 || rs[0].Type != unix.RTN_LOCAL {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return fmt.Errorf("make VIP %v local: %w", vip, err)
+		}
+		if err := netlink.RouteReplace(localRoute(lo.Attrs().Index, vip)); err != nil {
+			return fmt.Errorf("make VIP %v local: %w", vip, err)
+		}
+		r.ours = true
+	} // else already local (loopback range or an assigned address): not ours
+	d.routes[vip] = r
 	return nil
 }
 
@@ -855,20 +870,23 @@ func localRoute(lo int, vip netip.Addr) *netlink.Route {
 	}
 }
 
-func (d *Dataplane) releaseLocalRoute(vip netip.Addr) {
-	n, ok := d.routes[vip]
+func (d *Dataplane) releaseLocalRoute(vip netip.Addr, id uint32) {
+	r, ok := d.routes[vip]
 	if !ok {
 		return
 	}
-	if n > 1 {
-		d.routes[vip] = n - 1
-		return
+	delete(r.users, id)
+	if len(r.users) == 0 {
+		d.delLocalRoute(vip)
 	}
-	d.delLocalRoute(vip)
 }
 
 func (d *Dataplane) delLocalRoute(vip netip.Addr) {
+	r := d.routes[vip]
 	delete(d.routes, vip)
+	if r == nil || !r.ours {
+		return
+	}
 	lo, err := netlink.LinkByName("lo")
 	if err == nil {
 		err = netlink.RouteDel(localRoute(lo.Attrs().Index, vip))

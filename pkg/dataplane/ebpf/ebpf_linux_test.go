@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/loxilb-llm/loxilb/pkg/dataplane"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane/dataplanetest"
@@ -202,11 +204,45 @@ func TestSkLookupSteering(t *testing.T) {
 	if st.Counters["proxy_steered"] < 20 {
 		t.Fatalf("proxy_steered = %d", st.Counters["proxy_steered"])
 	}
+	fp := dataplane.Service{ID: 4, VIP: vip, Port: 80, Proto: "tcp", Mode: dataplane.ModeFullProxy, ProxyPort: port}
+	if err := d.UpsertService(context.Background(), fp, nil); err != nil { // idempotent re-upsert
+		t.Fatal(err)
+	}
+	// Switching the same frontend to the kernel path and back moves it
+	// between the two maps.
+	l4 := fp
+	l4.Mode = dataplane.ModeDNAT
+	if err := d.UpsertService(context.Background(), l4, []dataplane.Endpoint{ep(backend1, 80)}); err != nil {
+		t.Fatal(err)
+	}
+	k := lbSvcKey{Vip: nbo32(vip), Port: nbo16(80), Proto: 6}
+	var pv lbProxyVal
+	var sv lbSvcVal
+	if err := d.objs.LbProxyVips.Lookup(k, &pv); err == nil {
+		t.Fatal("proxy entry left after switching to mode 0")
+	}
+	if err := d.objs.LbServices.Lookup(k, &sv); err != nil {
+		t.Fatalf("mode 0 entry missing: %v", err)
+	}
+	if err := d.UpsertService(context.Background(), fp, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.objs.LbServices.Lookup(k, &sv); err == nil {
+		t.Fatal("kernel entry left after switching back to mode 4")
+	}
+	if c, err := net.DialTimeout("tcp4", "172.31.100.1:80", 5*time.Second); err != nil {
+		t.Fatalf("after switching back: %v", err)
+	} else {
+		c.Close()
+	}
 	if err := d.DeleteService(context.Background(), 4); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := net.DialTimeout("tcp4", "172.31.100.1:80", time.Second); err == nil {
 		t.Fatal("VIP still answers after delete")
+	}
+	if rs, err := netlink.RouteGet(vip.AsSlice()); err == nil && len(rs) > 0 && rs[0].Type == unix.RTN_LOCAL {
+		t.Fatal("VIP still local after delete")
 	}
 
 	mp, err := net.Listen("tcp4", "127.0.0.1:0") // MPTCP by default
