@@ -61,7 +61,7 @@ type Dataplane struct {
 	services   map[uint32]*svcState
 	frontends  map[lbSvcKey]uint32 // installed frontend -> service ID
 	idxUsed    [dataplane.MaxServices]bool
-	proxySlots map[uint16]uint32  // proxy listener port -> lb_proxy_socks key
+	proxySlots map[uint16]uint32        // proxy listener port -> lb_proxy_socks key
 	routes     map[netip.Addr]*vipRoute // mode-4 VIPs made local, by VIP
 	nCPU       int
 
