@@ -236,6 +236,9 @@ func TestAdmissionBurst(t *testing.T) {
 	if got := metricSum(t, f.reg, "loxilb_pd_admission_queued_total"); got != 2 {
 		t.Fatalf("queued %v", got)
 	}
+	if got := metricSum(t, f.reg, "loxilb_ai_pd_requests_total", "outcome", "shed"); got != 11 {
+		t.Fatalf("shed outcomes %v, want 11", got)
+	}
 }
 
 // TestLeastLoadedSpread: with no affinity at all (short, distinct prompts)
@@ -248,5 +251,32 @@ func TestLeastLoadedSpread(t *testing.T) {
 	pre, dec := transfersOf(f), decodesOf(f)
 	if pre[0] != 4 || pre[1] != 4 || dec[0] != 4 || dec[1] != 4 {
 		t.Fatalf("prefill %v decode %v, want 4 each", pre, dec)
+	}
+}
+
+// TestTotalCap: LLB_PD_MAX_TOTAL_INFLIGHT sheds with 429 at once.
+func TestTotalCap(t *testing.T) {
+	f := newFleet(t, fleetOpts{engine: "trtllm", nPrefill: 1, nDec: 1,
+		cfg: Config{MaxTotalInflight: 1, PrefillTimeout: 3 * time.Second}})
+	_ = f.prefill[0].SetFaults(faultsStall(20000))
+	var wg sync.WaitGroup
+	statuses := make([]int, 3)
+	for i := range statuses {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			statuses[i] = f.post(t, "/v1/completions", bodyFor(flowCases[0], fmt.Sprintf("cap %d", i), 2)).status
+		}()
+	}
+	wg.Wait()
+	count := map[int]int{}
+	for _, s := range statuses {
+		count[s]++
+	}
+	if count[429] != 2 || count[504] != 1 {
+		t.Fatalf("statuses %v, want two 429 and the admitted one timing out (504)", statuses)
+	}
+	if got := metricSum(t, f.reg, "loxilb_pd_admission_shed_total", "reason", "total_cap"); got != 2 {
+		t.Fatalf("total_cap sheds %v", got)
 	}
 }

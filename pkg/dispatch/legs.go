@@ -265,6 +265,7 @@ func (x *exchange) runPrefill(ctx context.Context, build func(Endpoint) []byte) 
 // client's problem and is relayed as is; anything else becomes a clear
 // gateway error.
 func (x *exchange) failPrefill(ctx context.Context, out prefillOutcome) {
+	x.res.Endpoint = out.ep.Idx
 	if out.err != nil {
 		x.fail(ctx, out.err)
 		return
@@ -296,6 +297,9 @@ func (x *exchange) fail(ctx context.Context, err error) {
 	}
 	info := classify(err)
 	x.res.Class, x.res.Err = info.class, err
+	if info.retryAfter {
+		x.outcomeTag = "shed"
+	}
 	if info.status == proxy.StatusClientClosed {
 		x.res.Status = proxy.StatusClientClosed
 		return
