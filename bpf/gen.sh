@@ -1,6 +1,6 @@
 #!/bin/sh
-# Regenerates the committed bpf2go output (pkg/dataplane/ebpf/lb_bpfel.go and
-# lb_bpfel.o) from bpf/lb.c. The object bytes depend on the compiler, so the
+# Regenerates the committed bpf2go output (pkg/dataplane/ebpf/lb_bpf{el,eb}.go
+# and .o, little- and big-endian) from bpf/lb.c. The object bytes depend on the compiler, so the
 # compiler is pinned: Debian 12's clang 14 (packages clang-14, llvm-14).
 # CI runs this and then `git diff --exit-code` to prove the committed files
 # are fresh.
@@ -23,7 +23,7 @@ go run github.com/cilium/ebpf/cmd/bpf2go \
 	-go-package ebpf \
 	-output-dir pkg/dataplane/ebpf \
 	-output-stem lb \
-	-target bpfel \
+	-target bpfel,bpfeb \
 	-cc "$CLANG" \
 	-strip "$STRIP" \
 	-cflags "-O2 -g -Wall -Werror -mcpu=v3 -I/usr/include/$MULTIARCH" \
