@@ -94,10 +94,13 @@ type Choice struct {
 	// the other healthy ones, least loaded first, as connect failover
 	// targets.
 	Prefill []Endpoint
-	Decode  Endpoint
-	Tier    string // how the first prefill endpoint was chosen
-	Detail  string // the Tier 1.5 receipt, or the prefix depth
-	keys    []uint64
+	// Decode is the chosen decode endpoint; decodeAlt the other healthy
+	// ones, least loaded first, for connect failover.
+	Decode    Endpoint
+	decodeAlt []Endpoint
+	Tier      string // how the first prefill endpoint was chosen
+	Detail    string // the Tier 1.5 receipt, or the prefix depth
+	keys      []uint64
 	// parsed is the body as Choose parsed it, reused by Execute (which is
 	// given the same body) so a request is parsed once.
 	parsed map[string]json.RawMessage
@@ -253,6 +256,11 @@ func (d *Dispatcher) Choose(req *Request) (Choice, error) {
 		}
 	}
 	c.Decode = dec[indexOf(dec, decIdx)].ep
+	for _, e := range byLoad(dec) {
+		if e.ep.Idx != decIdx {
+			c.decodeAlt = append(c.decodeAlt, e.ep)
+		}
+	}
 	return c, nil
 }
 
@@ -370,7 +378,7 @@ func (d *Dispatcher) Execute(ctx context.Context, w http.ResponseWriter, req *Re
 		pre := x.prefillUsed.Idx
 		d.trie.insert(req.Pool.Service, c.keys, pre)
 		if req.Session != "" {
-			d.sess.put(req.Pool.Service, req.Session, pre, c.Decode.Idx)
+			d.sess.put(req.Pool.Service, req.Session, pre, x.c.Decode.Idx)
 		}
 		d.m.sessionsActive.Set(float64(d.sess.len()))
 		d.m.trieKeys.Set(float64(d.trie.keys()))

@@ -55,7 +55,10 @@
 // unhealthy or more than BalanceAbs legs busier than the least loaded one.
 // Choice.Prefill lists the other healthy prefill endpoints after the
 // chosen one: a prefill connect failure (nothing sent) moves on to the
-// next (SGLang: with a fresh room, after cancelling the decode leg).
+// next (SGLang: with a fresh room, after cancelling the decode leg). A
+// decode connect failure likewise moves the decode leg to the next healthy
+// decode endpoint: the transfer parameters (or the SGLang room) name the
+// prefill side, so any decode worker can pull the KV cache.
 //
 // # Failure and admission
 //

@@ -203,3 +203,29 @@ func TestTRTEarlyExit(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeConnectFailover: a decode worker that refuses connections is
+// skipped for the next one, for every engine (SGLang keeps its room: any
+// decode worker can pull from the prefill's bootstrap).
+func TestDecodeConnectFailover(t *testing.T) {
+	for _, engine := range []string{enginesim.EngineVLLM, enginesim.EngineSGLang, enginesim.EngineTRTLLM} {
+		t.Run(engine, func(t *testing.T) {
+			f := newFleet(t, fleetOpts{engine: engine, nPrefill: 1, nDec: 1})
+			live := f.pool.Decode[0]
+			for i := 0; i < 4; i++ {
+				// The dead one is the least loaded first choice half the time.
+				f.pool.Decode = []Endpoint{deadEndpoint(t, live.Host, 8), live}
+				r := f.post(t, "/v1/completions", bodyFor(flowCases[i%2], prompt(fmt.Sprintf("dfail-%d", i), 3), 3))
+				if r.status != 200 || r.err != nil {
+					t.Fatalf("status %d err %v: %s", r.status, r.err, r.body)
+				}
+			}
+			if got := f.decode[0].Stats().Completed; got != 4 {
+				t.Fatalf("live decode completed %d of 4", got)
+			}
+			if got := metricSum(t, f.reg, "loxilb_pd_connect_failover_total", "endpoint", "8"); got < 1 {
+				t.Fatalf("no decode failover counted in 4 requests")
+			}
+		})
+	}
+}

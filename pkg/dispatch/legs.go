@@ -334,12 +334,34 @@ func (x *exchange) relayBuffered(status int, h http.Header, body []byte) {
 // first body byte arrived, so a decode failure before that is still a
 // clean JSON error. stop, when not nil, is closed by the caller to abort
 // the relay (the other leg failed); its error then explains the cut.
+//
+// A decode endpoint that cannot be connected to (nothing was sent) is
+// skipped for the next healthy one: the transfer parameters name the
+// prefill side, so any decode worker can pull the KV cache.
 func (x *exchange) decodeLeg(ctx context.Context, body []byte) error {
-	ep := x.c.Decode
+	eps := append([]Endpoint{x.c.Decode}, x.c.decodeAlt...)
+	for i, ep := range eps {
+		err, connectFailed := x.decodeOnce(ctx, ep, body)
+		if err == nil {
+			x.c.Decode = ep
+			return nil
+		}
+		if !connectFailed || i == len(eps)-1 {
+			return err
+		}
+		x.d.m.failover.WithLabelValues(x.label, strconv.Itoa(ep.Idx)).Inc()
+		x.d.logger.Debug("dispatch: decode connect failed, trying next endpoint",
+			"service", x.req.Pool.Service, "ep", ep.Idx, "next", eps[i+1].Idx, "err", err)
+	}
+	return nil
+}
+
+func (x *exchange) decodeOnce(ctx context.Context, ep Endpoint, body []byte) (err error, connectFailed bool) {
+	x.res.Endpoint = ep.Idx
 	epl := strconv.Itoa(ep.Idx)
 	release, err := x.d.adm.acquire(ctx, x.req.Pool.Service, x.label, ep.Idx)
 	if err != nil {
-		return err
+		return err, false
 	}
 	defer release()
 
@@ -366,13 +388,13 @@ func (x *exchange) decodeLeg(ctx context.Context, body []byte) error {
 	resp, err := x.d.client.Do(x.newLeg(lctx, ep, body, false))
 	if err != nil {
 		if timedOutNow() {
-			return legErr("timeout", fmt.Errorf("%w: no response within %v: %w", ErrLegTimeout, x.d.cfg.DecodeFirstByteTimeout, err))
+			return legErr("timeout", fmt.Errorf("%w: no response within %v: %w", ErrLegTimeout, x.d.cfg.DecodeFirstByteTimeout, err)), false
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("%w: %w", context.Canceled, err)
+			return fmt.Errorf("%w: %w", context.Canceled, err), false
 		}
-		wrapped, class, _ := transportError(err)
-		return legErr(class, wrapped)
+		wrapped, class, connect := transportError(err)
+		return legErr(class, wrapped), connect
 	}
 	defer resp.Body.Close()
 
@@ -387,13 +409,13 @@ func (x *exchange) decodeLeg(ctx context.Context, body []byte) error {
 		}
 		switch {
 		case timedOutNow():
-			return legErr("timeout", fmt.Errorf("%w: no first byte within %v", ErrLegTimeout, x.d.cfg.DecodeFirstByteTimeout))
+			return legErr("timeout", fmt.Errorf("%w: no first byte within %v", ErrLegTimeout, x.d.cfg.DecodeFirstByteTimeout)), false
 		case ctx.Err() != nil:
-			return fmt.Errorf("%w: %w", context.Canceled, rerr)
+			return fmt.Errorf("%w: %w", context.Canceled, rerr), false
 		case resp.ContentLength == 0:
 			// A legitimately empty body: relay it.
 		default:
-			return legErr("protocol", fmt.Errorf("%w: decode response ended before its first byte (status %d): %w", ErrLegProtocol, resp.StatusCode, rerr))
+			return legErr("protocol", fmt.Errorf("%w: decode response ended before its first byte (status %d): %w", ErrLegProtocol, resp.StatusCode, rerr)), false
 		}
 	}
 	x.d.m.decodeTTFT.WithLabelValues(x.label, epl).Observe(x.d.now().Sub(start).Seconds())
@@ -423,7 +445,7 @@ func (x *exchange) decodeLeg(ctx context.Context, body []byte) error {
 			wn, werr := x.w.Write(buf[:n])
 			x.res.BytesOut += int64(wn)
 			if werr != nil {
-				return fmt.Errorf("%w: write to client: %w", ErrClientGone, werr)
+				return fmt.Errorf("%w: write to client: %w", ErrClientGone, werr), false
 			}
 			if streaming && flusher != nil {
 				flusher.Flush()
@@ -436,15 +458,15 @@ func (x *exchange) decodeLeg(ctx context.Context, body []byte) error {
 			switch {
 			case timedOutNow():
 				x.d.m.streamAborted.WithLabelValues(x.label, epl).Inc()
-				return legErr("timeout", fmt.Errorf("%w: decode stalled for %v", ErrLegTimeout, x.d.cfg.DecodeIdleTimeout))
+				return legErr("timeout", fmt.Errorf("%w: decode stalled for %v", ErrLegTimeout, x.d.cfg.DecodeIdleTimeout)), false
 			case ctx.Err() != nil:
 				// The client left or the other leg failed; the caller
 				// knows which and counts it.
-				return fmt.Errorf("%w: %w", context.Canceled, rerr)
+				return fmt.Errorf("%w: %w", context.Canceled, rerr), false
 			}
 			x.d.m.streamAborted.WithLabelValues(x.label, epl).Inc()
 			wrapped, class, _ := transportError(rerr)
-			return legErr(class, wrapped)
+			return legErr(class, wrapped), false
 		}
 		wd.Reset(x.d.cfg.DecodeIdleTimeout)
 		n, rerr = resp.Body.Read(buf)
@@ -452,7 +474,7 @@ func (x *exchange) decodeLeg(ctx context.Context, body []byte) error {
 	if resp.StatusCode/100 == 2 {
 		x.res.Endpoint = ep.Idx
 	}
-	return nil
+	return nil, false
 }
 
 func isEventStream(h http.Header) bool {
