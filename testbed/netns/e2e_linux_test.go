@@ -370,4 +370,32 @@ func TestLab(t *testing.T) {
 			t.Errorf("counter %s = %d", bad, st.Counters[bad])
 		}
 	}
+
+	// The same through the kernel's forwarding path instead of the FIB
+	// redirect (Config.StackForwarding), for modes 0 and 2.
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := ebpf.New(ebpf.Config{Interfaces: lab.LBIfaces, StackForwarding: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	for _, mode := range []int{dataplane.ModeDNAT, dataplane.ModeFullNAT} {
+		vip := VIP(20 + mode)
+		if err := ds.UpsertService(ctx, dataplane.Service{ID: 20, VIP: vip, Port: 80, Proto: "tcp", Mode: mode}, labEndpoints(lab, 8080)); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if r := curl(t, lab, vip, 80); r.name != fmt.Sprintf("be%d", i+1) {
+				t.Fatalf("stack forwarding, mode %d: answer %d from %s", mode, i, r.name)
+			}
+		}
+		if err := ds.DeleteService(ctx, 20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, _ := ds.Stats(ctx); st.Counters["fwd_stack"] == 0 || st.Counters["fwd_redirect"] != 0 {
+		t.Fatalf("stack forwarding counters: %v", st.Counters)
+	}
 }
