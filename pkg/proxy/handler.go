@@ -107,11 +107,37 @@ func (ex *exchange) run() {
 			ex.w.Header().Set(HeaderRoute, plan.Receipt)
 		}
 	}
+	if plan.Dispatch != nil {
+		ex.dispatch(req)
+		return
+	}
 	if len(plan.Candidates) == 0 {
 		ex.fail(fmt.Errorf("%w: the router returned no candidate endpoint", ErrUnavailable))
 		return
 	}
 	ex.forward(body)
+}
+
+// dispatch hands the exchange to the plan's own flow (prefill/decode).
+func (ex *exchange) dispatch(req *Request) {
+	bytesIn := ex.res.BytesIn
+	res := ex.plan.Dispatch(ex.r.Context(), ex.w, req)
+	res.BytesIn = bytesIn
+	if res.Status == 0 {
+		err := res.Err
+		if err == nil {
+			err = fmt.Errorf("%w: dispatch wrote no response", ErrUnavailable)
+		}
+		ex.res.Endpoint = res.Endpoint
+		ex.fail(err)
+		return
+	}
+	ex.res = res
+	ex.wrote = true
+	// A flow that failed after sending a success status cannot say so in
+	// the status line any more: cut the connection so the client sees a
+	// truncated body, exactly as a failed single-endpoint relay does.
+	ex.abort = res.Err != nil && res.Status/100 == 2 && res.Class != ClassClientCanceled
 }
 
 // forward tries the candidates in order. Only failures that prove the

@@ -53,6 +53,17 @@ type Plan struct {
 	// with its outcome. It runs on the request goroutine after the last
 	// byte was written, so it must be cheap and must not block.
 	Done func(Result)
+	// Dispatch, when set, takes the exchange over instead of the proxy's
+	// single-endpoint forwarding: prefill/decode flows need several
+	// upstream legs per request. The proxy has read the body (req.Body) and
+	// set the receipt header; Dispatch writes the whole response (status,
+	// headers, body, flushing as it streams) and returns its outcome, which
+	// the proxy records in its metrics and hands to Done. Candidates are
+	// ignored. If Dispatch returns Result.Status 0 nothing was written and
+	// the proxy answers with the error class of Result.Err; a 2xx Status
+	// with a non-nil Err means the flow broke mid-body, and the proxy cuts
+	// the client connection.
+	Dispatch func(ctx context.Context, w http.ResponseWriter, req *Request) Result
 }
 
 // ErrorClass names why a proxied request did not complete normally. The
