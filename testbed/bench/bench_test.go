@@ -62,21 +62,24 @@ func TestMultiTurnHistoryGrows(t *testing.T) {
 
 func TestUpperBound(t *testing.T) {
 	g := newTokenGen(1, 1)
-	a, b := g.tokens(64), g.tokens(64) // 4 blocks of 16 each
+	a, other := g.tokens(64), g.tokens(64) // 4 blocks of 16 each
 	q := func() []uint32 { return g.tokens(8) }
-	trace := []Req{{Tokens: concat(a, q())}, {Tokens: concat(b, q())}, {Tokens: concat(a, q())}}
+	trace := []Req{{Tokens: concat(a, q())}, {Tokens: concat(other, q())}, {Tokens: concat(a, q())}}
+	f := FleetConfig{Engines: 1, BlockSize: 16, CapacityBlocks: 4, PrefillUsPerToken: 1000, DecodeUsPerToken: 0, TimeScale: 1}
 	// Unbounded: the third request hits a's 4 blocks: 64 of 216 tokens.
-	if got, want := UpperBound(trace, 16, 0).Unbounded, 64.0/216; got != want {
+	b := UpperBound(trace, f)
+	if got, want := b.Unbounded, 64.0/216; got != want {
 		t.Errorf("unbounded %v, want %v", got, want)
 	}
-	// Room for 4 blocks only: b evicts a, so nothing hits.
-	if got := UpperBound(trace, 16, 4).FleetLRU; got != 0 {
-		t.Errorf("4-block LRU %v, want 0", got)
+	// Room for 4 blocks only: b evicts a, so nothing hits, and the TTFT
+	// floor is every prompt's full prefill (72 tokens x 1 ms).
+	if b.FleetLRU != 0 || b.TTFTFloorMs.P50 != 72 {
+		t.Errorf("4-block LRU %v, floor %v; want 0 and 72 ms", b.FleetLRU, b.TTFTFloorMs)
 	}
 	// A block-aligned repeat stops one block short (the last token is
 	// always computed).
 	trace = []Req{{Tokens: a}, {Tokens: a}}
-	if got, want := UpperBound(trace, 16, 0).Unbounded, 48.0/128; got != want {
+	if got, want := UpperBound(trace, f).Unbounded, 48.0/128; got != want {
 		t.Errorf("aligned repeat %v, want %v", got, want)
 	}
 }

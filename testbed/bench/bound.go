@@ -1,6 +1,10 @@
 package bench
 
-import "container/list"
+import (
+	"container/list"
+	"sort"
+	"time"
+)
 
 // Bound is the offline ceiling on the fleet's cache hit ratio for a trace.
 type Bound struct {
@@ -17,15 +21,32 @@ type Bound struct {
 	Unbounded float64 `json:"unbounded"`
 	// CapacityBlocks is the fleet capacity the LRU bound used.
 	CapacityBlocks int `json:"capacity_blocks"`
+	// TTFTFloorMs is the TTFT every request would see with the fleet-LRU
+	// hits and no queueing at all: the modelled prefill of its uncached
+	// tokens plus one decode step. No router can beat its percentiles
+	// except by LRU artefacts; compulsory misses (first requests of a
+	// prefix) set its tail.
+	TTFTFloorMs Percentiles `json:"ttft_floor_ms"`
 }
 
-// UpperBound computes the Bound of a trace.
-func UpperBound(trace []Req, blockSize, capacityBlocks int) Bound {
-	return Bound{
-		FleetLRU:       replayLRU(trace, blockSize, capacityBlocks),
-		Unbounded:      replayLRU(trace, blockSize, 0),
-		CapacityBlocks: capacityBlocks,
+// UpperBound computes the Bound of a trace for a fleet.
+func UpperBound(trace []Req, f FleetConfig) Bound {
+	ratio, hits := replayLRU(trace, f.BlockSize, f.TotalBlocks())
+	unb, _ := replayLRU(trace, f.BlockSize, 0)
+	b := Bound{FleetLRU: ratio, Unbounded: unb, CapacityBlocks: f.TotalBlocks()}
+	floor := make([]time.Duration, len(trace))
+	var sum time.Duration
+	for i, r := range trace {
+		us := (f.PrefillUsPerToken*float64(len(r.Tokens)-hits[i]) + f.DecodeUsPerToken) * f.TimeScale
+		floor[i] = time.Duration(us * float64(time.Microsecond))
+		sum += floor[i]
 	}
+	sort.Slice(floor, func(i, j int) bool { return floor[i] < floor[j] })
+	b.TTFTFloorMs = Percentiles{P50: ms(percentile(floor, .5)), P90: ms(percentile(floor, .9)), P99: ms(percentile(floor, .99))}
+	if len(floor) > 0 {
+		b.TTFTFloorMs.Mean = ms(sum / time.Duration(len(floor)))
+	}
+	return b
 }
 
 // blockKeys chains a 64-bit FNV-1a over each full block and its parent, so
@@ -48,12 +69,14 @@ func blockKeys(tokens []uint32, bs int) []uint64 {
 	return out
 }
 
-// replayLRU returns hit tokens / prompt tokens; capacity 0 is unbounded.
-func replayLRU(trace []Req, bs, capacity int) float64 {
+// replayLRU returns hit tokens / prompt tokens and each request's hit
+// tokens; capacity 0 is unbounded.
+func replayLRU(trace []Req, bs, capacity int) (float64, []int) {
+	hits := make([]int, len(trace))
 	lru := list.New()
 	idx := map[uint64]*list.Element{}
 	var hit, total int
-	for _, r := range trace {
+	for ri, r := range trace {
 		keys := blockKeys(r.Tokens, bs)
 		limit := (len(r.Tokens) - 1) / bs
 		n := 0
@@ -64,6 +87,7 @@ func replayLRU(trace []Req, bs, capacity int) float64 {
 			n++
 		}
 		hit += n * bs
+		hits[ri] = n * bs
 		total += len(r.Tokens)
 		for _, k := range keys {
 			if e, ok := idx[k]; ok {
@@ -79,7 +103,7 @@ func replayLRU(trace []Req, bs, capacity int) float64 {
 		}
 	}
 	if total == 0 {
-		return 0
+		return 0, hits
 	}
-	return float64(hit) / float64(total)
+	return float64(hit) / float64(total), hits
 }

@@ -126,7 +126,7 @@ func Run(ctx context.Context, s Suite, o Options) (*Report, error) {
 	defer pb.finish()
 	for _, w := range s.Workloads {
 		wr := WorkloadResult{Workload: w, Requests: w.Requests(),
-			Bound: UpperBound(w.Trace(), f.BlockSize, f.TotalBlocks())}
+			Bound: UpperBound(w.Trace(), f)}
 		runs := make([][]ArmResult, len(s.Arms))
 		for r := 0; r < s.runs(); r++ {
 			// Arms alternate within a repetition so that a noisy moment of
