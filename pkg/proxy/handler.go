@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -78,9 +77,9 @@ func (ex *exchange) run() {
 	body, err := readBody(ex.w, r, ex.t.cfg.MaxBodyBytes, ex.t.cfg.BodyReadTimeout)
 	ex.res.BytesIn = int64(len(body))
 	if err != nil {
-		if errors.Is(err, ErrBodyTooLarge) {
-			ex.w.Header().Set("Connection", "close")
-		}
+		// Whatever is left of the body must not be read as the next
+		// request, and draining it would wait on the client.
+		ex.w.Header().Set("Connection", "close")
 		ex.fail(err)
 		return
 	}
@@ -400,7 +399,7 @@ type pendingError struct {
 
 // readBody reads the whole body, bounded by limit, under a read deadline
 // that is lifted afterwards so streaming responses are not cut by it.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration) ([]byte, error) {
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration) (_ []byte, err error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
@@ -410,13 +409,18 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.
 	if timeout > 0 {
 		rc := http.NewResponseController(w)
 		if rc.SetReadDeadline(time.Now().Add(timeout)) == nil {
-			defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+			// Lifted only on success: after a failed read the server
+			// drains what is left of the body before answering, and an
+			// expired deadline is what keeps that drain from waiting
+			// on the slow client forever.
+			defer func() {
+				if err == nil {
+					_ = rc.SetReadDeadline(time.Time{})
+				}
+			}()
 		}
 	}
-	var (
-		b   []byte
-		err error
-	)
+	var b []byte
 	if r.ContentLength > 0 {
 		b = make([]byte, r.ContentLength)
 		_, err = io.ReadFull(r.Body, b)
@@ -426,13 +430,18 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.
 			return nil, fmt.Errorf("%w: body exceeds the %d byte limit", ErrBodyTooLarge, limit)
 		}
 	}
-	if err != nil {
-		if r.Context().Err() != nil {
-			return nil, fmt.Errorf("%w: reading request body: %w", ErrClientCanceled, err)
-		}
+	switch {
+	case err == nil:
+		return b, nil
+	case isTimeout(err):
+		// Checked first: the server also cancels the request context
+		// when the deadline fires, but this client is slow, not gone.
+		return nil, fmt.Errorf("%w: request body not received within %v: %w", ErrBadRequest, timeout, err)
+	case r.Context().Err() != nil:
+		return nil, fmt.Errorf("%w: reading request body: %w", ErrClientCanceled, err)
+	default:
 		return nil, fmt.Errorf("%w: reading request body: %w", ErrBadRequest, err)
 	}
-	return b, nil
 }
 
 // removeHop deletes hop-by-hop headers, including those the Connection

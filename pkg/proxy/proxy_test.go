@@ -667,3 +667,59 @@ func TestMetricsRegistration(t *testing.T) {
 		t.Error("second proxy on the same registry did not report the collision")
 	}
 }
+
+// TestClientTimeouts checks that a client sending headers or a body too
+// slowly is cut off rather than holding a connection forever.
+func TestClientTimeouts(t *testing.T) {
+	b, _ := echoBackend(t, "b0")
+	p := newStaticPicker(hostPort(b))
+	px := startProxy(t, "127.0.0.35", Config{ReadHeaderTimeout: 50 * time.Millisecond, BodyReadTimeout: 50 * time.Millisecond}, Service{}, p)
+
+	// Headers never finished: the proxy closes the connection.
+	c, err := net.Dial("tcp", px.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+	if _, err := io.ReadAll(c); err != nil {
+		t.Errorf("slow headers: %v", err)
+	}
+
+	// Body promised but not sent: 400 with an OpenAI-style error.
+	c2, err := net.Dial("tcp", px.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	io.WriteString(c2, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model\":")
+	resp, err := http.ReadResponse(bufio.NewReader(c2), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eb := readErrorBody(t, resp)
+	if resp.StatusCode != 400 || eb.Code != "bad_request" {
+		t.Errorf("slow body: %d %+v", resp.StatusCode, eb)
+	}
+}
+
+func TestCloseStopsServe(t *testing.T) {
+	s, err := New(Config{Services: []Service{{ID: 1, Listen: freeAddr(t, "127.0.0.36")}}}, newStaticPicker(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- s.Serve(context.Background()) }()
+	for len(s.Addrs()) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Errorf("Serve after Close: %v", err)
+	}
+	if err := s.Update(Config{}); err == nil {
+		t.Error("Update after Close succeeded")
+	}
+}
