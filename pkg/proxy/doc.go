@@ -45,6 +45,14 @@
 // {"error":{"message":...,"type":...,"code":...}}. A failure after the
 // status line was sent cuts the client connection.
 //
+// Metrics (labels service and ep keep rules apart): loxilb_ai_requests_total
+// {service,ep,status}, loxilb_ai_request_duration_seconds{service},
+// loxilb_ai_active_streams{service}, loxilb_ai_upstream_errors_total
+// {service,ep,class}, loxilb_proxy_connect_failover_total{service},
+// loxilb_ai_bytes_total{service,ep,direction}, loxilb_ai_usage_reported_total
+// {service,ep,cached} and loxilb_proxy_conn_rejected_total{reason}. A rule
+// removed by Update loses its series.
+//
 // Security levels: 0 plaintext; 1 TLS terminated at the proxy; 2 TLS
 // terminated and a new TLS session to the endpoint, whose certificate is
 // verified (against Service.CAFile, or the system roots) unless

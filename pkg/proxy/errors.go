@@ -104,7 +104,8 @@ func upstreamError(addr string, err error) (wrapped error, retryable bool) {
 		recErr  tls.RecordHeaderError
 		alert   tls.AlertError
 	)
-	dial := errors.As(err, &opErr) && opErr.Op == "dial"
+	var connErr *connectError
+	dial := errors.As(err, &connErr) || errors.As(err, &opErr) && opErr.Op == "dial"
 	switch {
 	case errors.As(err, &certErr), errors.As(err, &unkAuth), errors.As(err, &hostErr), errors.As(err, &invErr):
 		return fmt.Errorf("%w: endpoint %s: certificate verification failed: %w", ErrUpstreamTLS, addr, err), true

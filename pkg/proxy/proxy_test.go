@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -721,5 +722,57 @@ func TestCloseStopsServe(t *testing.T) {
 	}
 	if err := s.Update(Config{}); err == nil {
 		t.Error("Update after Close succeeded")
+	}
+}
+
+func TestMetricNamesAndLabels(t *testing.T) {
+	b, _ := echoBackend(t, "b0")
+	p := newStaticPicker(refusedAddr(t), hostPort(b))
+	px := startProxy(t, "127.0.0.63", Config{}, Service{ID: 5}, p)
+	resp, err := newClient().Post("http://"+px.addr+"/v1/completions", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = decodeEcho(t, resp)
+	p.waitResult(t)
+	mfs, err := px.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			got[mf.GetName()] = append(got[mf.GetName()], strings.Join(ls, ","))
+		}
+	}
+	want := map[string]string{
+		"loxilb_ai_requests_total":            "ep=1,service=5,status=200",
+		"loxilb_ai_request_duration_seconds":  "service=5",
+		"loxilb_ai_upstream_errors_total":     "class=connect,ep=0,service=5",
+		"loxilb_proxy_connect_failover_total": "service=5",
+		"loxilb_ai_bytes_total":               "direction=in,ep=1,service=5",
+	}
+	for name, labels := range want {
+		if !slices.Contains(got[name], labels) {
+			t.Errorf("%s: series %v, want one with %s", name, got[name], labels)
+		}
+	}
+	// Removing the rule drops its series.
+	if err := px.Update(Config{}); err != nil {
+		t.Fatal(err)
+	}
+	mfs, _ = px.reg.Gather()
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "service" && l.GetValue() == "5" {
+					t.Errorf("%s still has a series for the removed rule", mf.GetName())
+				}
+			}
+		}
 	}
 }

@@ -64,6 +64,14 @@ type pconn struct {
 	stopCanc func() bool // detaches the request context's cancellation
 }
 
+// connectError wraps a failure to obtain a connection (dial or TLS
+// handshake): the request was never sent, so another endpoint may be
+// tried.
+type connectError struct{ err error }
+
+func (e *connectError) Error() string { return "connect: " + e.err.Error() }
+func (e *connectError) Unwrap() error { return e.err }
+
 // errWriteFailed marks a failure to send the request on a reused
 // connection: the endpoint cannot have received a complete request, so
 // the request may be sent again on a fresh connection.
@@ -76,7 +84,7 @@ func (u *upstream) roundTrip(req *http.Request, addr string) (*http.Response, er
 	for try := 0; ; try++ {
 		pc, err := u.get(req.Context(), addr, try > 0)
 		if err != nil {
-			return nil, err
+			return nil, &connectError{err: err}
 		}
 		resp, err := pc.exchange(req)
 		if err == nil {
@@ -223,8 +231,21 @@ func (pc *pconn) release() {
 		return
 	}
 	pc.idleAt = time.Now()
-	u.idle[pc.addr] = append(u.idle[pc.addr], pc)
+	l := append(u.idle[pc.addr], pc)
+	// The oldest connections sit at the front; drop the expired ones
+	// here so an endpoint that went quiet does not keep sockets forever
+	// without a background reaper.
+	var stale []*pconn
+	for len(l) > 0 && pc.idleAt.Sub(l[0].idleAt) >= u.idleTimeout {
+		stale = append(stale, l[0])
+		l[0] = nil
+		l = l[1:]
+	}
+	u.idle[pc.addr] = l
 	u.mu.Unlock()
+	for _, s := range stale {
+		_ = s.conn.Close()
+	}
 }
 
 func (pc *pconn) close() {
