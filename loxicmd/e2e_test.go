@@ -103,7 +103,11 @@ func TestCLIEndToEnd(t *testing.T) {
 	if _, _, code := cli(t, port, "delete", "lb", "127.0.0.254", "--tcp=9090"); code != exitPrecondition {
 		t.Errorf("delete missing: exit %d", code)
 	}
-	if _, _, code := cli(t, port, "create", "lb", "127.0.0.30", "--tcp=81:8081", "--endpoints=127.0.0.31:1", "--name=web"); code != 0 {
+	// Without the eBPF data plane an L4 rule cannot be served: refused, not silently accepted.
+	if _, errs, code := cli(t, port, "create", "lb", "127.0.0.30", "--tcp=81:8081", "--endpoints=127.0.0.31:1", "--name=web"); code != exitPrecondition || !strings.Contains(errs, "EBPF_DATAPLANE_UNAVAILABLE") {
+		t.Fatalf("L4 rule without data plane: exit %d %q", code, errs)
+	}
+	if _, _, code := cli(t, port, "create", "lb", "127.0.0.30", "--tcp=81:8081", "--endpoints=127.0.0.31:1", "--name=web", "--mode=fullproxy"); code != 0 {
 		t.Fatal("create named")
 	}
 	if out, _, code := cli(t, port, "delete", "lb", "--name=web"); code != 0 || !strings.Contains(out, "deleted 1") {

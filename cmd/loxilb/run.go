@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/dataplane/ebpf"
 	"github.com/loxilb-llm/loxilb/pkg/gateway"
 	"github.com/loxilb-llm/loxilb/pkg/health"
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
@@ -100,11 +102,14 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 
 	ctl := control.New(st, lbrule.LookupEnv(env), logger)
 	ctl.AddReconciler(&gateway.HealthReconciler{Prober: prober})
+	dpCap, closeDP := openDataplane(cfg, ctl, prober, logger, reg)
+	defer closeDP()
 	ctl.AddReconciler(&gateway.KVReconciler{Subs: events, Inv: index, Seed: seed})
 	ctl.AddReconciler(scraper)
 	ctl.AddReconciler(gw)
 
 	caps := &capabilities{env: env}
+	caps.add(func() []api.Capability { return []api.Capability{dpCap} })
 	caps.add(func() []api.Capability { return tokenizerCaps(tokens) })
 	caps.add(func() []api.Capability { return parityCaps(events) })
 
@@ -124,6 +129,16 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	}
 	defer wg.Wait()
 	defer cancel()
+
+	// Load every staged tokenizer now, so a broken file shows in the
+	// capabilities before the first request needs it.
+	go func() {
+		for _, st := range tokens.LoadAll() {
+			if !st.Loaded {
+				logger.Warn("staged tokenizer is not usable", "model", st.Model, "path", st.Path, "reason", st.Reason, "err", st.Error)
+			}
+		}
+	}()
 
 	if err := ctl.Load(ctx); err != nil {
 		// Rules that cannot be applied are reported, never dropped from the
@@ -171,6 +186,35 @@ func envInt(getenv func(string) string, name string, def, lo, hi int) (int, erro
 		return 0, fmt.Errorf("%s=%q: want an integer in %d..%d", name, v, lo, hi)
 	}
 	return n, nil
+}
+
+// openDataplane loads the eBPF data plane unless disabled. Without root or
+// BPF support the daemon still runs, proxy-only: it says so once and the
+// ebpf_dataplane capability carries the reason.
+func openDataplane(cfg *config, ctl *control.Controller, prober *health.Prober, logger *slog.Logger, reg prometheus.Registerer) (api.Capability, func()) {
+	capab := api.Capability{Name: "ebpf_dataplane"}
+	if cfg.noDataplane {
+		capab.ReasonCode, capab.Reason = "disabled", "disabled with --no-dataplane: modes 0-3 and 5 are not served; mode 4 runs in the proxy"
+		ctl.AddReconciler(control.KernelUnavailable{Why: capab.Reason})
+		return capab, func() {}
+	}
+	dp, c, err := ebpf.Open(ebpf.Config{Interfaces: cfg.interfaces, PinPath: cfg.bpfPinPath}, logger, reg)
+	capab.Ready, capab.Reason = c.Ready, c.Reason
+	if err != nil {
+		capab.ReasonCode = "unavailable"
+		logger.Warn("eBPF data plane unavailable: running proxy-only (mode 4); rules of modes 0-3 and 5 will be refused", "reason", c.Reason)
+		ctl.AddReconciler(control.KernelUnavailable{Why: "unavailable: " + c.Reason})
+		return capab, func() {}
+	}
+	kr := &control.KernelReconciler{DP: dp, Healthy: prober.Healthy}
+	ctl.AddReconciler(kr)
+	unsubscribe := prober.Subscribe(func(ch health.Change) {
+		if err := kr.SetHealth(context.Background(), ch.Service, ch.EP, ch.Healthy); err != nil {
+			logger.Error("data plane endpoint health", "service", ch.Service, "ep", ch.EP, "err", err)
+		}
+	})
+	logger.Info("eBPF data plane ready", "detail", c.Reason, "interfaces", cfg.interfaces)
+	return capab, func() { unsubscribe(); _ = dp.Close() }
 }
 
 // inspector serves the inventory API from the index and the subscribers.

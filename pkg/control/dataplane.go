@@ -1,0 +1,128 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/loxilb-llm/loxilb/pkg/dataplane"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+)
+
+// KernelReconciler installs the rules of modes 0-3 and 5 into the kernel
+// data plane, and keeps endpoint health there in step with the prober.
+// Mode-4 rules are served by the proxy and are not installed here.
+type KernelReconciler struct {
+	DP      dataplane.Dataplane
+	Healthy func(service uint32, ep int) bool // nil: every endpoint healthy
+
+	mu        sync.Mutex
+	installed map[uint32]bool
+}
+
+// Name implements Reconciler.
+func (k *KernelReconciler) Name() string { return "dataplane" }
+
+// KernelService maps an accepted rule onto the data plane's service. ok is
+// false for rules the kernel does not serve (mode 4).
+func KernelService(id uint32, r *lbrule.Rule) (dataplane.Service, []dataplane.Endpoint, bool, error) {
+	s := r.Service
+	if s.Mode == lbrule.ModeFullProxy {
+		return dataplane.Service{}, nil, false, nil
+	}
+	vip, err := netip.ParseAddr(s.ExternalIP)
+	if err != nil {
+		return dataplane.Service{}, nil, false, err
+	}
+	svc := dataplane.Service{ID: id, VIP: vip, Port: uint16(s.Port), Proto: s.Protocol, Mode: s.Mode, Sel: s.Sel,
+		InactiveTimeout: time.Duration(s.InactiveTimeOut) * time.Second}
+	eps := make([]dataplane.Endpoint, 0, len(r.Endpoints))
+	for _, ep := range r.Endpoints {
+		a, err := netip.ParseAddr(ep.IP)
+		if err != nil {
+			return dataplane.Service{}, nil, false, err
+		}
+		eps = append(eps, dataplane.Endpoint{Addr: a, Port: uint16(ep.Port), Weight: ep.Weight, Healthy: true})
+	}
+	return svc, eps, true, nil
+}
+
+// Reconcile implements Reconciler.
+func (k *KernelReconciler) Reconcile(ctx context.Context, services []Service) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	want := map[uint32]bool{}
+	var errs []error
+	for _, s := range services {
+		svc, eps, ok, err := KernelService(s.ID, s.Rule)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rule %d: %w", s.ID, err))
+			continue
+		}
+		if !ok {
+			continue
+		}
+		if k.Healthy != nil {
+			for i := range eps {
+				eps[i].Healthy = k.Healthy(s.ID, i)
+			}
+		}
+		if err := k.DP.UpsertService(ctx, svc, eps); err != nil {
+			errs = append(errs, fmt.Errorf("rule %d (%s): %w", s.ID, s.Rule.Key(), err))
+			continue
+		}
+		want[s.ID] = true
+	}
+	for id := range k.installed {
+		if !want[id] {
+			if err := k.DP.DeleteService(ctx, id); err != nil && !errors.Is(err, dataplane.ErrNotFound) {
+				errs = append(errs, fmt.Errorf("remove rule %d from the data plane: %w", id, err))
+			}
+		}
+	}
+	k.installed = want
+	return errors.Join(errs...)
+}
+
+// SetHealth forwards one endpoint's health change to the kernel when the
+// service is installed there.
+func (k *KernelReconciler) SetHealth(ctx context.Context, service uint32, ep int, healthy bool) error {
+	k.mu.Lock()
+	installed := k.installed[service]
+	k.mu.Unlock()
+	if !installed {
+		return nil
+	}
+	return k.DP.SetEndpointHealth(ctx, service, ep, healthy)
+}
+
+// ReasonNoDataplane is the reason code of rules refused because the kernel
+// data plane is not running.
+const ReasonNoDataplane = "EBPF_DATAPLANE_UNAVAILABLE"
+
+// KernelUnavailable refuses rules of modes 0-3 and 5 when the daemon runs
+// without the eBPF data plane (disabled, not root, no BPF support): such a
+// rule would be accepted and never served, so the create fails with a
+// precondition error that says why.
+type KernelUnavailable struct {
+	Why string
+}
+
+// Name implements Reconciler.
+func (k KernelUnavailable) Name() string { return "dataplane" }
+
+// Reconcile implements Reconciler.
+func (k KernelUnavailable) Reconcile(_ context.Context, services []Service) error {
+	var errs []error
+	for _, s := range services {
+		if s.Rule.Service.Mode != lbrule.ModeFullProxy {
+			errs = append(errs, &lbrule.RuleError{Class: lbrule.ErrPrecondition, Field: "serviceArguments.mode", Reason: ReasonNoDataplane,
+				Msg: fmt.Sprintf("rule %d (%s) is mode %d (%s), which needs the eBPF data plane: %s", s.ID, s.Rule.Key(),
+					s.Rule.Service.Mode, lbrule.ModeName(s.Rule.Service.Mode), k.Why)})
+		}
+	}
+	return errors.Join(errs...)
+}

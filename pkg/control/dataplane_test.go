@@ -1,0 +1,62 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/loxilb-llm/loxilb/pkg/dataplane/fake"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+)
+
+func prepared(t *testing.T, r *lbrule.Rule) *lbrule.Rule {
+	t.Helper()
+	p, err := lbrule.Prepare(r, func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestKernelReconciler(t *testing.T) {
+	dp := fake.New()
+	down := map[int]bool{1: true}
+	k := &KernelReconciler{DP: dp, Healthy: func(_ uint32, ep int) bool { return !down[ep] }}
+	l4 := prepared(t, &lbrule.Rule{Service: lbrule.ServiceArgs{ExternalIP: "127.0.9.9", Port: 80, Protocol: "tcp", Mode: lbrule.ModeFullNAT, Sel: lbrule.SelRR},
+		Endpoints: []lbrule.Endpoint{{IP: "127.0.9.10", Port: 8080, Weight: 1}, {IP: "127.0.9.11", Port: 8080, Weight: 1}}})
+	l7 := prepared(t, &lbrule.Rule{Service: lbrule.ServiceArgs{ExternalIP: "127.0.0.9", Port: 80, Protocol: "tcp", Mode: lbrule.ModeFullProxy},
+		Endpoints: []lbrule.Endpoint{{IP: "127.0.0.10", Port: 8080, Weight: 1}}})
+	ctx := context.Background()
+	if err := k.Reconcile(ctx, []Service{{ID: 1, Rule: l4}, {ID: 2, Rule: l7}}); err != nil {
+		t.Fatal(err)
+	}
+	svc, eps, ok := dp.Service(1)
+	if !ok || svc.Mode != lbrule.ModeFullNAT || len(eps) != 2 || eps[0].Healthy != true || eps[1].Healthy != false {
+		t.Fatalf("installed: %+v %+v %v", svc, eps, ok)
+	}
+	if _, _, ok := dp.Service(2); ok {
+		t.Fatal("mode-4 rule must not be installed in the kernel")
+	}
+	if err := k.SetHealth(ctx, 1, 1, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, eps, _ := dp.Service(1); !eps[1].Healthy {
+		t.Fatal("health change not applied")
+	}
+	if err := k.Reconcile(ctx, []Service{{ID: 2, Rule: l7}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := dp.Service(1); ok {
+		t.Fatal("removed rule still installed")
+	}
+}
+
+func TestKernelUnavailableRefusesL4(t *testing.T) {
+	l4 := prepared(t, &lbrule.Rule{Service: lbrule.ServiceArgs{ExternalIP: "127.0.9.9", Port: 80, Protocol: "tcp", Mode: lbrule.ModeDNAT},
+		Endpoints: []lbrule.Endpoint{{IP: "127.0.9.10", Port: 8080}}})
+	err := KernelUnavailable{Why: "disabled"}.Reconcile(context.Background(), []Service{{ID: 1, Rule: l4}})
+	var re *lbrule.RuleError
+	if !errors.As(err, &re) || !errors.Is(err, lbrule.ErrPrecondition) || re.Reason != ReasonNoDataplane {
+		t.Fatalf("got %v", err)
+	}
+}
