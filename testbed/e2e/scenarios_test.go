@@ -198,7 +198,7 @@ func TestStreamingChunkByChunk(t *testing.T) {
 func TestSiblingBurstLandsTogether(t *testing.T) {
 	p := newPool(t, poolOpts{n: 4, net: 56, engine: func(_ int, c *enginesim.Config) {
 		c.TimeScale, c.PrefillUsPerToken = 1, 100 // a 2k-token prefill takes ~200ms
-		c.Faults.EventDelayMs = 300                // events lag behind the burst
+		c.Faults.EventDelayMs = 300               // events lag behind the burst
 	}})
 	var shared strings.Builder
 	for shared.Len() < 9000 {
