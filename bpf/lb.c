@@ -52,8 +52,9 @@ static __always_inline void svc_account(__u32 idx, __u64 bytes, int new_flow)
 }
 
 /* lb_forward sends a rewritten packet on. With cfg_fib_forward the FIB picks
- * the egress device and bpf_redirect_neigh fills in the MACs, skipping the
- * stack's forwarding path; otherwise the stack routes it. dsr_nh is the DSR
+ * the egress device and the MACs (bpf_redirect_neigh resolves them when the
+ * neighbour is not known yet), skipping the stack's forwarding path;
+ * otherwise the stack routes it. dsr_nh is the DSR
  * endpoint used as next hop (the destination stays the VIP). */
 static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u32 dsr_nh)
 {
@@ -81,6 +82,16 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 			return TC_ACT_SHOT;
 		}
 		count(CNT_FWD_REDIRECT);
+		if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+			/* The neighbour is known: write the MACs and skip the
+			 * neighbour lookup bpf_redirect_neigh would repeat. */
+			if (bpf_skb_store_bytes(skb, 0, fib.dmac, ETH_ALEN, 0) ||
+			    bpf_skb_store_bytes(skb, ETH_ALEN, fib.smac, ETH_ALEN, 0)) {
+				count(CNT_DROP_REWRITE);
+				return TC_ACT_SHOT;
+			}
+			return bpf_redirect(fib.ifindex, 0);
+		}
 		if (dsr_nh) {
 			struct bpf_redir_neigh nh = {};
 			nh.nh_family = AF_INET;

@@ -44,7 +44,8 @@ func wrk(lab *Lab, url string, connClose bool, dur time.Duration) (float64, erro
 // plain routing to the backend and with nftables DNAT, interleaving the
 // scenarios so slow phases of the shared machine hit all of them, and reads
 // tc_lb's per-packet cost from the kernel's BPF run-time statistics.
-// Run: go test -run '^$' -bench VIPThroughput ./testbed/netns/ (root, wrk, nft).
+// Run: go test -run '^$' -bench VIPThroughput ./testbed/netns/ (root, wrk, nft);
+// LOXILB_BENCH_ROUNDS sets the rounds per scenario (default 2).
 func BenchmarkVIPThroughput(b *testing.B) {
 	dataplanetest.RequirePrivileged(b)
 	for _, tool := range []string{"wrk", "nft", "curl"} {
@@ -143,12 +144,16 @@ func BenchmarkVIPThroughput(b *testing.B) {
 		return rps
 	}
 
+	rounds := 2
+	if n, err := strconv.Atoi(os.Getenv("LOXILB_BENCH_ROUNDS")); err == nil && n > 0 {
+		rounds = n
+	}
 	for _, cc := range []bool{false, true} {
 		suffix := "keepalive"
 		if cc {
 			suffix = "connclose"
 		}
-		for range 2 {
+		for range rounds {
 			rps, err := wrk(lab, direct, cc, dur)
 			if err != nil {
 				b.Fatal(err)

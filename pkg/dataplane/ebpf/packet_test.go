@@ -17,6 +17,8 @@ type pkt struct {
 	payload      string
 	noUDPCsum    bool
 	fragOff      uint16
+	dstMAC       []byte // default 02:00:00:00:00:01
+	srcMAC       []byte // default 02:00:00:00:00:02
 }
 
 const (
@@ -97,6 +99,12 @@ func (p pkt) build() []byte {
 	copy(ip[16:], d[:])
 	binary.BigEndian.PutUint16(ip[10:], csumFold(csumAdd(0, ip)))
 	eth := []byte{0x02, 0, 0, 0, 0, 0x01, 0x02, 0, 0, 0, 0, 0x02, 0x08, 0x00}
+	if p.dstMAC != nil {
+		copy(eth[0:6], p.dstMAC)
+	}
+	if p.srcMAC != nil {
+		copy(eth[6:12], p.srcMAC)
+	}
 	return append(append(eth, ip...), l4...)
 }
 

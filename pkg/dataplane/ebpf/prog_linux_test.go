@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"net"
 	"net/netip"
 	"os"
 	"testing"
@@ -45,6 +46,8 @@ func fixtureNet(t testing.TB) {
 		{"link", "set", "lbt1", "up"},
 		{"link", "set", "lbt0p", "up"},
 		{"link", "set", "lbt1p", "up"},
+		// A known neighbour: packets to it get their MACs from the FIB.
+		{"neigh", "replace", "172.31.1.12", "lladdr", "02:00:00:00:01:0c", "dev", "lbt0", "nud", "permanent"},
 	} {
 		if err := dataplanetest.Run("ip", args...); err != nil {
 			t.Fatal(err)
@@ -325,6 +328,22 @@ func TestPacketFixtures(t *testing.T) {
 		}
 		f.run(step{name: "flow 2 continues", in: tcp(client, 43501, vip, 80, fACK), verdict: actRedirect, out: fwd(tcp(client, 43501, backend2, 80, fACK)), counters: hitOrig})
 		f.run(step{name: "flow 1 is gone", in: tcp(client, 43500, vip, 80, fACK), verdict: actShot, counters: map[string]uint64{"drop_not_syn": 1}})
+	})
+
+	t.Run("KnownNeighbourMACs", func(t *testing.T) {
+		f.t = t
+		vip := vipN(15)
+		backend3 := netip.MustParseAddr("172.31.1.12")
+		lbt0, err := net.InterfaceByName("lbt0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.upsert(dataplane.Service{ID: 15, VIP: vip, Port: 80}, ep(backend3, 8080))
+		want := fwd(tcp(client, 44500, backend3, 8080, fSYN))
+		want.dstMAC = []byte{0x02, 0, 0, 0, 0x01, 0x0c}
+		want.srcMAC = lbt0.HardwareAddr
+		f.run(step{name: "SYN: MACs of the egress device and the neighbour", in: tcp(client, 44500, vip, 80, fSYN),
+			verdict: actRedirect, out: want, counters: newFlow, ct: 2})
 	})
 
 	t.Run("UDP", func(t *testing.T) {
