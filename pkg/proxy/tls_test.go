@@ -113,6 +113,61 @@ func TestSecurityEndToEndTLS(t *testing.T) {
 			if r := p.waitResult(t); !r.HasCachedTokens || r.PromptTokens != 3 {
 				t.Errorf("usage over TLS: %+v", r)
 			}
+			// A second request reuses the pooled TLS connection to the
+			// endpoint (the liveness probe must not mistake TLS
+			// housekeeping for a dead connection).
+			resp, err = tlsClient(pki).Post("https://"+px.addr+"/v1/completions", "application/json", strings.NewReader(`{}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("second request: %d", resp.StatusCode)
+			}
+			p.waitResult(t)
+			if d := px.table.Load().list[0].up.dials.Load(); d != 1 {
+				t.Errorf("%d TLS dials to the endpoint for 2 requests, want 1", d)
+			}
 		})
+	}
+}
+
+// TestSecurityEndToEndMutualTLS: an endpoint that demands a client
+// certificate gets the configured one; without it the handshake fails
+// and the client is told so with a 502.
+func TestSecurityEndToEndMutualTLS(t *testing.T) {
+	pki := newPKI(t)
+	vipCert, vipKey, _ := pki.leaf(t, "vip", "127.0.0.74", "127.0.0.75")
+	_, _, epPair := pki.leaf(t, "endpoint", "127.0.0.1")
+	clientCert, clientKey, _ := pki.leaf(t, "proxy-client")
+	b := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.TLS.PeerCertificates) == 0 {
+			http.Error(w, "no client certificate", 400)
+		}
+	}))
+	b.TLS = &tls.Config{Certificates: []tls.Certificate{epPair}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pki.pool}
+	b.Config.ErrorLog = log.New(io.Discard, "", 0)
+	b.StartTLS()
+	defer b.Close()
+
+	for _, tc := range []struct {
+		vip        string
+		withCert   bool
+		wantStatus int
+	}{{"127.0.0.74", true, 200}, {"127.0.0.75", false, 502}} {
+		svc := Service{Security: SecurityE2ETLS, CertFile: vipCert, KeyFile: vipKey, CAFile: pki.CAFile}
+		if tc.withCert {
+			svc.ClientCertFile, svc.ClientKeyFile = clientCert, clientKey
+		}
+		px := startProxy(t, tc.vip, Config{}, svc, newStaticPicker(hostPort(b)))
+		resp, err := tlsClient(pki).Get("https://" + px.addr + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.wantStatus {
+			t.Errorf("client cert %v: status %d, want %d", tc.withCert, resp.StatusCode, tc.wantStatus)
+		}
 	}
 }
