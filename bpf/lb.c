@@ -140,8 +140,7 @@ static __always_inline void ct_track(struct ct_val *ct, const struct pkt *p)
 	__u8 st = ct->state, next = st;
 
 	if (p->proto != IPPROTO_TCP) {
-		if (ct->flags & CT_F_REPLY)
-			next = CT_EST;
+		next = CT_EST; /* datagrams: a second packet in either direction */
 	} else if (p->tcp_flags & TCPF_RST) {
 		next = CT_CLOSED;
 	} else if (p->tcp_flags & TCPF_FIN) {
