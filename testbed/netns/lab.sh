@@ -7,8 +7,10 @@
 # Same topology as the Go tests (see doc.go), with fixed names lab-cli,
 # lab-lb, lab-be1..N. Addresses exist only inside these namespaces. Each
 # backend runs `python3 -m http.server 8080` if python3 is present.
-# Then e.g.: ip netns exec lab-lb loxilb --dataplane-interfaces l0,b1,b2,b3 ...
+# Then e.g.: nsenter --net=/run/netns/lab-lb loxilb --interfaces l0,b1,b2,b3 ...
 #            ip netns exec lab-cli curl http://172.30.100.1/
+# (nsenter rather than `ip netns exec` for the daemon: the latter remounts
+# /sys in a private mount namespace, so bpffs pins would not outlive it.)
 set -eu
 
 N=${2:-3}
