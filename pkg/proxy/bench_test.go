@@ -312,7 +312,9 @@ func reportLoad(b *testing.B, st loadStats) {
 }
 
 // BenchmarkThroughput measures each path on its own: b.N requests with
-// benchConcurrency keep-alive clients.
+// benchConcurrency keep-alive clients. The proxy and haproxy run as
+// separate processes; proxy-inprocess runs the proxy in the benchmark
+// process (set LOXILB_PROXY_BENCH_CPUPROFILE to profile the separate one).
 func BenchmarkThroughput(b *testing.B) {
 	backend := hostPort(benchBackend(b))
 	targets := []struct {
@@ -320,7 +322,10 @@ func BenchmarkThroughput(b *testing.B) {
 		start func(b *testing.B) string
 	}{
 		{"direct", func(*testing.B) string { return backend }},
-		{"proxy", func(b *testing.B) string { return benchProxy(b, "127.0.0.90", backend) }},
+		{"proxy", func(b *testing.B) string { a, _ := startProxyProcess(b, "127.0.0.94", backend); return a }},
+		// In this process, sharing the scheduler with the load generator
+		// and the backend: pessimistic, but profilable with -cpuprofile.
+		{"proxy-inprocess", func(b *testing.B) string { return benchProxy(b, "127.0.0.90", backend) }},
 		{"haproxy", func(b *testing.B) string { a, _ := startHAProxy(b, "127.0.0.91", backend); return a }},
 	}
 	for _, tg := range targets {

@@ -55,11 +55,8 @@ func jsonModel(b []byte) string {
 		}
 		if isKey(b[ks:ke], "model") {
 			model = ""
-			if b[vs] == '"' {
-				var m string
-				if json.Unmarshal(b[vs:s.i], &m) == nil {
-					model = m
-				}
+			if raw := b[vs:s.i]; raw[0] == '"' {
+				model = unquote(raw)
 			}
 		}
 		s.ws()
@@ -71,6 +68,28 @@ func jsonModel(b []byte) string {
 		}
 		return model
 	}
+}
+
+// unquote decodes a raw JSON string (quotes included), copying it
+// directly when it holds no escapes or control bytes, which is how model
+// names look.
+func unquote(raw []byte) string {
+	inner := raw[1 : len(raw)-1]
+	plain := true
+	for _, c := range inner {
+		if c == '\\' || c < 0x20 || c >= 0x80 {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return string(inner)
+	}
+	var m string
+	if json.Unmarshal(raw, &m) != nil {
+		return ""
+	}
+	return m
 }
 
 // isKey compares a raw JSON string (quotes included) with an ASCII key,
