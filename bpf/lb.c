@@ -85,8 +85,10 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 		if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
 			/* The neighbour is known: write the MACs and skip the
 			 * neighbour lookup bpf_redirect_neigh would repeat. */
-			if (bpf_skb_store_bytes(skb, 0, fib.dmac, ETH_ALEN, 0) ||
-			    bpf_skb_store_bytes(skb, ETH_ALEN, fib.smac, ETH_ALEN, 0)) {
+			__u8 macs[2 * ETH_ALEN];
+			__builtin_memcpy(macs, fib.dmac, ETH_ALEN);
+			__builtin_memcpy(macs + ETH_ALEN, fib.smac, ETH_ALEN);
+			if (bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0)) {
 				count(CNT_DROP_REWRITE);
 				return TC_ACT_SHOT;
 			}
