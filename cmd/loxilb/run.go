@@ -15,6 +15,7 @@ import (
 
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/dataplane"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane/ebpf"
 	"github.com/loxilb-llm/loxilb/pkg/gateway"
 	"github.com/loxilb-llm/loxilb/pkg/health"
@@ -102,7 +103,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 
 	ctl := control.New(st, lbrule.LookupEnv(env), logger)
 	ctl.AddReconciler(&gateway.HealthReconciler{Prober: prober})
-	dpCap, closeDP := openDataplane(cfg, ctl, prober, logger, reg)
+	dpCap, steered, closeDP := openDataplane(cfg, ctl, prober, logger, reg)
 	defer closeDP()
 	ctl.AddReconciler(&gateway.KVReconciler{Subs: events, Inv: index, Seed: seed})
 	ctl.AddReconciler(scraper)
@@ -116,6 +117,9 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	runners := []runner{{"kvindex", index.Run}, {"kvevents", events.Run}, {"health", prober.Run}, {"engine-metrics", scraper.Run}, {"proxy", px.Serve}}
+	if steered != nil {
+		runners = append(runners, runner{"proxy-steered", func(ctx context.Context) error { return px.ServeListener(ctx, steered) }})
+	}
 	var wg sync.WaitGroup
 	errc := make(chan error, len(runners)+1)
 	for _, r := range runners {
@@ -191,12 +195,12 @@ func envInt(getenv func(string) string, name string, def, lo, hi int) (int, erro
 // openDataplane loads the eBPF data plane unless disabled. Without root or
 // BPF support the daemon still runs, proxy-only: it says so once and the
 // ebpf_dataplane capability carries the reason.
-func openDataplane(cfg *config, ctl *control.Controller, prober *health.Prober, logger *slog.Logger, reg prometheus.Registerer) (api.Capability, func()) {
-	capab := api.Capability{Name: "ebpf_dataplane"}
+func openDataplane(cfg *config, ctl *control.Controller, prober *health.Prober, logger *slog.Logger, reg prometheus.Registerer) (capab api.Capability, steered net.Listener, closeFn func()) {
+	capab = api.Capability{Name: "ebpf_dataplane"}
 	if cfg.noDataplane {
 		capab.ReasonCode, capab.Reason = "disabled", "disabled with --no-dataplane: modes 0-3 and 5 are not served; mode 4 runs in the proxy"
 		ctl.AddReconciler(control.KernelUnavailable{Why: capab.Reason})
-		return capab, func() {}
+		return capab, nil, func() {}
 	}
 	dp, c, err := ebpf.Open(ebpf.Config{Interfaces: cfg.interfaces, PinPath: cfg.bpfPinPath}, logger, reg)
 	capab.Ready, capab.Reason = c.Ready, c.Reason
@@ -204,17 +208,37 @@ func openDataplane(cfg *config, ctl *control.Controller, prober *health.Prober, 
 		capab.ReasonCode = "unavailable"
 		logger.Warn("eBPF data plane unavailable: running proxy-only (mode 4); rules of modes 0-3 and 5 will be refused", "reason", c.Reason)
 		ctl.AddReconciler(control.KernelUnavailable{Why: "unavailable: " + c.Reason})
-		return capab, func() {}
+		return capab, nil, func() {}
 	}
 	kr := &control.KernelReconciler{DP: dp, Healthy: prober.Healthy}
+	if steer, ok := dp.(dataplane.ProxySteerer); ok {
+		// One listener receives every mode-4 VIP:port connection, steered by
+		// sk_lookup; the proxy matches each to its rule by local address.
+		// A plain TCP socket: SOCKMAP refuses MPTCP ones, Go's default.
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(false)
+		ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+		if err == nil {
+			port := uint16(ln.Addr().(*net.TCPAddr).Port)
+			if err = steer.RegisterProxyListener(port, ln.(*net.TCPListener)); err == nil {
+				kr.ProxyPort = port
+				steered = ln
+			} else {
+				ln.Close()
+			}
+		}
+		if err != nil {
+			logger.Warn("mode-4 steering unavailable: the proxy binds each VIP:port itself", "err", err)
+		}
+	}
 	ctl.AddReconciler(kr)
 	unsubscribe := prober.Subscribe(func(ch health.Change) {
 		if err := kr.SetHealth(context.Background(), ch.Service, ch.EP, ch.Healthy); err != nil {
 			logger.Error("data plane endpoint health", "service", ch.Service, "ep", ch.EP, "err", err)
 		}
 	})
-	logger.Info("eBPF data plane ready", "detail", c.Reason, "interfaces", cfg.interfaces)
-	return capab, func() { unsubscribe(); _ = dp.Close() }
+	logger.Info("eBPF data plane ready", "detail", c.Reason, "interfaces", cfg.interfaces, "mode4_steering", kr.ProxyPort != 0)
+	return capab, steered, func() { unsubscribe(); _ = dp.Close() }
 }
 
 // inspector serves the inventory API from the index and the subscribers.

@@ -18,6 +18,10 @@ import (
 type KernelReconciler struct {
 	DP      dataplane.Dataplane
 	Healthy func(service uint32, ep int) bool // nil: every endpoint healthy
+	// ProxyPort, when non-zero, is the port of the proxy listener that the
+	// data plane steers mode-4 VIP:port connections to (sk_lookup); mode-4
+	// rules are then installed too, which also makes their VIPs local.
+	ProxyPort uint16
 
 	mu        sync.Mutex
 	installed map[uint32]bool
@@ -27,10 +31,10 @@ type KernelReconciler struct {
 func (k *KernelReconciler) Name() string { return "dataplane" }
 
 // KernelService maps an accepted rule onto the data plane's service. ok is
-// false for rules the kernel does not serve (mode 4).
-func KernelService(id uint32, r *lbrule.Rule) (dataplane.Service, []dataplane.Endpoint, bool, error) {
+// false for rules the kernel does not handle: mode 4 without steering.
+func KernelService(id uint32, r *lbrule.Rule, proxyPort uint16) (dataplane.Service, []dataplane.Endpoint, bool, error) {
 	s := r.Service
-	if s.Mode == lbrule.ModeFullProxy {
+	if s.Mode == lbrule.ModeFullProxy && proxyPort == 0 {
 		return dataplane.Service{}, nil, false, nil
 	}
 	vip, err := netip.ParseAddr(s.ExternalIP)
@@ -39,6 +43,10 @@ func KernelService(id uint32, r *lbrule.Rule) (dataplane.Service, []dataplane.En
 	}
 	svc := dataplane.Service{ID: id, VIP: vip, Port: uint16(s.Port), Proto: s.Protocol, Mode: s.Mode, Sel: s.Sel,
 		InactiveTimeout: time.Duration(s.InactiveTimeOut) * time.Second}
+	if s.Mode == lbrule.ModeFullProxy {
+		// The kernel only steers; the proxy applies the rule's selector.
+		svc.Sel, svc.ProxyPort = dataplane.SelRoundRobin, proxyPort
+	}
 	eps := make([]dataplane.Endpoint, 0, len(r.Endpoints))
 	for _, ep := range r.Endpoints {
 		a, err := netip.ParseAddr(ep.IP)
@@ -57,7 +65,7 @@ func (k *KernelReconciler) Reconcile(ctx context.Context, services []Service) er
 	want := map[uint32]bool{}
 	var errs []error
 	for _, s := range services {
-		svc, eps, ok, err := KernelService(s.ID, s.Rule)
+		svc, eps, ok, err := KernelService(s.ID, s.Rule, k.ProxyPort)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("rule %d: %w", s.ID, err))
 			continue

@@ -29,7 +29,8 @@ func TestDaemonWithKernelDataplane(t *testing.T) {
 	requireRoot(t)
 	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("loxilb-e2e-%d", os.Getpid()))
 	t.Cleanup(func() { _ = os.RemoveAll(pin) })
-	d := daemontest.Start(t, bins, t.TempDir(), nil, "--no-dataplane=false", "--bpf-pin-path", pin)
+	d := daemontest.Start(t, bins, t.TempDir(), []string{"LLB_KV_NONE_HASH_SEED=" + seed}, "--no-dataplane=false", "--bpf-pin-path", pin,
+		"--tokenizer-dir", tokenizerDir(), "--metrics")
 	var caps struct {
 		Capabilities []struct {
 			Name   string
@@ -59,7 +60,31 @@ func TestDaemonWithKernelDataplane(t *testing.T) {
 	if entries, err := os.ReadDir(pin); err != nil || len(entries) == 0 {
 		t.Fatalf("maps not pinned under %s: %v", pin, err)
 	}
-	if !strings.Contains(d.Logs(), "eBPF data plane ready") {
-		t.Errorf("daemon did not report the data plane:\n%s", d.Logs())
+	if !strings.Contains(d.Logs(), "mode4_steering=true") {
+		t.Errorf("daemon did not report mode-4 steering:\n%s", d.Logs())
+	}
+
+	// Mode 4 with the data plane: sk_lookup hands VIP:port connections to
+	// the proxy's steering listener, which still finds the rule by VIP.
+	e := startEngine(t, enginesimVLLM("127.0.61.12"))
+	_ = e
+	rule4 := fmt.Sprintf(`{"serviceArguments":{"externalIP":"127.0.61.10","port":28080,"protocol":"tcp","mode":4,"sel":0,"kvExactMode":3,
+		"kvEngineType":"vllm","kvZmqPort":25557,"model_name":%q},"endpoints":[{"endpointIP":"127.0.61.12","targetPort":28000,"weight":1}]}`, model)
+	if resp, body := post(t, d.URL("/config/loadbalancer"), json.RawMessage(rule4)); resp.StatusCode != 200 {
+		t.Fatalf("mode-4 rule with the data plane: %d %s", resp.StatusCode, body)
+	}
+	r := complete(t, "127.0.61.10:28080", longPrompt("steering", 0))
+	if r.ep != 0 {
+		t.Fatalf("request through the steered VIP: %+v", r)
+	}
+	if v := metricValue(metrics(t, d), "loxilb_dataplane_packets_total", `reason="proxy_steered"`); v < 1 {
+		m := metrics(t, d)
+		var lines []string
+		for _, l := range strings.Split(m, "\n") {
+			if strings.HasPrefix(l, "loxilb_dataplane") {
+				lines = append(lines, l)
+			}
+		}
+		t.Errorf("no connection was steered by sk_lookup (proxy_steered=%v):\n%s\n%s", v, strings.Join(lines, "\n"), d.Logs())
 	}
 }

@@ -71,3 +71,8 @@ func (p *pool) waitInventory(t *testing.T, ep int) {
 		return inv.Total > 0 && inv.Total == p.engines[ep].Stats().BlocksUsed
 	})
 }
+
+// enginesimVLLM is a vLLM emulator on host:28000 publishing on host:25557.
+func enginesimVLLM(host string) enginesim.Config {
+	return enginesim.Config{Engine: "vllm", Listen: host + ":28000", ZMQBind: host, ZMQPort: 25557, Seed: seed, TimeScale: 0, TimeScaleSet: true}
+}
