@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
 	"github.com/loxilb-llm/loxilb/testbed/daemontest"
 	"os"
 	"path/filepath"
@@ -14,17 +13,7 @@ import (
 
 var bins *daemontest.Binaries
 
-func TestMain(m *testing.M) {
-	b, err := daemontest.Build()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bins = b
-	code := m.Run()
-	os.RemoveAll(b.Dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(daemontest.Main(m, &bins)) }
 
 func startDaemon(t *testing.T, stateDir string, env []string, args ...string) *daemontest.Daemon {
 	return daemontest.Start(t, bins, stateDir, env, args...)

@@ -184,3 +184,18 @@ func CLI(t testing.TB, b *Binaries, port int, args ...string) (string, string, i
 	}
 	return out.String(), errb.String(), code
 }
+
+// Main builds the binaries, runs the tests and removes the binaries: the
+// whole TestMain of a package of end-to-end tests.
+//
+//	func TestMain(m *testing.M) { os.Exit(daemontest.Main(m, &bins)) }
+func Main(m *testing.M, bins **Binaries) int {
+	b, err := Build()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	*bins = b
+	defer os.RemoveAll(b.Dir)
+	return m.Run()
+}

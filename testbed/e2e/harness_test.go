@@ -19,17 +19,7 @@ import (
 
 var bins *daemontest.Binaries
 
-func TestMain(m *testing.M) {
-	b, err := daemontest.Build()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bins = b
-	code := m.Run()
-	os.RemoveAll(b.Dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(daemontest.Main(m, &bins)) }
 
 const (
 	model = "Qwen/Qwen3-0.6B"
