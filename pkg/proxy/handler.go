@@ -148,7 +148,7 @@ func (ex *exchange) forward(body []byte) {
 	for i, ep := range cands {
 		ex.res.Endpoint = ep.Idx
 		ex.res.Attempts++
-		err, retryable := ex.attempt(ep, body)
+		retryable, err := ex.attempt(ep, body)
 		if err == nil {
 			return
 		}
@@ -165,7 +165,7 @@ func (ex *exchange) forward(body []byte) {
 // attempt sends the request to one endpoint and relays the answer. It
 // returns an error only when nothing was sent to the client, and says
 // whether the next candidate may be tried.
-func (ex *exchange) attempt(ep Endpoint, body []byte) (err error, retryable bool) {
+func (ex *exchange) attempt(ep Endpoint, body []byte) (retryable bool, err error) {
 	inflight := ex.s.inflightCounter(ex.svc.cfg.ID, ep.Idx)
 	inflight.Add(1)
 	defer inflight.Add(-1)
@@ -173,14 +173,14 @@ func (ex *exchange) attempt(ep Endpoint, body []byte) (err error, retryable bool
 	resp, err := ex.svc.up.roundTrip(ex.outbound(ep, body), ep.Addr)
 	if err != nil {
 		if ex.r.Context().Err() != nil {
-			return fmt.Errorf("%w: waiting for endpoint %s: %w", ErrClientCanceled, ep.Addr, err), false
+			return false, fmt.Errorf("%w: waiting for endpoint %s: %w", ErrClientCanceled, ep.Addr, err)
 		}
 		wrapped, retryable := upstreamError(ep.Addr, err)
 		ex.s.m.upstreamErrs.WithLabelValues(ex.svc.label, strconv.Itoa(ep.Idx), string(classify(wrapped).class)).Inc()
-		return wrapped, retryable
+		return retryable, wrapped
 	}
 	ex.relay(ep, resp)
-	return nil, false
+	return false, nil
 }
 
 // outbound builds the endpoint request. The body is replayed from the
