@@ -74,6 +74,13 @@ func (ex *exchange) run() {
 		ex.fail(fmt.Errorf("%w: %v", ErrNoService, localAddr(r)))
 		return
 	}
+	if ex.svc.serverTLS != nil && r.TLS == nil {
+		// A keep-alive connection accepted in plaintext before Update
+		// turned TLS on for this rule must not go on carrying requests.
+		ex.w.Header().Set("Connection", "close")
+		ex.fail(fmt.Errorf("%w: service %d now requires TLS; reconnect", ErrUnavailable, ex.svc.cfg.ID))
+		return
+	}
 	body, err := readBody(ex.w, r, ex.t.cfg.MaxBodyBytes, ex.t.cfg.BodyReadTimeout)
 	ex.res.BytesIn = int64(len(body))
 	if err != nil {

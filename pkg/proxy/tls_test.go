@@ -171,3 +171,36 @@ func TestSecurityEndToEndMutualTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestUpdateToTLSStopsPlaintextKeepAlive: once a rule requires TLS, a
+// plaintext keep-alive connection from before the change is refused and
+// closed.
+func TestUpdateToTLSStopsPlaintextKeepAlive(t *testing.T) {
+	pki := newPKI(t)
+	cert, key, _ := pki.leaf(t, "vip", "127.0.0.76")
+	b, _ := echoBackend(t, "b0")
+	px := startProxy(t, "127.0.0.76", Config{}, Service{}, newStaticPicker(hostPort(b)))
+	c := newClient()
+	resp, err := c.Get("http://" + px.addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = decodeEcho(t, resp)
+	listen := px.table.Load().list[0].cfg.Listen
+	if err := px.Update(Config{Services: []Service{{ID: 7, Listen: listen, Security: SecurityTLS, CertFile: cert, KeyFile: key}}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = c.Get("http://" + px.addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !resp.Close {
+		t.Errorf("plaintext request after TLS was turned on: %d close=%v", resp.StatusCode, resp.Close)
+	}
+	resp, err = tlsClient(pki).Get("https://" + px.addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = decodeEcho(t, resp)
+}
