@@ -70,8 +70,9 @@ func (p *PD) Reconcile(_ context.Context, services []control.Service) error {
 	return nil
 }
 
-// Pick implements proxy.Picker. P/D rules get a plan whose dispatch runs
-// the engine's flow; every other rule is the Gateway's.
+// Pick implements proxy.Picker. P/D rules get a plan whose Dispatch runs
+// the engine's flow (the proxy hands the exchange over after reading the
+// body); every other rule is the Gateway's.
 func (p *PD) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, error) {
 	st := p.g.lookup(req.Service)
 	if st == nil || !st.rule.Service.PDDisagg {
@@ -81,9 +82,8 @@ func (p *PD) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, error) {
 	if err != nil || fn == nil {
 		return plan, err
 	}
-	// The proxy runs fn through Plan.Dispatch once that hook exists; until
-	// then a P/D request cannot be forwarded as a single upstream call.
-	return proxy.Plan{}, fmt.Errorf("%w: rule %d is a prefill/decode pool and this proxy has no dispatch hook", proxy.ErrUnavailable, st.id)
+	plan.Dispatch = fn
+	return plan, nil
 }
 
 // Prepare is Pick for a P/D rule without the proxy: it returns the plan

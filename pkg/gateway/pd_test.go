@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -270,5 +271,64 @@ func TestPDPassthrough(t *testing.T) {
 	_, err = b.g.Pick(context.Background(), &proxy.Request{Service: 1, Method: "POST", Path: "/v1/completions", Header: http.Header{}})
 	if proxy.StatusFor(err) != 503 || !strings.Contains(err.Error(), "P/D picker") {
 		t.Fatalf("gateway.Pick on a P/D rule: %v", err)
+	}
+}
+
+// TestPDThroughProxy: the real proxy, with PD as its Picker, hands P/D
+// requests to the dispatcher through Plan.Dispatch and still forwards
+// non-inference calls itself.
+func TestPDThroughProxy(t *testing.T) {
+	b := newPDBench(t, "vllm", lbrule.KVExactOff, 79)
+	ln, err := net.Listen("tcp", "127.0.79.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vip := ln.Addr().(*net.TCPAddr).AddrPort()
+	ln.Close()
+	rule := b.g.lookup(1).rule.Clone()
+	rule.Service.ExternalIP, rule.Service.Port = vip.Addr().String(), int(vip.Port())
+	px, err := proxy.New(proxy.Config{}, b.pd, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.g.SetProxy(px)
+	if err := b.g.Reconcile(context.Background(), []control.Service{{ID: 1, Rule: rule}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = px.Serve(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	url := "http://" + vip.String()
+	var resp *http.Response
+	for i := 0; i < 100; i++ { // the listener comes up asynchronously
+		if resp, err = http.Get(url + "/v1/models"); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("model list through the proxy: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	for _, stream := range []bool{false, true} {
+		raw, _ := json.Marshal(map[string]any{"model": pdModel, "prompt": longDoc(2), "max_tokens": 5, "stream": stream})
+		req, _ := http.NewRequest("POST", url+"/v1/completions", bytes.NewReader(raw))
+		req.Header.Set(proxy.HeaderReceiptRequest, "1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || err != nil || !strings.HasPrefix(resp.Header.Get(proxy.HeaderRoute), "pd tier=") {
+			t.Fatalf("status %d err %v route %q: %s", resp.StatusCode, err, resp.Header.Get(proxy.HeaderRoute), body)
+		}
+		if stream != bytes.Contains(body, []byte("[DONE]")) {
+			t.Fatalf("stream=%v: %s", stream, body)
+		}
+	}
+	if tr := transfers(b.prefill); tr[0]+tr[1] != 2 {
+		t.Fatalf("prefill transfers %v, want 2", tr)
 	}
 }
