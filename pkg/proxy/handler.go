@@ -30,6 +30,23 @@ var hopHeaders = []string{
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
+var (
+	protoHTTP  = []string{"http"}
+	protoHTTPS = []string{"https"}
+)
+
+// bodyBuf replays the buffered request body; one allocation instead of
+// a reader plus a NopCloser.
+type bodyBuf struct{ bytes.Reader }
+
+func newBodyBuf(b []byte) *bodyBuf {
+	bb := &bodyBuf{}
+	bb.Reset(b)
+	return bb
+}
+
+func (*bodyBuf) Close() error { return nil }
+
 var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // ServeHTTP proxies one request. It is the handler of the proxy's
@@ -215,13 +232,13 @@ func (ex *exchange) outbound(ep Endpoint, body []byte) *http.Request {
 		h.Set("X-Forwarded-For", ip)
 	}
 	if r.TLS != nil {
-		h.Set("X-Forwarded-Proto", "https")
+		h["X-Forwarded-Proto"] = protoHTTPS // shared, never modified
 	} else {
-		h.Set("X-Forwarded-Proto", "http")
+		h["X-Forwarded-Proto"] = protoHTTP
 	}
 	var rb io.ReadCloser = http.NoBody
 	if len(body) > 0 {
-		rb = io.NopCloser(bytes.NewReader(body))
+		rb = newBodyBuf(body)
 	}
 	out := &http.Request{
 		Method: r.Method,
@@ -242,7 +259,7 @@ func (ex *exchange) outbound(ep Endpoint, body []byte) *http.Request {
 			if len(body) == 0 {
 				return http.NoBody, nil
 			}
-			return io.NopCloser(bytes.NewReader(body)), nil
+			return newBodyBuf(body), nil
 		},
 		Host: r.Host,
 	}

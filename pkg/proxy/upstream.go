@@ -62,6 +62,7 @@ type pconn struct {
 	idleAt   time.Time
 	reused   bool
 	stopCanc func() bool // detaches the request context's cancellation
+	probe    *peekProbe  // liveness probe state, built on first reuse
 }
 
 // connectError wraps a failure to obtain a connection (dial or TLS
