@@ -69,6 +69,10 @@ func TestOpenReportsCapability(t *testing.T) {
 	if err == nil || capab.Ready || capab.Reason == "" {
 		t.Fatalf("bad interface: err %v capability %+v", err, capab)
 	}
+	_, capab, err = Open(Config{PinPath: t.TempDir()}, nil, nil)
+	if !errors.Is(err, dataplane.ErrInvalid) || capab.Ready {
+		t.Fatalf("pin path off bpffs: err %v capability %+v", err, capab)
+	}
 }
 
 // TestRestartKeepsState opens a pinned data plane, installs a service and a
