@@ -74,7 +74,10 @@ var (
 )
 
 // DefaultArms returns the arms of the default suite in report order.
-func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl, ArmKVLoad} }
+func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl} }
+
+// AllArms adds the arms a run can select by name (llmbench -arms).
+func AllArms() []Arm { return append(DefaultArms(), ArmKVLoad) }
 
 // Suite is one benchmark run.
 type Suite struct {

@@ -27,12 +27,19 @@ func DefaultWorkloads(seed uint64, f FleetConfig) []Workload {
 			OutputTokens: 2, RatePerSec: 90, FillOfFleetPercent: 100 * g100 * sysBlocks / f.TotalBlocks()}),
 		MultiTurn(WMultiTurn, seed, MultiTurnSpec{Users: 16, Turns: 12, SystemTokens: 512, UserContextTokens: 1024,
 			QuestionTokens: 128, AnswerTokens: 64, OutputTokens: 2, Interval: 130 * time.Millisecond, Stagger: 8 * time.Millisecond}),
-		MultiTurn(WMultiTurnShort, seed, MultiTurnSpec{Users: 16, Turns: 6, SystemTokens: 512, QuestionTokens: 320, AnswerTokens: 96,
-			OutputTokens: 2, Interval: 145 * time.Millisecond, Stagger: 9 * time.Millisecond}),
 		SiblingBursts(WSiblings, seed, SiblingSpec{Bursts: 12, Siblings: 8, PrefixTokens: 3072, QuestionTokens: 64,
 			OutputTokens: 2, BurstGap: 250 * time.Millisecond, MaxSpread: 10 * time.Millisecond}),
 		HotPrefix(WHotPrefix, seed, HotPrefixSpec{Prefixes: 16, Requests: 270, HotShare: 0.5, ZipfS: 1.1, PrefixTokens: sys,
 			QuestionTokens: 128, OutputTokens: 2, RatePerSec: 90}),
+	}
+}
+
+// ExtraWorkloads can be selected by name (llmbench -workloads) besides the
+// default ones.
+func ExtraWorkloads(seed uint64, f FleetConfig) []Workload {
+	return []Workload{
+		MultiTurn(WMultiTurnShort, seed, MultiTurnSpec{Users: 16, Turns: 6, SystemTokens: 512, QuestionTokens: 320, AnswerTokens: 96,
+			OutputTokens: 2, Interval: 145 * time.Millisecond, Stagger: 9 * time.Millisecond}),
 	}
 }
 

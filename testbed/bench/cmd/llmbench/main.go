@@ -30,8 +30,8 @@ func run() error {
 		seed      = flag.Uint64("seed", 20261129, "workload seed")
 		out       = flag.String("out", "", "directory for report.json and the SVG charts (none when empty)")
 		binDir    = flag.String("bin", "", "directory holding prebuilt loxilb and loxicmd (built into a temp dir when empty)")
-		workloads = flag.String("workloads", "", "comma-separated workload names to run (all when empty)")
-		arms      = flag.String("arms", "", "comma-separated arms to run: rr, chwbl, kv, kv-nospill (all when empty)")
+		workloads = flag.String("workloads", "", "comma-separated workloads: shared-prefix-40, shared-prefix-100, multi-turn, sibling-bursts, hot-prefix, multi-turn-no-context (the first five when empty)")
+		arms      = flag.String("arms", "", "comma-separated arms to run: rr, chwbl, kv, kv-nospill, kv-load512 (the first four when empty)")
 		loxicmd   = flag.Bool("loxicmd", false, "create rules with loxicmd instead of the REST API")
 		quiet     = flag.Bool("quiet", false, "no progress bar")
 		runs      = flag.Int("runs", 0, "repetitions per arm, medians reported (0: the suite's default, 3 for default)")
@@ -57,13 +57,17 @@ func run() error {
 		return fmt.Errorf("suite %q: want default or tiny", *suite)
 	}
 	if *workloads != "" {
-		s.Workloads = filter(s.Workloads, *workloads, func(w bench.Workload) string { return w.Name })
+		all := s.Workloads
+		if *suite == "default" {
+			all = append(all, bench.ExtraWorkloads(*seed, s.Fleet)...)
+		}
+		s.Workloads = filter(all, *workloads, func(w bench.Workload) string { return w.Name })
 		if len(s.Workloads) == 0 {
 			return errors.New("-workloads matched no workload")
 		}
 	}
 	if *arms != "" {
-		s.Arms = filter(s.Arms, *arms, func(a bench.Arm) string { return a.Name })
+		s.Arms = filter(bench.AllArms(), *arms, func(a bench.Arm) string { return a.Name })
 		if len(s.Arms) == 0 {
 			return errors.New("-arms matched no arm")
 		}
