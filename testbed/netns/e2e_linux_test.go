@@ -170,7 +170,7 @@ func TestLab(t *testing.T) {
 		var order []string
 		for range 9 {
 			r := curl(t, lab, vip, 80)
-			if host(r.remote) != ClientAddr.String() {
+			if host(r.remote) != ClientAddr().String() {
 				t.Fatalf("mode 0 must keep the client address: backend saw %s", r.remote)
 			}
 			order = append(order, r.name)
@@ -218,7 +218,7 @@ func TestLab(t *testing.T) {
 		seen := map[string]bool{}
 		for range 12 {
 			r := curl(t, lab, vip, 80)
-			if r.local != vip.String()+":80" || host(r.remote) != ClientAddr.String() {
+			if r.local != vip.String()+":80" || host(r.remote) != ClientAddr().String() {
 				t.Fatalf("dsr: backend saw local %s remote %s", r.local, r.remote)
 			}
 			seen[r.name] = true

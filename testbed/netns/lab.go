@@ -20,11 +20,11 @@ type Lab struct {
 	LBIfaces []string
 }
 
-// Addresses of the lab.
-var (
-	ClientAddr = netip.MustParseAddr("172.30.1.2")
-	LBClientIP = netip.MustParseAddr("172.30.1.1")
-)
+// ClientAddr is the client's address.
+func ClientAddr() netip.Addr { return netip.AddrFrom4([4]byte{172, 30, 1, 2}) }
+
+// LBClientIP is the LB's address on the client link (the client's gateway).
+func LBClientIP() netip.Addr { return netip.AddrFrom4([4]byte{172, 30, 1, 1}) }
 
 // BackendAddr is backend i's address (0-based).
 func BackendAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{172, 30, byte(11 + i), 2}) }
@@ -81,7 +81,7 @@ func (l *Lab) build() error {
 		add("ip", "-n", peerNS, "route", "add", "default", "via", lbIP.String())
 		l.LBIfaces = append(l.LBIfaces, lbIf)
 	}
-	link("l0", l.Client, "c0", LBClientIP, ClientAddr)
+	link("l0", l.Client, "c0", LBClientIP(), ClientAddr())
 	for i, be := range l.Backends {
 		link(fmt.Sprintf("b%d", i+1), be, "e0", LBBackendIP(i), BackendAddr(i))
 		sysctl(be, "net.ipv4.conf.all.rp_filter=0")
