@@ -4,14 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"reflect"
+	"io"
+	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/testbed/daemontest"
 	"github.com/loxilb-llm/loxilb/testbed/enginesim"
 )
@@ -28,10 +28,22 @@ const (
 	pdPort, pdZMQ, pdBoot = 28000, 25557, 28998
 )
 
-func requirePDHook(t *testing.T) {
+// requirePDWiring skips when the daemon serves P/D rules with the plain
+// gateway picker (cmd/loxilb not yet wiring gateway.NewPD): then every
+// request on a P/D rule, even a model list, is refused with that hint.
+func requirePDWiring(t *testing.T, p *pdPool) {
 	t.Helper()
-	if _, ok := reflect.TypeOf(proxy.Plan{}).FieldByName("Dispatch"); !ok {
-		t.Skip("the proxy has no Plan.Dispatch hook in this build, so P/D requests cannot reach pkg/dispatch end to end")
+	resp, err := http.Get("http://" + p.vip + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(body), "gateway.NewPD") {
+		t.Skip("the daemon does not use the P/D picker (gateway.NewPD) yet: " + strings.TrimSpace(string(body)))
+	}
+	if resp.StatusCode != 200 {
+		t.Fatalf("model list on the P/D rule: %d %s", resp.StatusCode, body)
 	}
 }
 
@@ -88,6 +100,19 @@ func newPDPool(t *testing.T, engine string, kvMode, net, np, nd int) *pdPool {
 	if resp.StatusCode != 200 {
 		t.Fatalf("create rule: %d %s", resp.StatusCode, body)
 	}
+	var last error
+	for i := 0; i < 100; i++ { // the VIP listener comes up with the rule
+		var r *http.Response
+		if r, last = http.Get("http://" + p.vip + "/v1/models"); last == nil {
+			r.Body.Close()
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if last != nil {
+		t.Fatalf("VIP %s never answered: %v", p.vip, last)
+	}
+	requirePDWiring(t, p)
 	return p
 }
 
@@ -133,7 +158,6 @@ func pdTransfers(es []*enginesim.Engine) (transfers, claims uint64) {
 // of its prefill leg (the emulators refuse a decode otherwise), and the
 // receipt names the prefill engine that did the work.
 func TestPDEngines(t *testing.T) {
-	requirePDHook(t)
 	for i, engine := range []string{enginesim.EngineVLLM, enginesim.EngineSGLang, enginesim.EngineTRTLLM} {
 		t.Run(engine, func(t *testing.T) {
 			p := newPDPool(t, engine, 0, 91+i, 2, 2)
@@ -161,7 +185,6 @@ func TestPDEngines(t *testing.T) {
 // TestPDKVExactMode1: a repeated long prefix goes to the prefill worker
 // holding it once its inventory (from the worker's own KV events) has it.
 func TestPDKVExactMode1(t *testing.T) {
-	requirePDHook(t)
 	p := newPDPool(t, enginesim.EngineVLLM, 1, 94, 3, 2)
 	waitFor(t, "prefill subscribers connected", 15*time.Second, func() bool {
 		return metricValue(metrics(t, p.d), "loxilb_kv_subscriber_connected") == 3
@@ -191,7 +214,6 @@ func TestPDKVExactMode1(t *testing.T) {
 // TestPDFailures: a stopped prefill worker is skipped by connect
 // failover, and a stopped decode worker gives a clean 502.
 func TestPDFailures(t *testing.T) {
-	requirePDHook(t)
 	p := newPDPool(t, enginesim.EngineVLLM, 0, 95, 2, 1)
 	_ = p.prefill[0].Close()
 	for n := 0; n < 3; n++ {
