@@ -38,6 +38,11 @@
 //     and from the last SSE event that carries it, without buffering the
 //     stream.
 //
+// A Plan may instead carry its own flow (Plan.Dispatch, for prefill/decode
+// disaggregation); such flows send their legs through Server.RoundTripper,
+// which shares the rule's connection pool, TLS settings, in-flight counts
+// and error classes.
+//
 // Errors are mapped to statuses in one function (classify): 400 malformed
 // request, 413 body too large, 502 upstream connect/TLS/protocol error,
 // 503 no healthy endpoint, 504 upstream timeout, 500 anything

@@ -62,7 +62,9 @@ type Plan struct {
 	// ignored. If Dispatch returns Result.Status 0 nothing was written and
 	// the proxy answers with the error class of Result.Err; a 2xx Status
 	// with a non-nil Err means the flow broke mid-body, and the proxy cuts
-	// the client connection.
+	// the client connection. Server.RoundTripper gives the flow the
+	// rule's pooled, TLS-configured endpoint connections and in-flight
+	// accounting.
 	Dispatch func(ctx context.Context, w http.ResponseWriter, req *Request) Result
 }
 
