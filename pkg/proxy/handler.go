@@ -35,17 +35,11 @@ var (
 	protoHTTPS = []string{"https"}
 )
 
-// bodyBuf replays the buffered request body; one allocation instead of
-// a reader plus a NopCloser.
-type bodyBuf struct{ bytes.Reader }
-
-func newBodyBuf(b []byte) *bodyBuf {
-	bb := &bodyBuf{}
-	bb.Reset(b)
-	return bb
-}
-
-func (*bodyBuf) Close() error { return nil }
+// newBodyBuf replays the buffered request body. It must stay a
+// NopCloser around a *bytes.Reader: net/http recognises that as an
+// in-memory body and writes headers and body in one system call instead
+// of flushing the headers first.
+func newBodyBuf(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
 
 var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
