@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +19,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane/ebpf"
+	"github.com/loxilb-llm/loxilb/pkg/dispatch"
 	"github.com/loxilb-llm/loxilb/pkg/gateway"
 	"github.com/loxilb-llm/loxilb/pkg/health"
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
@@ -95,7 +98,27 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
-	px, err := proxy.New(proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}, gw, logger, reg)
+	pdCfg, err := dispatch.ConfigFromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	if cfg.proxyCA != "" {
+		if pdCfg.TLS, err = caTLS(cfg.proxyCA); err != nil {
+			return err
+		}
+	}
+	pdd, err := dispatch.New(pdCfg, logger, reg)
+	if err != nil {
+		return err
+	}
+	defer pdd.Close()
+	// The proxy's picker: prefill/decode rules go to the dispatcher, every
+	// other mode-4 rule to the gateway's single-pool routing.
+	pd, err := gateway.NewPD(gw, pdd)
+	if err != nil {
+		return err
+	}
+	px, err := proxy.New(proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}, pd, logger, reg)
 	if err != nil {
 		return err
 	}
@@ -108,6 +131,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	ctl.AddReconciler(&gateway.KVReconciler{Subs: events, Inv: index, Seed: seed})
 	ctl.AddReconciler(scraper)
 	ctl.AddReconciler(gw)
+	ctl.AddReconciler(pd)
 
 	caps := &capabilities{env: env}
 	caps.add(func() []api.Capability { return []api.Capability{dpCap} })
@@ -239,6 +263,19 @@ func openDataplane(cfg *config, ctl *control.Controller, prober *health.Prober, 
 	})
 	logger.Info("eBPF data plane ready", "detail", c.Reason, "interfaces", cfg.interfaces, "mode4_steering", kr.ProxyPort != 0)
 	return capab, steered, func() { unsubscribe(); _ = dp.Close() }
+}
+
+// caTLS verifies endpoints against the PEM CAs in file (security 2).
+func caTLS(file string) (*tls.Config, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--proxy-tls-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--proxy-tls-ca %s holds no PEM certificate", file)
+	}
+	return &tls.Config{RootCAs: pool}, nil
 }
 
 // inspector serves the inventory API from the index and the subscribers.
