@@ -75,6 +75,8 @@ const (
 	// envChildProfile, if set in the benchmark's environment, makes the
 	// proxy process write a CPU profile there.
 	envChildProfile = "LOXILB_PROXY_BENCH_CPUPROFILE"
+	// envChildRuntime holds extra environment for the proxy process only.
+	envChildRuntime = "LOXILB_PROXY_BENCH_CHILD_ENV"
 )
 
 // TestMain turns the test binary into a bare proxy process when asked, so
@@ -132,6 +134,9 @@ func startProxyProcess(b *testing.B, vip, backend string) (string, int) {
 	addr := freeAddrB(b, vip)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envChildListen+"="+addr, envChildBackend+"="+backend)
+	// Runtime settings for the proxy process only, e.g. "GOGC=400 GOMAXPROCS=1",
+	// to measure what the daemon's runtime tuning buys.
+	cmd.Env = append(cmd.Env, strings.Fields(os.Getenv(envChildRuntime))...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		b.Fatal(err)
