@@ -60,11 +60,17 @@ func Chart(w *WorkloadResult, f FleetConfig) string {
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%.2f</text>`+"\n", x+slot*0.3, bottom-h-4, a.HitRatio)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x+slot*0.3, bottom+16, html.EscapeString(a.Arm))
 	}
-	for _, bl := range []struct {
+	bounds := []struct {
 		v     float64
 		label string
 		dash  string
-	}{{w.Bound.FleetLRU, "upper bound (fleet-size LRU)", "6,4"}, {w.Bound.Unbounded, "unbounded cache", "2,3"}} {
+	}{{w.Bound.FleetLRU, "upper bound (fleet-size LRU)", "6,4"}, {w.Bound.Unbounded, "unbounded cache", "2,3"}}
+	if math.Abs(w.Bound.Unbounded-w.Bound.FleetLRU) < 0.04 {
+		// One label when the two bounds (nearly) coincide.
+		bounds = bounds[:1]
+		bounds[0].label = "upper bound (fleet-size LRU ~ unbounded)"
+	}
+	for _, bl := range bounds {
 		y := bottom - (bottom-top)*bl.v
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#c62828" stroke-width="1.5" stroke-dasharray="%s"/>`+"\n", lx, y, lx+lw, y, bl.dash)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" fill="#c62828" font-size="11">%s %.2f</text>`+"\n", lx+lw+4, y+4, bl.label, bl.v)

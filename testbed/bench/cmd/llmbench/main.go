@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -36,11 +37,27 @@ func run() error {
 		quiet     = flag.Bool("quiet", false, "no progress bar")
 		runs      = flag.Int("runs", 0, "repetitions per arm, medians reported (0: the suite's default, 3 for default)")
 		receipts  = flag.String("receipts", "", "write every request's routing receipt and TTFT to this file")
+		from      = flag.String("from", "", "re-render the table and charts of an existing report.json instead of running")
 		env       = flag.String("env", "", "extra daemon environment for every arm, KEY=VALUE[,KEY=VALUE], e.g. LOXILB_KV_LOAD_PENALTY=64")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	if *from != "" {
+		b, err := os.ReadFile(*from)
+		if err != nil {
+			return err
+		}
+		var rep bench.Report
+		if err := json.Unmarshal(b, &rep); err != nil {
+			return fmt.Errorf("%s: %w", *from, err)
+		}
+		rep.WriteTable(os.Stdout)
+		if *out != "" {
+			return rep.WriteFiles(*out)
+		}
+		return nil
+	}
 
 	wd, _ := os.Getwd()
 	root, err := bench.FindRepoRoot(wd)
