@@ -776,3 +776,29 @@ func TestMetricNamesAndLabels(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleClientConnectionClosed: a keep-alive client that goes quiet is
+// disconnected after IdleTimeout.
+func TestIdleClientConnectionClosed(t *testing.T) {
+	b, _ := echoBackend(t, "b0")
+	px := startProxy(t, "127.0.0.37", Config{IdleTimeout: 50 * time.Millisecond}, Service{}, newStaticPicker(hostPort(b)))
+	c, err := net.Dial("tcp", px.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = decodeEcho(t, resp)
+	if resp.Close {
+		t.Fatal("proxy did not keep the connection alive")
+	}
+	// Nothing more is sent; the proxy must close its side.
+	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+		t.Errorf("idle connection: read %q, %v; want a clean close", rest, err)
+	}
+}
