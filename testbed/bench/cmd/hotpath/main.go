@@ -22,7 +22,7 @@ type stage struct {
 }
 
 var stages = []stage{
-	{"tokenize", "./pkg/tokenizer", "^(BenchmarkEncodePrompt|BenchmarkEncodeRequestChat)$", "~2k-token prompt; chat request rendered + tokenized"},
+	{"tokenize", "./pkg/tokenizer", "^(BenchmarkEncodePrompt|BenchmarkEncodeRequestChat)$", ""},
 	{"hash", "./pkg/blockhash", "^BenchmarkKeys$", "256 blocks x 16 tokens per op"},
 	{"inventory apply", "./pkg/kvevents", "^BenchmarkDecodeApply$", "msgpack batch decode + filter + index apply"},
 	{"inventory apply", "./pkg/kvindex", "^BenchmarkApply$", "Store/Remove of block batches"},
@@ -30,6 +30,21 @@ var stages = []stage{
 	{"routing decision", "./pkg/router", "^BenchmarkDecideKVIndex$", "lookup + score, 64 endpoints"},
 	{"routing decision", "./pkg/gateway", "^BenchmarkRoutingDecisionChat2k$", "tokenize + hash + lookup + decide, 2k-token chat"},
 	{"proxy overhead", "./pkg/proxy", "^BenchmarkThroughput$", "keep-alive clients: direct vs through the proxy"},
+}
+
+// notes describe benchmarks whose stage holds several kinds.
+var notes = map[string]string{
+	"EncodePrompt":      "~2k-token prompt, BPE only",
+	"EncodeRequestChat": "chat request: template render + tokenize",
+}
+
+func noteFor(st stage, name string) string {
+	for prefix, n := range notes {
+		if strings.HasPrefix(name, prefix) {
+			return n
+		}
+	}
+	return st.note
 }
 
 var line = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+(\d+)\s+(.*)$`)
@@ -67,7 +82,8 @@ func main() {
 				continue
 			}
 			f := strings.Fields(m[3])
-			r := result{stage: st.name, name: strings.TrimPrefix(m[1], "Benchmark"), note: st.note}
+			name := strings.TrimPrefix(m[1], "Benchmark")
+			r := result{stage: st.name, name: name, note: noteFor(st, name)}
 			for i := 0; i+1 < len(f); i += 2 {
 				r.metrics = append(r.metrics, [2]string{f[i], f[i+1]})
 			}
