@@ -75,7 +75,7 @@ func DemoSuite(seed uint64, net int) Suite {
 	return Suite{Name: "demo", Seed: seed, Fleet: f, Arms: []Arm{ArmRR, ArmKV}, Workloads: []Workload{
 		SharedPrefix(WShared100, seed, SharedPrefixSpec{Groups: groups, PerGroup: 8, SystemTokens: sys, QuestionTokens: 128,
 			OutputTokens: 2, RatePerSec: 90, FillOfFleetPercent: 100}),
-		MultiTurn(WMultiTurn, seed, MultiTurnSpec{Users: 16, Turns: 6, SystemTokens: 512, QuestionTokens: 320, AnswerTokens: 96,
-			OutputTokens: 2, Interval: 145 * time.Millisecond, Stagger: 9 * time.Millisecond}),
+		MultiTurn(WMultiTurn, seed, MultiTurnSpec{Users: 16, Turns: 8, SystemTokens: 512, UserContextTokens: 1024,
+			QuestionTokens: 128, AnswerTokens: 64, OutputTokens: 2, Interval: 130 * time.Millisecond, Stagger: 8 * time.Millisecond}),
 	}}
 }

@@ -6,12 +6,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"text/tabwriter"
 
@@ -54,10 +56,20 @@ func run() error {
 	fmt.Printf("Four vLLM emulators on 127.0.%d.11-14:%d (KV events on ZMQ :%d), the daemon proxy-only, VIP 127.0.%d.1:%d.\n",
 		f.Net, f.Port, f.ZMQPort, f.Net, f.VIPPort)
 	fmt.Printf("Each arm starts cold: a fresh daemon, the rule created with loxicmd, emptied engine caches.\n\n")
+	var cmds bytes.Buffer
 	rep, err := bench.Run(ctx, s, bench.Options{Bin: bins, TokenizerDir: bench.DefaultTokenizerDir(root),
-		UseLoxicmd: true, Progress: os.Stderr, Commands: os.Stdout})
+		UseLoxicmd: true, Progress: os.Stderr, Commands: &cmds})
 	if err != nil {
 		return err
+	}
+	fmt.Println("The rules were created with (PORT: the daemon's API port of that arm):")
+	seen := map[string]bool{}
+	for _, c := range strings.Split(strings.TrimSpace(cmds.String()), "\n") {
+		c = apiPort.ReplaceAllString(c, "-p PORT ")
+		if !seen[c] {
+			seen[c] = true
+			fmt.Println("  " + c)
+		}
 	}
 	fmt.Println()
 	for _, w := range rep.Workloads {
@@ -65,7 +77,7 @@ func run() error {
 		fmt.Printf("%s\n  %s\n", w.Workload.Title, w.Workload.Description)
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 3, ' ', 0)
 		fmt.Fprintf(tw, "\tround robin\tKV-exact\t\n")
-		fmt.Fprintf(tw, "cache hit ratio (engines' counters)\t%.2f\t%.2f\t(best possible ~%.2f)\n", rr.HitRatio, kv.HitRatio, w.Bound.FleetLRU)
+		fmt.Fprintf(tw, "cache hit ratio (engines' counters)\t%.2f\t%.2f\t(one LRU cache of the fleet's size: %.2f)\n", rr.HitRatio, kv.HitRatio, w.Bound.FleetLRU)
 		fmt.Fprintf(tw, "TTFT p50\t%.0f ms\t%.0f ms\t\n", rr.TTFTms.P50, kv.TTFTms.P50)
 		fmt.Fprintf(tw, "TTFT p90\t%.0f ms\t%.0f ms\t\n", rr.TTFTms.P90, kv.TTFTms.P90)
 		fmt.Fprintf(tw, "requests per engine\t%s\t%s\t\n", ints(rr.PerEndpoint), ints(kv.PerEndpoint))
@@ -76,6 +88,8 @@ func run() error {
 	fmt.Println("Engines, daemon and temporary state are gone. Full benchmark: make bench-routing (see BENCHMARKS.md).")
 	return nil
 }
+
+var apiPort = regexp.MustCompile(`-p [0-9]+ `)
 
 func ints(v []int) string {
 	s := make([]string, len(v))
