@@ -25,6 +25,9 @@ type poolOpts struct {
 	env      []string
 	ruleArgs string // extra serviceArguments JSON fields, e.g. `"monitor":true`
 	sel      int
+	kvEngine string // rule kvEngineType, default vllm
+	bs       int    // rule kvBlockSize, default 16
+	ranks    int    // rule kvDpRankCount, default 1
 }
 
 func newPool(t *testing.T, o poolOpts) *pool {
@@ -34,8 +37,11 @@ func newPool(t *testing.T, o poolOpts) *pool {
 	var eps []string
 	for i := 0; i < o.n; i++ {
 		host := fmt.Sprintf("127.0.%d.%d", o.net, 11+i)
-		c := enginesim.Config{Engine: "vllm", Listen: fmt.Sprintf("%s:%d", host, port), ZMQBind: host, ZMQPort: zmqPort,
-			Seed: seed, TimeScale: 0, TimeScaleSet: true}
+		c := enginesim.Config{Engine: o.kvEngine, Listen: fmt.Sprintf("%s:%d", host, port), ZMQBind: host, ZMQPort: zmqPort,
+			Seed: seed, TimeScale: 0, TimeScaleSet: true, DPRanks: o.ranks, BlockSize: o.bs}
+		if c.Engine == "" {
+			c.Engine = "vllm"
+		}
 		if o.engine != nil {
 			o.engine(i, &c)
 		}
@@ -48,15 +54,29 @@ func newPool(t *testing.T, o poolOpts) *pool {
 	if o.ruleArgs != "" {
 		extra = "," + o.ruleArgs
 	}
+	eng, bs, ranks := o.kvEngine, o.bs, o.ranks
+	if eng == "" {
+		eng = "vllm"
+	}
+	if bs == 0 {
+		bs = 16
+	}
+	if ranks == 0 {
+		ranks = 1
+	}
+	zmq := fmt.Sprintf(`"kvZmqPort":%d,"kvDpRankCount":%d,`, zmqPort, ranks)
+	if eng == "trtllm" {
+		zmq = "" // TensorRT-LLM events ride the serving port
+	}
 	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":"127.0.%d.1","port":28080,"protocol":"tcp","mode":4,"sel":%d,
-		"kvExactMode":3,"kvEngineType":"vllm","kvZmqPort":%d,"kvBlockSize":16,"model_name":%q%s},"endpoints":[%s]}`,
-		o.net, o.sel, zmqPort, model, extra, strings.Join(eps, ","))
+		"kvExactMode":3,"kvEngineType":%q,%s"kvBlockSize":%d,"model_name":%q%s},"endpoints":[%s]}`,
+		o.net, o.sel, eng, zmq, bs, model, extra, strings.Join(eps, ","))
 	resp, body := post(t, p.d.URL("/config/loadbalancer"), json.RawMessage(rule))
 	if resp.StatusCode != 200 {
 		t.Fatalf("create rule: %d %s", resp.StatusCode, body)
 	}
 	waitFor(t, "subscribers connected", 15*time.Second, func() bool {
-		return metricValue(metrics(t, p.d), "loxilb_kv_subscriber_connected") == float64(o.n)
+		return metricValue(metrics(t, p.d), "loxilb_kv_subscriber_connected") >= float64(o.n)
 	})
 	return p
 }
