@@ -20,7 +20,7 @@ func TestWorkloadsAreDeterministic(t *testing.T) {
 			t.Errorf("%s: same seed, different trace", a[i].Name)
 		}
 		if reflect.DeepEqual(a[i].Trace(), c[i].Trace()) {
-			t.Errorf("%s: different seeds, same trace", a[i].Name)
+			t.Errorf("%s: seed 7 and seed 8 gave the same trace", a[i].Name)
 		}
 		if a[i].Requests() == 0 {
 			t.Errorf("%s: no requests", a[i].Name)

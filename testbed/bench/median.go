@@ -24,6 +24,7 @@ func medianRun(runs []ArmResult) ArmResult {
 		r := runs[0]
 		r.Runs = 1
 		r.HitRatioRuns, r.TTFTP90Runs = []float64{r.HitRatio}, []float64{r.TTFTms.P90}
+		r.MaxOverMeanRuns = []float64{r.MaxOverMeanLoad}
 		return r
 	}
 	get := func(f func(ArmResult) float64) float64 {
@@ -52,7 +53,7 @@ func medianRun(runs []ArmResult) ArmResult {
 	out.EndpointsPerGroup = get(func(r ArmResult) float64 { return r.EndpointsPerGroup })
 	out.Errors, out.Spills, out.Requests = 0, 0, 0
 	out.Tiers = map[string]int{}
-	out.HitRatioRuns, out.TTFTP90Runs = nil, nil
+	out.HitRatioRuns, out.TTFTP90Runs, out.MaxOverMeanRuns = nil, nil, nil
 	for _, r := range runs {
 		out.Errors += r.Errors
 		out.Spills += r.Spills
@@ -65,6 +66,7 @@ func medianRun(runs []ArmResult) ArmResult {
 		}
 		out.HitRatioRuns = append(out.HitRatioRuns, r.HitRatio)
 		out.TTFTP90Runs = append(out.TTFTP90Runs, r.TTFTms.P90)
+		out.MaxOverMeanRuns = append(out.MaxOverMeanRuns, r.MaxOverMeanLoad)
 	}
 	return out
 }

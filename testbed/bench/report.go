@@ -60,6 +60,19 @@ type ArmResult struct {
 	// medians.
 	HitRatioRuns []float64 `json:"hit_ratio_runs"`
 	TTFTP90Runs  []float64 `json:"ttft_p90_ms_runs"`
+	// MaxOverMeanRuns is the per-run max/mean load; the load target is
+	// checked against its worst run.
+	MaxOverMeanRuns []float64 `json:"max_over_mean_load_runs,omitempty"`
+}
+
+// worstLoad is the highest per-run max/mean load, or the median when the
+// runs were not recorded.
+func (a *ArmResult) worstLoad() float64 {
+	w := a.MaxOverMeanLoad
+	for _, v := range a.MaxOverMeanRuns {
+		w = max(w, v)
+	}
+	return w
 }
 
 // WorkloadResult is one workload under every arm.
@@ -149,7 +162,8 @@ func CheckTargets(r *Report) []TargetResult {
 				}
 			case WHotPrefix:
 				out = append(out, TargetResult{Workload: w.Workload.Name, Arm: name, Target: "no endpoint above 2x mean load (spill relief on)",
-					Value: fmt.Sprintf("max/mean %.2f %v", kv.MaxOverMeanLoad, kv.PerEndpoint), Pass: kv.MaxOverMeanLoad <= 2})
+					Value: fmt.Sprintf("max/mean %.2f in the worst run (median %.2f; median run %v)", kv.worstLoad(), kv.MaxOverMeanLoad, kv.PerEndpoint),
+					Pass:  kv.worstLoad() <= 2})
 			}
 		}
 	}
