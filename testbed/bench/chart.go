@@ -33,8 +33,8 @@ func Chart(w *WorkloadResult, f FleetConfig) string {
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="Helvetica,Arial,sans-serif" font-size="12">`+"\n", W, H, W, H)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", W, H)
 	fmt.Fprintf(&b, `<text x="20" y="26" font-size="17" font-weight="bold">%s</text>`+"\n", html.EscapeString(w.Workload.Name+": "+w.Workload.Title))
-	fmt.Fprintf(&b, `<text x="20" y="46" fill="#444">%s</text>`+"\n", html.EscapeString(w.Workload.Description))
-	fmt.Fprintf(&b, `<text x="20" y="64" fill="#444">%s</text>`+"\n", html.EscapeString(fmt.Sprintf(
+	fmt.Fprintf(&b, `<text x="20" y="46" fill="#444" font-size="11">%s</text>`+"\n", html.EscapeString(w.Workload.Description))
+	fmt.Fprintf(&b, `<text x="20" y="64" fill="#444" font-size="11">%s</text>`+"\n", html.EscapeString(fmt.Sprintf(
 		"%d vLLM emulators x %d blocks x %d tokens; prefill %.0f us/uncached token; decode %.0f ms/step; time scale %g",
 		f.Engines, f.CapacityBlocks, f.BlockSize, f.PrefillUsPerToken, f.DecodeUsPerToken/1000, f.TimeScale)))
 	n := len(w.Arms)
@@ -108,6 +108,11 @@ func Chart(w *WorkloadResult, f FleetConfig) string {
 			}
 		}
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", rx+slot*float64(i)+slot/2, bottom+16, html.EscapeString(a.Arm))
+	}
+	if fl := w.Bound.TTFTFloorMs.P90; fl > 0 && fl <= maxT {
+		y := bottom - (bottom-top)*fl/maxT
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#c62828" stroke-width="1.5" stroke-dasharray="6,4"/>`+"\n", rx, y, rx+rw, y)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" fill="#c62828" font-size="11" text-anchor="end">p90 floor (bound's hits, no queueing) %.0f ms</text>`+"\n", rx+rw, y-4, fl)
 	}
 	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" fill="#555" font-size="11">bars per arm: p50 (light), p90 (solid, labelled), p99 (dashed outline)</text>`+"\n", rx+rw/2, bottom+32)
 	// Legend.
