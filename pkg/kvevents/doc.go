@@ -52,8 +52,18 @@
 // cache resets (AllBlocksCleared, restart), since the inventory is then
 // exact again.
 //
-// A seq lower than the last one means the engine restarted (vLLM sends no
-// AllBlocksCleared then): that publisher's blocks are cleared. On reconnect
+// A seq at or below the last applied one means the engine restarted (vLLM
+// sends no AllBlocksCleared then): that publisher's blocks are cleared.
+// Only exact repeats are duplicates and skipped: the last applied batch
+// again (same seq, same bytes), or batches a replay applied arriving live
+// too (queued on the SUB while the replay ran, or held back by the
+// publisher and filled in by a gap replay). A hash of each replayed batch
+// is kept until live traffic passes the replayed range, and a live batch
+// is a duplicate only if it repeats one of them, seq and bytes, in order.
+// A seq alone proves nothing: right after the first replay, before any
+// live batch, a restarted engine's seq 0..N are the very seqs the replay
+// applied for the old process, but its batches carry other bytes (a new
+// timestamp; AllBlocksCleared first), so they are a restart. On reconnect
 // with replay available, the batch at the last applied seq is fetched again:
 // the same bytes mean the same process; different bytes, or no batch that
 // high, mean a restart (clear, then rebuild from the replay buffer). On the

@@ -100,11 +100,20 @@ type rankState struct {
 	// lastSum is a hash of the last applied payload, used to tell a
 	// duplicate from an engine restart when a replay returns the last seq.
 	lastSum uint64
-	// Duplicate window after a replay: live batches the SUB queued while
-	// the replay ran carry seqs the replay already applied.
-	dedup            bool
-	dedupLo, dedupHi uint64
+	// dups is the duplicate window after a replay: the batches it applied
+	// (and, after a reconnect or gap, the one at the last seq before it), in
+	// seq order. The SUB may deliver them again (queued while the replay
+	// ran, or a reordered batch the replay already filled in); a live batch
+	// is a duplicate only if it repeats one of them, seq and bytes, in
+	// order. Anything else at or below the last seq is a restart, so a
+	// restarted engine's seq 0..N is never mistaken for old batches.
+	// dupNext is the first entry a later duplicate may still match.
+	dups    []seqSum
+	dupNext int
 }
+
+// seqSum identifies one applied batch: its seq and a hash of its bytes.
+type seqSum struct{ seq, sum uint64 }
 
 // subscription is one endpoint's feed: one goroutine per rank (ZMQ) or one
 // poller (TensorRT-LLM).

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 
 	"github.com/go-zeromq/zmq4"
@@ -102,13 +104,18 @@ func (z *zmqRank) handleFrames(ctx context.Context, frames [][]byte) {
 // handleLive applies one live batch after checking its sequence number.
 func (z *zmqRank) handleLive(ctx context.Context, seq uint64, payload []byte) {
 	rs := z.rs
-	if rs.dedup {
-		if seq >= rs.dedupLo && seq <= rs.dedupHi {
+	if len(rs.dups) > 0 {
+		if z.replayedDup(seq, payload) {
 			z.c.skip(skipDuplicate, 1)
 			z.flush(0, false)
 			return
 		}
-		rs.dedup = false
+		// Once live traffic is past the replayed range nothing can repeat
+		// it any more; one batch of slack lets a reordered (held back)
+		// batch of the range still be recognised.
+		if hi := rs.dups[len(rs.dups)-1].seq; seq > hi && seq-hi > 1 {
+			z.closeDups()
+		}
 	}
 	if rs.st.HasSeq {
 		last := rs.st.LastSeq
@@ -121,7 +128,9 @@ func (z *zmqRank) handleLive(ctx context.Context, seq uint64, payload []byte) {
 		case seq <= last:
 			// Sequence numbers restart at 0 with the engine process, and
 			// vLLM sends no AllBlocksCleared on restart: the old blocks
-			// are gone.
+			// are gone. Genuine duplicates of replayed batches were
+			// skipped above by their bytes; a seq alone cannot tell them
+			// apart, since the new process reuses the replayed seqs.
 			z.s.reset(rs, rs.st.Rank, resetSeqBackwards)
 			z.forgetSeq()
 			if seq > 0 {
@@ -143,7 +152,40 @@ func (z *zmqRank) forgetSeq() {
 	z.rs.st.HasSeq, z.rs.st.LastSeq = false, 0
 	z.s.mu.Unlock()
 	z.rs.lastSum = 0
-	z.rs.dedup = false
+	z.closeDups()
+}
+
+// replayedDup reports whether a live batch repeats a batch of the duplicate
+// window (same seq, same bytes) after the last one it matched. A restarted
+// engine reuses the seqs but not the bytes: its batches carry a new
+// timestamp, and its first one is usually AllBlocksCleared.
+func (z *zmqRank) replayedDup(seq uint64, payload []byte) bool {
+	rs := z.rs
+	d := rs.dups[rs.dupNext:]
+	i, ok := slices.BinarySearchFunc(d, seq, func(e seqSum, s uint64) int { return cmp.Compare(e.seq, s) })
+	if !ok || d[i].sum != xxh3.Hash(payload) {
+		return false
+	}
+	rs.dupNext += i + 1
+	return true
+}
+
+// openDups starts a new duplicate window for a replay, holding the batch
+// the publisher had applied last before it, if any.
+func (z *zmqRank) openDups() {
+	z.closeDups()
+	if z.rs.st.HasSeq {
+		z.rs.dups = append(z.rs.dups, seqSum{z.rs.st.LastSeq, z.rs.lastSum})
+	}
+}
+
+func (z *zmqRank) closeDups() { z.rs.dups, z.rs.dupNext = nil, 0 }
+
+// applyReplayed applies a batch received from the replay endpoint and adds
+// it to the duplicate window: the SUB may deliver it too.
+func (z *zmqRank) applyReplayed(seq uint64, payload []byte) {
+	z.apply(seq, payload)
+	z.rs.dups = append(z.rs.dups, seqSum{seq, z.rs.lastSum})
 }
 
 // recover fetches batches from..seq-1 from the replay endpoint before the
@@ -216,6 +258,7 @@ func (z *zmqRank) replayOnConnect(ctx context.Context) {
 		return
 	}
 	last, lastSum := rs.st.LastSeq, rs.lastSum
+	z.openDups()
 	first, restarted := true, false
 	lostBefore := uint64(0)
 	n, result, err := z.fetchReplay(ctx, last, func(seq uint64, payload []byte) bool {
@@ -234,7 +277,7 @@ func (z *zmqRank) replayOnConnect(ctx context.Context) {
 		if seq <= rs.st.LastSeq {
 			return true
 		}
-		z.apply(seq, payload)
+		z.applyReplayed(seq, payload)
 		return true
 	})
 	z.s.countReplay(rs, result, err)
@@ -250,7 +293,6 @@ func (z *zmqRank) replayOnConnect(ctx context.Context) {
 		z.s.countGap(z.rs)
 		z.lost(lostBefore, fmt.Sprintf("replay buffer no longer holds %d batches after seq %d", lostBefore, last))
 	}
-	z.markDedup(last)
 }
 
 // replayRange applies buffered batches with from <= seq <= to, in order, and
@@ -258,7 +300,8 @@ func (z *zmqRank) replayOnConnect(ctx context.Context) {
 // (to = max) only reports holes between the batches it received.
 func (z *zmqRank) replayRange(ctx context.Context, from, to uint64) (missing uint64) {
 	rs := z.rs
-	had, start := rs.st.HasSeq, rs.st.LastSeq
+	had := rs.st.HasSeq
+	z.openDups()
 	next := from
 	// An unbounded replay on first contact starts wherever the engine's
 	// buffer starts; only holes after its first batch are losses.
@@ -274,7 +317,7 @@ func (z *zmqRank) replayRange(ctx context.Context, from, to uint64) (missing uin
 			missing += seq - next
 		}
 		lead = true
-		z.apply(seq, payload)
+		z.applyReplayed(seq, payload)
 		next = seq + 1
 		return seq < to
 	})
@@ -285,20 +328,7 @@ func (z *zmqRank) replayRange(ctx context.Context, from, to uint64) (missing uin
 		result = replayIncomplete
 	}
 	z.s.countReplay(rs, result, err)
-	if had {
-		z.markDedup(start)
-	} else {
-		z.markDedup(0)
-	}
 	return missing
-}
-
-// markDedup opens the duplicate window [lo, last]: the SUB socket kept
-// queueing live batches while the replay ran.
-func (z *zmqRank) markDedup(lo uint64) {
-	if z.rs.st.HasSeq {
-		z.rs.dedup, z.rs.dedupLo, z.rs.dedupHi = true, lo, z.rs.st.LastSeq
-	}
 }
 
 func (s *subscription) countGap(rs *rankState) {
