@@ -250,7 +250,9 @@ func (z *zmqRank) flush(seq uint64, hasSeq bool) {
 // the last seq, the batches in between are lost (degraded).
 //
 // When replay is unavailable the first live message decides instead (see
-// handleLive).
+// handleLive). Either way the batches a replay applies form the duplicate
+// window: live batches are skipped only when they repeat them (see
+// replayedDup), so a restart right after the replay is still one.
 func (z *zmqRank) replayOnConnect(ctx context.Context) {
 	rs := z.rs
 	if !rs.st.HasSeq {
