@@ -60,13 +60,21 @@ type Config struct {
 	// third worker prefills the same prefix again).
 	MeanLoadFactor int
 	// LoadPenalty is how many cached prefix tokens one request-equivalent of
-	// load is worth in the blend score. 0 makes the blend pure overlap (load
-	// only breaks ties). Range 0..100000, default 32.
+	// load is worth in the blend score. LoadPenaltyAdaptive (the default,
+	// and what an unset LOXILB_KV_LOAD_PENALTY means) prices a request of
+	// load at the prefill work the service's requests have recently left
+	// uncached, in tokens, so cache benefit and queued work are in one
+	// unit (see Router.Decide). A fixed value overrides it; 0 makes the
+	// blend pure overlap (load only breaks ties). Range -1..100000.
 	LoadPenalty int
 	// LoadWeights convert engine metrics into load; zero means
 	// selector.DefaultLoadWeights.
 	LoadWeights selector.LoadWeights
 }
+
+// LoadPenaltyAdaptive is the Config.LoadPenalty value that derives the
+// penalty from the service's recent uncached prompt tokens.
+const LoadPenaltyAdaptive = -1
 
 // DefaultConfig returns the documented defaults.
 func DefaultConfig() Config {
@@ -77,7 +85,7 @@ func DefaultConfig() Config {
 		ColdMinBlocks:  16,
 		ZeroHitN:       50,
 		MeanLoadFactor: 200,
-		LoadPenalty:    32,
+		LoadPenalty:    LoadPenaltyAdaptive,
 		LoadWeights:    selector.DefaultLoadWeights,
 	}
 }
@@ -94,7 +102,7 @@ func (c Config) Validate() error {
 		{EnvColdMinBlocks, c.ColdMinBlocks, 0, 1 << 30},
 		{EnvZeroHitN, c.ZeroHitN, 1, 1000000},
 		{EnvMeanLoadFactor, c.MeanLoadFactor, 100, 1000},
-		{EnvLoadPenalty, c.LoadPenalty, 0, 100000},
+		{EnvLoadPenalty, c.LoadPenalty, LoadPenaltyAdaptive, 100000},
 	} {
 		if r.v < r.lo || r.v > r.h {
 			return fmt.Errorf("%w: %s=%d outside %d..%d", ErrConfig, r.name, r.v, r.lo, r.h)
@@ -127,6 +135,10 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	for _, v := range ints {
 		s := strings.TrimSpace(getenv(v.name))
 		if s == "" {
+			continue
+		}
+		if v.name == EnvLoadPenalty && strings.EqualFold(s, "adaptive") {
+			*v.dst = LoadPenaltyAdaptive
 			continue
 		}
 		n, err := strconv.Atoi(s)

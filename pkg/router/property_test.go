@@ -35,7 +35,7 @@ func TestDecideInvariants(t *testing.T) {
 		cfg.MinMatchTokens = rng.IntN(100)
 		cfg.ColdSeedN = rng.IntN(4)
 		cfg.ColdMinBlocks = rng.IntN(40)
-		cfg.LoadPenalty = rng.IntN(200)
+		cfg.LoadPenalty = rng.IntN(201) - 1 // -1 is LoadPenaltyAdaptive
 		cfg.SpillMinLoad = rng.IntN(4)
 		relief := rng.IntN(2) == 0
 		cfg.SpillRelief = &relief

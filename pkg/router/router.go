@@ -115,6 +115,72 @@ type serviceState struct {
 	tick   atomic.Uint64
 	streak atomic.Int64
 	warned atomic.Bool
+	// work estimates (math.Float64bits) the median of the prompt tokens a
+	// Tier-1.5 hit of the service leaves uncached on its warmest endpoint:
+	// the prefill work one more request of load typically represents. 0
+	// until the first sample.
+	work atomic.Uint64
+}
+
+// workStep is the multiplicative step of the median estimate: each request
+// moves it by 1/8 up or down (a streaming median, Frugal-style), so it
+// follows a change of workload within a few dozen requests, costs one
+// compare-and-swap, and a minority of long misses cannot drag it up the
+// way they drag a mean.
+const workStep = 1.0 / 8
+
+// observeWork folds one request's uncached prompt tokens into the
+// estimate. A compare-and-swap loop rather than a lock: Decide stays
+// lock-free, and a retry only happens when two decisions of one service
+// race.
+func (st *serviceState) observeWork(tokens, blockSize int) {
+	// At least one block: the engine always recomputes the last prompt
+	// token, and a zero would read as "no sample yet".
+	x := float64(max(tokens, blockSize, 1))
+	for {
+		old := st.work.Load()
+		w := math.Float64frombits(old)
+		switch {
+		case w == 0:
+			w = x
+		case x > w:
+			w = min(w*(1+workStep), x)
+		case x < w:
+			w = max(w/(1+workStep), x)
+		}
+		if st.work.CompareAndSwap(old, math.Float64bits(w)) {
+			return
+		}
+	}
+}
+
+// penalty returns the tokens one request-equivalent of load is worth for
+// this decision. Adaptive: the median estimate or, before the first
+// sample, this request's own uncached tokens on its warmest endpoint (the
+// best guess of what its neighbours in the queue cost); never below one
+// block, so load always counts for something.
+func (r *Router) penalty(st *serviceState, uncached, blockSize int) float64 {
+	if r.cfg.LoadPenalty != LoadPenaltyAdaptive {
+		return float64(r.cfg.LoadPenalty)
+	}
+	w := math.Float64frombits(st.work.Load())
+	if w == 0 {
+		w = float64(uncached)
+	}
+	return max(w, float64(blockSize))
+}
+
+// LoadPenalty reports the tokens one request-equivalent of load is
+// currently worth in the service's blend: the configured value, or with
+// the adaptive default the running median of the uncached prompt tokens of
+// its recent Tier-1.5 hits on their warmest endpoint (0 before the first
+// one; a decision never uses less than one block). For status pages and
+// tests.
+func (r *Router) LoadPenalty(service uint32) float64 {
+	if r.cfg.LoadPenalty != LoadPenaltyAdaptive {
+		return float64(r.cfg.LoadPenalty)
+	}
+	return math.Float64frombits(r.service(service).work.Load())
 }
 
 type scratch struct {
@@ -416,12 +482,14 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 	}
 
 	// 2. Blend.
+	warmUncached := (total - s.match[warm]) * blockSize
+	penalty := r.penalty(st, warmUncached, blockSize)
 	score := func(i int) float64 {
 		m := s.match[i]
 		if m < minBlocks {
 			m = 0
 		}
-		return float64(m*blockSize) - float64(r.cfg.LoadPenalty)*s.load[i]
+		return float64(m*blockSize) - penalty*s.load[i]
 	}
 	better := func(i, j int) bool { // is i preferred over j?
 		si, sj := score(i), score(j)
@@ -507,6 +575,12 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 	}
 	if from >= 0 {
 		d.From = s.eps[from]
+	}
+	if r.cfg.LoadPenalty == LoadPenaltyAdaptive {
+		// The warm endpoint's uncached work, not the chosen one's: what the
+		// workload demands, independent of where the router sent it, so
+		// moves away from the cache cannot feed back into the penalty.
+		st.observeWork(warmUncached, blockSize)
 	}
 	ep := strconv.Itoa(d.EP)
 	r.m.hits.WithLabelValues(st.label, ep).Inc()
