@@ -15,13 +15,16 @@
 // The algorithm is documented on Router.Decide. Compared with loxilb's
 // gateway it scores the longest consecutive prefix rather than an unordered
 // overlap count, blends overlap and load in one formula (score = cached
-// tokens − LoadPenalty·load) instead of switching between modes, breaks
+// tokens − penalty·load, both in tokens of prefill: penalty is the
+// uncached work of the service's typical request, learned per service, or
+// LOXILB_KV_LOAD_PENALTY) instead of switching between modes, breaks
 // every tie deterministically, never spills below a small absolute load
 // floor, and labels every metric by service and endpoint so two rules never
 // share a series.
 //
 // The router is pure logic: no HTTP, no goroutines. Its only state is per
-// service (cold-seed tick, zero-hit run) and is dropped by Forget.
+// service (cold-seed tick, zero-hit run, the adaptive penalty's work
+// estimate) and is dropped by Forget.
 //
 // Settings come from the process environment (ConfigFromEnv):
 //
@@ -31,8 +34,9 @@
 //	LOXILB_KV_COLDSTART_SEED_N     16   0 = seeding off
 //	LOXILB_KV_COLDSTART_MIN_BLOCKS 16   0 = only empty inventories are cold
 //	LOXILB_KV_ZERO_HIT_N           50   1..1000000
-//	LOXILB_KV_MEAN_LOAD_FACTOR     175  100..1000 (percent)
-//	LOXILB_KV_LOAD_PENALTY         32   0..100000 (tokens per request-equivalent)
+//	LOXILB_KV_MEAN_LOAD_FACTOR     200  100..1000 (percent)
+//	LOXILB_KV_LOAD_PENALTY         unset = adaptive (median uncached tokens per hit);
+//	                                    0..100000 fixes the tokens per request-equivalent
 //
 // Metrics: loxilb_pd_kv_tier15_hits_total{service,ep_idx},
 // loxilb_pd_kv_tier15_spills_total{service,ep_idx},

@@ -94,4 +94,5 @@ func BenchmarkDecideKVIndex(b *testing.B) {
 		r.Decide(svc, q, 16, cs, sel, selector.Request{})
 	}
 }
+
 var _ router.ConfirmedInventory = (*kvindex.Index)(nil)
