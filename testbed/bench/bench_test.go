@@ -60,6 +60,90 @@ func TestMultiTurnHistoryGrows(t *testing.T) {
 	}
 }
 
+func TestMultiTurnLongIsTheDefaultChatWithLongerSessions(t *testing.T) {
+	var short, long *Workload
+	ws := DefaultWorkloads(7, DefaultFleet())
+	for i := range ws {
+		switch ws[i].Name {
+		case WMultiTurn:
+			short = &ws[i]
+		case WMultiTurnLong:
+			long = &ws[i]
+		}
+	}
+	if short == nil || long == nil {
+		t.Fatalf("default suite lacks %s or %s", WMultiTurn, WMultiTurnLong)
+	}
+	for k, v := range short.Params {
+		want := v
+		if k == "turns" {
+			want = 16
+		}
+		if long.Params[k] != want {
+			t.Errorf("%s: %s = %v, want %v", WMultiTurnLong, k, long.Params[k], want)
+		}
+	}
+	if long.Requests() != 16*16 || !long.HasTurns() {
+		t.Errorf("%s: %d requests, turns %v", WMultiTurnLong, long.Requests(), long.HasTurns())
+	}
+	if b := UpperBound(long.Trace(), DefaultFleet()); b.FleetLRU != b.Unbounded || b.LaterTurns != 16*15 {
+		t.Errorf("%s: bound %v of unbounded %v (histories must fit the fleet), %d later turns", WMultiTurnLong, b.FleetLRU, b.Unbounded, b.LaterTurns)
+	}
+}
+
+func TestLaterTurns(t *testing.T) {
+	w := MultiTurn("x", 1, MultiTurnSpec{Users: 3, Turns: 4, SystemTokens: 32, QuestionTokens: 16, AnswerTokens: 16, OutputTokens: 1, Interval: time.Second})
+	for _, s := range w.Streams {
+		for k, r := range s.Reqs {
+			if r.Turn != k {
+				t.Fatalf("request %d of a session has turn %d", k, r.Turn)
+			}
+		}
+	}
+	f := FleetConfig{Engines: 1, BlockSize: 16, CapacityBlocks: 1000, PrefillUsPerToken: 1000, TimeScale: 1}
+	b := UpperBound(w.Trace(), f)
+	if b.LaterTurns != 9 || b.TTFTFloorLaterTurnsMs == nil {
+		t.Fatalf("later turns %d, floor %v; want 9 and a floor", b.LaterTurns, b.TTFTFloorLaterTurnsMs)
+	}
+	// A later turn recomputes its last partial block and the new turn.
+	if b.TTFTFloorLaterTurnsMs.P99 >= b.TTFTFloorMs.P99 {
+		t.Errorf("later-turn floor %v not below the overall floor %v", b.TTFTFloorLaterTurnsMs, b.TTFTFloorMs)
+	}
+	sp := SharedPrefix("y", 1, SharedPrefixSpec{Groups: 2, PerGroup: 2, SystemTokens: 32, QuestionTokens: 8, OutputTokens: 1, RatePerSec: 10})
+	if sp.HasTurns() || UpperBound(sp.Trace(), f).TTFTFloorLaterTurnsMs != nil {
+		t.Error("a workload without sessions reports later turns")
+	}
+
+	// summarize splits TTFT by turn; the overall percentiles keep every
+	// request.
+	var samples []sample
+	for i := 0; i < 10; i++ {
+		turn, ttft := 1, time.Duration(10+i)*time.Millisecond
+		if i < 2 {
+			turn, ttft = 0, time.Second
+		}
+		samples = append(samples, sample{group: i % 2, turn: turn, ttft: ttft, e2e: ttft})
+	}
+	ar := summarize(ArmRR, samples, nil, nil, time.Second, 0)
+	if ar.TTFTms.P90 != 1000 || ar.TTFTLaterTurnsMs == nil || ar.TTFTLaterTurnsMs.P90 != 19 {
+		t.Fatalf("overall p90 %v, later turns %v; want 1000 and p90 19", ar.TTFTms.P90, ar.TTFTLaterTurnsMs)
+	}
+	a2 := ar
+	a2.TTFTLaterTurnsMs = &Percentiles{P90: 30}
+	a3 := ar
+	a3.TTFTLaterTurnsMs = &Percentiles{P90: 20}
+	m := medianRun([]ArmResult{ar, a2, a3})
+	if m.TTFTLaterTurnsMs.P90 != 20 || len(m.TTFTLaterTurnsP90Runs) != 3 {
+		t.Errorf("median later-turn p90 %v runs %v; want 20 over 3", m.TTFTLaterTurnsMs.P90, m.TTFTLaterTurnsP90Runs)
+	}
+	var sb strings.Builder
+	rep := &Report{Suite: Suite{Fleet: f}, Workloads: []WorkloadResult{{Workload: w, Requests: w.Requests(), Bound: b, Arms: []ArmResult{m}}}}
+	rep.WriteTable(&sb)
+	if !strings.Contains(sb.String(), "later-turn p90") {
+		t.Errorf("table lacks the later-turn column:\n%s", sb.String())
+	}
+}
+
 func TestUpperBound(t *testing.T) {
 	g := newTokenGen(1, 1)
 	a, other := g.tokens(64), g.tokens(64) // 4 blocks of 16 each
@@ -154,6 +238,9 @@ func TestTinySuite(t *testing.T) {
 		kv, rr := w.Arm(ArmKV.Name), w.Arm(ArmRR.Name)
 		if kv.Tiers["tier1.5"] == 0 {
 			t.Errorf("%s: the KV-exact arm made no Tier-1.5 decision: %v", w.Workload.Name, kv.Tiers)
+		}
+		if got := kv.TTFTLaterTurnsMs != nil && rr.TTFTLaterTurnsMs != nil; got != (w.Workload.Name == WMultiTurn) {
+			t.Errorf("%s: later-turn TTFT reported %v", w.Workload.Name, got)
 		}
 		if w.Workload.Name == WShared100 && kv.HitRatio < rr.HitRatio {
 			t.Errorf("%s: KV-exact hit ratio %.3f below round robin %.3f", w.Workload.Name, kv.HitRatio, rr.HitRatio)

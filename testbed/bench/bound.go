@@ -27,6 +27,11 @@ type Bound struct {
 	// except by LRU artefacts; compulsory misses (first requests of a
 	// prefix) set its tail.
 	TTFTFloorMs Percentiles `json:"ttft_floor_ms"`
+	// TTFTFloorLaterTurnsMs is the same floor over the requests that are
+	// not a session's first turn, and LaterTurns their number; nil and 0
+	// for workloads without sessions.
+	TTFTFloorLaterTurnsMs *Percentiles `json:"ttft_floor_later_turns_ms,omitempty"`
+	LaterTurns            int          `json:"later_turns,omitempty"`
 }
 
 // UpperBound computes the Bound of a trace for a fleet.
@@ -35,18 +40,34 @@ func UpperBound(trace []Req, f FleetConfig) Bound {
 	unb, _ := replayLRU(trace, f.BlockSize, 0)
 	b := Bound{FleetLRU: ratio, Unbounded: unb, CapacityBlocks: f.TotalBlocks()}
 	floor := make([]time.Duration, len(trace))
-	var sum time.Duration
+	var later []time.Duration
 	for i, r := range trace {
 		us := (f.PrefillUsPerToken*float64(len(r.Tokens)-hits[i]) + f.DecodeUsPerToken) * f.TimeScale
 		floor[i] = time.Duration(us * float64(time.Microsecond))
-		sum += floor[i]
+		if r.Turn > 0 {
+			later = append(later, floor[i])
+		}
 	}
-	sort.Slice(floor, func(i, j int) bool { return floor[i] < floor[j] })
-	b.TTFTFloorMs = Percentiles{P50: ms(percentile(floor, .5)), P90: ms(percentile(floor, .9)), P99: ms(percentile(floor, .99))}
-	if len(floor) > 0 {
-		b.TTFTFloorMs.Mean = ms(sum / time.Duration(len(floor)))
+	b.TTFTFloorMs = percentiles(floor)
+	if len(later) > 0 {
+		p := percentiles(later)
+		b.TTFTFloorLaterTurnsMs, b.LaterTurns = &p, len(later)
 	}
 	return b
+}
+
+// percentiles sorts v in place and returns its mean, p50, p90 and p99.
+func percentiles(v []time.Duration) Percentiles {
+	sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
+	p := Percentiles{P50: ms(percentile(v, .5)), P90: ms(percentile(v, .9)), P99: ms(percentile(v, .99))}
+	if len(v) > 0 {
+		var sum time.Duration
+		for _, x := range v {
+			sum += x
+		}
+		p.Mean = ms(sum / time.Duration(len(v)))
+	}
+	return p
 }
 
 // blockKeys chains a 64-bit FNV-1a over each full block and its parent, so

@@ -25,6 +25,9 @@ func medianRun(runs []ArmResult) ArmResult {
 		r.Runs = 1
 		r.HitRatioRuns, r.TTFTP90Runs = []float64{r.HitRatio}, []float64{r.TTFTms.P90}
 		r.MaxOverMeanRuns = []float64{r.MaxOverMeanLoad}
+		if r.TTFTLaterTurnsMs != nil {
+			r.TTFTLaterTurnsP90Runs = []float64{r.TTFTLaterTurnsMs.P90}
+		}
 		return r
 	}
 	get := func(f func(ArmResult) float64) float64 {
@@ -47,13 +50,27 @@ func medianRun(runs []ArmResult) ArmResult {
 		P50: get(func(r ArmResult) float64 { return r.E2Ems.P50 }),
 		P90: get(func(r ArmResult) float64 { return r.E2Ems.P90 }),
 		P99: get(func(r ArmResult) float64 { return r.E2Ems.P99 })}
+	if out.TTFTLaterTurnsMs != nil {
+		late := func(f func(Percentiles) float64) func(ArmResult) float64 {
+			return func(r ArmResult) float64 {
+				if r.TTFTLaterTurnsMs == nil {
+					return 0
+				}
+				return f(*r.TTFTLaterTurnsMs)
+			}
+		}
+		out.TTFTLaterTurnsMs = &Percentiles{Mean: get(late(func(p Percentiles) float64 { return p.Mean })),
+			P50: get(late(func(p Percentiles) float64 { return p.P50 })),
+			P90: get(late(func(p Percentiles) float64 { return p.P90 })),
+			P99: get(late(func(p Percentiles) float64 { return p.P99 }))}
+	}
 	out.ThroughputRPS = get(func(r ArmResult) float64 { return r.ThroughputRPS })
 	out.OutputTokPerSec = get(func(r ArmResult) float64 { return r.OutputTokPerSec })
 	out.MaxOverMeanLoad = get(func(r ArmResult) float64 { return r.MaxOverMeanLoad })
 	out.EndpointsPerGroup = get(func(r ArmResult) float64 { return r.EndpointsPerGroup })
 	out.Errors, out.Spills, out.Requests = 0, 0, 0
 	out.Tiers = map[string]int{}
-	out.HitRatioRuns, out.TTFTP90Runs, out.MaxOverMeanRuns = nil, nil, nil
+	out.HitRatioRuns, out.TTFTP90Runs, out.MaxOverMeanRuns, out.TTFTLaterTurnsP90Runs = nil, nil, nil, nil
 	for _, r := range runs {
 		out.Errors += r.Errors
 		out.Spills += r.Spills
@@ -67,6 +84,9 @@ func medianRun(runs []ArmResult) ArmResult {
 		out.HitRatioRuns = append(out.HitRatioRuns, r.HitRatio)
 		out.TTFTP90Runs = append(out.TTFTP90Runs, r.TTFTms.P90)
 		out.MaxOverMeanRuns = append(out.MaxOverMeanRuns, r.MaxOverMeanLoad)
+		if r.TTFTLaterTurnsMs != nil {
+			out.TTFTLaterTurnsP90Runs = append(out.TTFTLaterTurnsP90Runs, r.TTFTLaterTurnsMs.P90)
+		}
 	}
 	return out
 }

@@ -43,11 +43,17 @@ type ArmResult struct {
 	// TTFTms is time to the first streamed chunk at the client: queueing,
 	// the modelled prefill of the uncached tokens, one decode step, and the
 	// gateway's own work.
-	TTFTms          Percentiles `json:"ttft_ms"`
-	E2Ems           Percentiles `json:"e2e_ms"`
-	ThroughputRPS   float64     `json:"throughput_rps"`
-	OutputTokPerSec float64     `json:"output_tok_per_sec"`
-	WallSeconds     float64     `json:"wall_seconds"`
+	TTFTms Percentiles `json:"ttft_ms"`
+	// TTFTLaterTurnsMs is TTFT over the requests that are not the first
+	// turn of a chat session (nil for workloads without sessions). A first
+	// turn's history is new wherever it goes; later turns can hit their
+	// session's history, so this is the part of TTFT routing controls.
+	// TTFTms still covers every request.
+	TTFTLaterTurnsMs *Percentiles `json:"ttft_later_turns_ms,omitempty"`
+	E2Ems            Percentiles  `json:"e2e_ms"`
+	ThroughputRPS    float64      `json:"throughput_rps"`
+	OutputTokPerSec  float64      `json:"output_tok_per_sec"`
+	WallSeconds      float64      `json:"wall_seconds"`
 	// PerEndpoint is requests served by each engine (its own counter).
 	PerEndpoint     []int   `json:"requests_per_endpoint"`
 	MaxOverMeanLoad float64 `json:"max_over_mean_load"`
@@ -60,6 +66,8 @@ type ArmResult struct {
 	// medians.
 	HitRatioRuns []float64 `json:"hit_ratio_runs"`
 	TTFTP90Runs  []float64 `json:"ttft_p90_ms_runs"`
+	// TTFTLaterTurnsP90Runs is the per-run TTFT p90 of later turns.
+	TTFTLaterTurnsP90Runs []float64 `json:"ttft_later_turns_p90_ms_runs,omitempty"`
 	// MaxOverMeanRuns is the per-run max/mean load; the load target is
 	// checked against its worst run.
 	MaxOverMeanRuns []float64 `json:"max_over_mean_load_runs,omitempty"`
@@ -126,6 +134,8 @@ const (
 	WShared40  = "shared-prefix-40"
 	WShared100 = "shared-prefix-100"
 	WMultiTurn = "multi-turn"
+	// WMultiTurnLong is WMultiTurn with 16 turns per session.
+	WMultiTurnLong = "multi-turn-long"
 	// WMultiTurnShort has no per-user context: a request's cached history
 	// is short next to its new turn, which bounds what routing can save.
 	WMultiTurnShort = "multi-turn-no-context"
@@ -147,7 +157,7 @@ func CheckTargets(r *Report) []TargetResult {
 				continue
 			}
 			switch w.Workload.Name {
-			case WShared100, WMultiTurn:
+			case WShared100, WMultiTurn, WMultiTurnLong:
 				out = append(out, TargetResult{Workload: w.Workload.Name, Arm: name, Target: "hit ratio >= 90% of the fleet-LRU bound",
 					Value: fmt.Sprintf("%.3f / %.3f = %.0f%%", kv.HitRatio, w.Bound.FleetLRU, 100*kv.OfBound), Pass: kv.OfBound >= 0.9})
 				if rr != nil && kv.TTFTms.P90 > 0 {
@@ -156,9 +166,14 @@ func CheckTargets(r *Report) []TargetResult {
 					if w.Bound.TTFTFloorMs.P90 > 0 {
 						best = rr.TTFTms.P90 / w.Bound.TTFTFloorMs.P90
 					}
+					v := fmt.Sprintf("%.0f ms vs %.0f ms = %.1fx; at the no-queueing floor (p90 %.0f ms) it would be %.1fx",
+						kv.TTFTms.P90, rr.TTFTms.P90, x, w.Bound.TTFTFloorMs.P90, best)
+					if kv.TTFTLaterTurnsMs != nil && rr.TTFTLaterTurnsMs != nil && kv.TTFTLaterTurnsMs.P90 > 0 {
+						v += fmt.Sprintf("; later turns only (not judged): %.0f ms vs %.0f ms = %.1fx",
+							kv.TTFTLaterTurnsMs.P90, rr.TTFTLaterTurnsMs.P90, rr.TTFTLaterTurnsMs.P90/kv.TTFTLaterTurnsMs.P90)
+					}
 					out = append(out, TargetResult{Workload: w.Workload.Name, Arm: name, Target: "TTFT p90 >= 5x better than round robin",
-						Value: fmt.Sprintf("%.0f ms vs %.0f ms = %.1fx; at the no-queueing floor (p90 %.0f ms) it would be %.1fx",
-							kv.TTFTms.P90, rr.TTFTms.P90, x, w.Bound.TTFTFloorMs.P90, best), Pass: x >= 5})
+						Value: v, Pass: x >= 5})
 				}
 			case WHotPrefix:
 				out = append(out, TargetResult{Workload: w.Workload.Name, Arm: name, Target: "no endpoint above 2x mean load (spill relief on)",
@@ -232,11 +247,27 @@ func (r *Report) WriteTable(w io.Writer) {
 			wr.Workload.Name, wr.Workload.Title, wr.Workload.Description, wr.Bound.FleetLRU, wr.Bound.Unbounded)
 		fmt.Fprintf(w, "   TTFT floor with those hits and no queueing: p50 %.1f ms, p90 %.1f ms, p99 %.1f ms\n",
 			wr.Bound.TTFTFloorMs.P50, wr.Bound.TTFTFloorMs.P90, wr.Bound.TTFTFloorMs.P99)
+		later := wr.Bound.TTFTFloorLaterTurnsMs != nil
+		if later {
+			fmt.Fprintf(w, "   later turns only (%d of %d requests; first turns are cold wherever they go): floor p90 %.1f ms\n",
+				wr.Bound.LaterTurns, wr.Requests, wr.Bound.TTFTFloorLaterTurnsMs.P90)
+		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "arm\thit ratio\tof bound\tTTFT p50 ms\tp90 ms\tp99 ms\treq/s\tper-endpoint requests\tmax/mean\teps/group\tspills\terrors\tp90 per run\t")
+		head := "arm\thit ratio\tof bound\tTTFT p50 ms\tp90 ms\tp99 ms\t"
+		if later {
+			head += "later-turn p90 ms\t"
+		}
+		fmt.Fprintln(tw, head+"req/s\tper-endpoint requests\tmax/mean\teps/group\tspills\terrors\tp90 per run\t")
 		for _, a := range wr.Arms {
-			fmt.Fprintf(tw, "%s\t%.3f\t%.0f%%\t%.1f\t%.1f\t%.1f\t%.1f\t%v\t%.2f\t%.2f\t%d\t%d\t%s\t\n", a.Arm, a.HitRatio, 100*a.OfBound,
-				a.TTFTms.P50, a.TTFTms.P90, a.TTFTms.P99, a.ThroughputRPS, a.PerEndpoint, a.MaxOverMeanLoad, a.EndpointsPerGroup, a.Spills, a.Errors, floats(a.TTFTP90Runs))
+			fmt.Fprintf(tw, "%s\t%.3f\t%.0f%%\t%.1f\t%.1f\t%.1f\t", a.Arm, a.HitRatio, 100*a.OfBound, a.TTFTms.P50, a.TTFTms.P90, a.TTFTms.P99)
+			if later {
+				v := 0.0
+				if a.TTFTLaterTurnsMs != nil {
+					v = a.TTFTLaterTurnsMs.P90
+				}
+				fmt.Fprintf(tw, "%.1f\t", v)
+			}
+			fmt.Fprintf(tw, "%.1f\t%v\t%.2f\t%.2f\t%d\t%d\t%s\t\n", a.ThroughputRPS, a.PerEndpoint, a.MaxOverMeanLoad, a.EndpointsPerGroup, a.Spills, a.Errors, floats(a.TTFTP90Runs))
 		}
 		tw.Flush()
 		for _, a := range wr.Arms {

@@ -106,7 +106,12 @@ type Options struct {
 	Receipts io.Writer
 	// Commands, when set, gets every loxicmd command line run.
 	Commands io.Writer
-	Logger   *slog.Logger
+	// RestartAfterSubscribe empties the engines' caches after the arm's
+	// daemon has subscribed and replayed their event buffers, instead of
+	// before it starts: the engine-restart-after-replay case of the event
+	// path, which must leave the inventory as correct as a clean start.
+	RestartAfterSubscribe bool
+	Logger                *slog.Logger
 }
 
 // Run executes every workload under every arm and returns the report.
@@ -290,14 +295,21 @@ type sample struct {
 	hasRcpt bool
 	out     int
 	tokens  int
+	turn    int
 }
 
 func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm Arm, pb *progress) (ArmResult, error) {
 	f := s.Fleet
-	// Every arm starts cold: the engines drop their caches before the
-	// arm's daemon subscribes, so it sees the new epoch from its start.
-	for _, e := range fl.engines {
-		e.Restart()
+	// Every arm starts cold: the engines drop their caches, by default
+	// before the arm's daemon subscribes, so it sees the new epoch from
+	// its start.
+	restart := func() {
+		for _, e := range fl.engines {
+			e.Restart()
+		}
+	}
+	if !o.RestartAfterSubscribe {
+		restart()
 	}
 	state, err := os.MkdirTemp("", "llmbench-state")
 	if err != nil {
@@ -315,6 +327,9 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 	}
 	if err := waitReady(ctx, d, f, arm); err != nil {
 		return ArmResult{}, err
+	}
+	if o.RestartAfterSubscribe {
+		restart()
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512, MaxConnsPerHost: 0,
 		DisableCompression: true}, Timeout: 120 * time.Second}
@@ -337,7 +352,7 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 			if sm.hasRcpt {
 				rc = sm.receipt.String()
 			}
-			fmt.Fprintf(o.Receipts, "%s\t%s\tgroup=%d\ttokens=%d\tttft_ms=%.1f\t%s\t%s\n", w.Name, arm.Name, sm.group, sm.tokens, ms(sm.ttft), rc, sm.err)
+			fmt.Fprintf(o.Receipts, "%s\t%s\tgroup=%d\tturn=%d\ttokens=%d\tttft_ms=%.1f\t%s\t%s\n", w.Name, arm.Name, sm.group, sm.turn, sm.tokens, ms(sm.ttft), rc, sm.err)
 		}
 		mu.Unlock()
 		pb.add(1)
@@ -387,12 +402,16 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 	wall := time.Since(start)
 	after := fl.stats()
 	spills, _ := d.metric("loxilb_pd_kv_tier15_spills_total")
-	return summarize(arm, samples, before, after, wall, spills), nil
+	ar := summarize(arm, samples, before, after, wall, spills)
+	if !w.HasTurns() {
+		ar.TTFTLaterTurnsMs = nil
+	}
+	return ar, nil
 }
 
 // doRequest streams one completion and times its first token.
 func doRequest(ctx context.Context, c *http.Client, vip string, r Req) sample {
-	sm := sample{group: r.Group, tokens: len(r.Tokens)}
+	sm := sample{group: r.Group, tokens: len(r.Tokens), turn: r.Turn}
 	body, _ := json.Marshal(map[string]any{"model": Model, "prompt": r.Tokens, "max_tokens": r.MaxTokens, "stream": true})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+vip+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
@@ -456,7 +475,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 func summarize(arm Arm, samples []sample, before, after []enginesim.Stats, wall time.Duration, spills float64) ArmResult {
 	ar := ArmResult{Arm: arm.Name, Label: arm.Label, Requests: len(samples), WallSeconds: wall.Seconds(),
 		Tiers: map[string]int{}, Spills: int(spills)}
-	var ttfts, e2es []time.Duration
+	var ttfts, e2es, later []time.Duration
 	groups := map[int]map[int]bool{}
 	for _, s := range samples {
 		if s.err != "" {
@@ -468,6 +487,9 @@ func summarize(arm Arm, samples []sample, before, after []enginesim.Stats, wall 
 		}
 		ttfts = append(ttfts, s.ttft)
 		e2es = append(e2es, s.e2e)
+		if s.turn > 0 {
+			later = append(later, s.ttft)
+		}
 		if s.hasRcpt {
 			ar.Tiers[s.receipt.Tier]++
 			if s.group >= 0 && s.receipt.EP >= 0 {
@@ -488,6 +510,10 @@ func summarize(arm Arm, samples []sample, before, after []enginesim.Stats, wall 
 			sum += t
 		}
 		ar.TTFTms.Mean = ms(sum / time.Duration(len(ttfts)))
+	}
+	if len(later) > 0 {
+		p := percentiles(later)
+		ar.TTFTLaterTurnsMs = &p
 	}
 	if len(groups) > 0 {
 		n := 0

@@ -15,6 +15,11 @@ type Req struct {
 	// Group names the prefix the request shares with others (prefix group,
 	// chat session, sibling burst, hot-prefix id); -1 when none.
 	Group int
+	// Turn is the request's position in its chat session, 0 for the first
+	// turn and for workloads without sessions. A first turn's history is
+	// new by construction, so only later turns can hit a cached history:
+	// the report gives their TTFT separately to show what routing controls.
+	Turn int
 }
 
 // Stream is a sequence of requests of one client: the first at Start, each
@@ -44,6 +49,19 @@ type Workload struct {
 	Description string         `json:"description"`
 	Params      map[string]any `json:"params"`
 	Streams     []Stream       `json:"-"`
+}
+
+// HasTurns reports whether the workload has chat sessions of more than one
+// turn.
+func (w Workload) HasTurns() bool {
+	for _, s := range w.Streams {
+		for _, r := range s.Reqs {
+			if r.Turn > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Requests is the number of requests in the workload.
@@ -211,7 +229,7 @@ func MultiTurn(name string, seed uint64, s MultiTurnSpec) Workload {
 				hist = concat(hist, g.tokens(s.AnswerTokens))
 			}
 			hist = concat(hist, g.tokens(s.QuestionTokens))
-			st.Reqs = append(st.Reqs, Req{Tokens: hist, MaxTokens: s.OutputTokens, Group: u})
+			st.Reqs = append(st.Reqs, Req{Tokens: hist, MaxTokens: s.OutputTokens, Group: u, Turn: t})
 		}
 		w.Streams = append(w.Streams, st)
 	}

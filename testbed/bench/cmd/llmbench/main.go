@@ -31,13 +31,14 @@ func run() error {
 		seed      = flag.Uint64("seed", 20261129, "workload seed")
 		out       = flag.String("out", "", "directory for report.json and the SVG charts (none when empty)")
 		binDir    = flag.String("bin", "", "directory holding prebuilt loxilb and loxicmd (built into a temp dir when empty)")
-		workloads = flag.String("workloads", "", "comma-separated workloads: shared-prefix-40, shared-prefix-100, multi-turn, sibling-bursts, hot-prefix, multi-turn-no-context (the first five when empty)")
+		workloads = flag.String("workloads", "", "comma-separated workloads: shared-prefix-40, shared-prefix-100, multi-turn, multi-turn-long, sibling-bursts, hot-prefix, multi-turn-no-context (the first six when empty)")
 		arms      = flag.String("arms", "", "comma-separated arms to run: rr, chwbl, kv, kv-nospill, kv-load512 (the first four when empty)")
 		loxicmd   = flag.Bool("loxicmd", false, "create rules with loxicmd instead of the REST API")
 		quiet     = flag.Bool("quiet", false, "no progress bar")
 		runs      = flag.Int("runs", 0, "repetitions per arm, medians reported (0: the suite's default, 3 for default)")
 		receipts  = flag.String("receipts", "", "write every request's routing receipt and TTFT to this file")
 		from      = flag.String("from", "", "re-render the table and charts of an existing report.json instead of running")
+		late      = flag.Bool("restart-after-subscribe", false, "empty the engines' caches after each arm's daemon has subscribed and replayed their events, instead of before it starts")
 		env       = flag.String("env", "", "extra daemon environment for every arm, KEY=VALUE[,KEY=VALUE], e.g. LOXILB_KV_LOAD_PENALTY=64")
 	)
 	flag.Parse()
@@ -111,7 +112,7 @@ func run() error {
 			return err
 		}
 	}
-	o := bench.Options{Bin: bins, TokenizerDir: bench.DefaultTokenizerDir(root), UseLoxicmd: *loxicmd}
+	o := bench.Options{Bin: bins, TokenizerDir: bench.DefaultTokenizerDir(root), UseLoxicmd: *loxicmd, RestartAfterSubscribe: *late}
 	if !*quiet {
 		o.Progress = os.Stderr
 	}
