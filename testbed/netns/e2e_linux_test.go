@@ -236,16 +236,20 @@ func TestLab(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer ln.Close()
 		port := uint16(ln.Addr().(*net.TCPAddr).Port)
 		if err := d.RegisterProxyListener(port, ln.(*net.TCPListener)); err != nil {
+			ln.Close()
 			t.Fatal(err)
 		}
 		upsert(t, dataplane.Service{ID: 5, VIP: vip, Port: 80, Mode: dataplane.ModeFullProxy, ProxyPort: port}, labEndpoints(lab, 8080))
 		locals := make(chan string, 16)
 		var wg sync.WaitGroup
-		defer wg.Wait()
+		acceptDone := make(chan struct{})
+		// Stop accepting before waiting for the copies: wg.Add in the accept
+		// loop must not race with wg.Wait.
+		defer func() { ln.Close(); <-acceptDone; wg.Wait() }()
 		go func() {
+			defer close(acceptDone)
 			for {
 				c, err := ln.Accept()
 				if err != nil {
