@@ -557,7 +557,11 @@ func (d *Decoder) tokenList(b *Batch, e *Event) error {
 	return nil
 }
 
-func (d *Decoder) blockSize(e *Event) error {
+func (d *Decoder) blockSize(e *Event) error { return d.optInt("block_size", 1<<20, &e.BlockSize) }
+
+// optInt reads an optional (nil-able) integer field bounded to 0..max into
+// dst; nil leaves dst unchanged.
+func (d *Decoder) optInt(name string, max int64, dst *int) error {
 	if d.r.isNil() {
 		return nil
 	}
@@ -565,10 +569,10 @@ func (d *Decoder) blockSize(e *Event) error {
 	if err != nil {
 		return err
 	}
-	if v < 0 || v > 1<<20 {
-		return fmt.Errorf("block_size %d out of range", v)
+	if v < 0 || v > max {
+		return fmt.Errorf("%s %d out of range", name, v)
 	}
-	e.BlockSize = int(v)
+	*dst = int(v)
 	return nil
 }
 
@@ -656,20 +660,7 @@ func (d *Decoder) extraKeys(e *Event) error {
 	return nil
 }
 
-func (d *Decoder) groupIdx(e *Event) error {
-	if d.r.isNil() {
-		return nil
-	}
-	v, err := d.r.smallInt()
-	if err != nil {
-		return err
-	}
-	if v < 0 || v > 1<<16 {
-		return fmt.Errorf("group_idx %d out of range", v)
-	}
-	e.GroupIdx = int(v)
-	return nil
-}
+func (d *Decoder) groupIdx(e *Event) error { return d.optInt("group_idx", 1<<16, &e.GroupIdx) }
 
 func (d *Decoder) specKind(e *Event) error {
 	if d.r.isNil() {

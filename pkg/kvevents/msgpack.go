@@ -105,56 +105,37 @@ func (r *mpReader) containerLen(n uint64, minBytes int) (int, error) {
 // arrayLen reads an array header. ok is false (and nothing is consumed) when
 // the next value is not an array.
 func (r *mpReader) arrayLen() (n int, ok bool, err error) {
-	c, err := r.peek()
-	if err != nil {
-		return 0, false, err
-	}
-	var v uint64
-	switch {
-	case c >= 0x90 && c <= 0x9f:
-		r.off++
-		v = uint64(c & 0x0f)
-	case c == 0xdc:
-		r.off++
-		x, err := r.u16()
-		if err != nil {
-			return 0, true, err
-		}
-		v = uint64(x)
-	case c == 0xdd:
-		r.off++
-		x, err := r.u32()
-		if err != nil {
-			return 0, true, err
-		}
-		v = uint64(x)
-	default:
-		return 0, false, nil
-	}
-	n, err = r.containerLen(v, 1)
-	return n, true, err
+	return r.header(0x90, 0xdc, 0xdd, 1)
 }
 
 // mapLen reads a map header. ok is false (and nothing is consumed) when the
 // next value is not a map.
 func (r *mpReader) mapLen() (n int, ok bool, err error) {
+	return r.header(0x80, 0xde, 0xdf, 2)
+}
+
+// header reads an array or map header: a fix form fix..fix+15, a 16-bit
+// form c16 and a 32-bit form c32. per is the number of values an element
+// takes (1 for arrays, 2 for maps), used to bound the length by the bytes
+// left.
+func (r *mpReader) header(fix, c16, c32 byte, per int) (n int, ok bool, err error) {
 	c, err := r.peek()
 	if err != nil {
 		return 0, false, err
 	}
 	var v uint64
 	switch {
-	case c >= 0x80 && c <= 0x8f:
+	case c >= fix && c <= fix+0x0f:
 		r.off++
 		v = uint64(c & 0x0f)
-	case c == 0xde:
+	case c == c16:
 		r.off++
 		x, err := r.u16()
 		if err != nil {
 			return 0, true, err
 		}
 		v = uint64(x)
-	case c == 0xdf:
+	case c == c32:
 		r.off++
 		x, err := r.u32()
 		if err != nil {
@@ -164,7 +145,7 @@ func (r *mpReader) mapLen() (n int, ok bool, err error) {
 	default:
 		return 0, false, nil
 	}
-	n, err = r.containerLen(v, 2)
+	n, err = r.containerLen(v, per)
 	return n, true, err
 }
 
