@@ -93,8 +93,12 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		return err
 	}
 	seed := getenv(lbrule.SeedEnv)
+	coalesceWait, err := gateway.CoalesceWaitFromEnv(getenv)
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(gateway.Config{Seed: seed, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
-		Proxy: proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}}, tokens, index, rt, prober, scraper, logger, reg)
+		Proxy: proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}, CoalesceWait: coalesceWait}, tokens, index, rt, prober, scraper, logger, reg)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,8 @@
 //	        -> kvindex (longest consecutive prefix per healthy endpoint)
 //	        -> router (min-match guard, overlap/load blend, spill, cold seed, sel on a miss)
 //	        -> ordered candidates + receipt
+//	        -> (held while the chosen endpoint still computes the shared prefix
+//	           for an earlier request: prefill coalescing, coalesce.go)
 //
 // It also holds the reconcilers that keep the other stages in step with the
 // rule set: proxy listeners, KV-event subscriptions, inventories and health

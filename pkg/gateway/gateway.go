@@ -69,6 +69,36 @@ type Config struct {
 	CertFile, KeyFile, CAFile string
 	// ReceiptAlways adds the routing receipt header to every response.
 	ReceiptAlways bool
+	// CoalesceWait bounds how long a request waits for an earlier request
+	// that is still computing the prompt prefix it was routed for (see
+	// coalesce.go), LOXILB_KV_COALESCE_WAIT_MS. 0 means the default, 3s;
+	// negative disables coalescing.
+	CoalesceWait time.Duration
+}
+
+// DefaultCoalesceWait is Config.CoalesceWait's default: longer than a long
+// prompt's prefill on a busy engine, short enough that a stuck leader costs
+// its followers seconds, not a request timeout.
+const DefaultCoalesceWait = 3 * time.Second
+
+// EnvCoalesceWait sets Config.CoalesceWait in milliseconds; 0 disables.
+const EnvCoalesceWait = "LOXILB_KV_COALESCE_WAIT_MS"
+
+// CoalesceWaitFromEnv parses EnvCoalesceWait: unset is the default, 0
+// disables coalescing (a negative duration), 1..600000 ms sets the bound.
+func CoalesceWaitFromEnv(getenv func(string) string) (time.Duration, error) {
+	v := getenv(EnvCoalesceWait)
+	if v == "" {
+		return DefaultCoalesceWait, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > 600_000 {
+		return 0, fmt.Errorf("%s=%q: want milliseconds within 0..600000 (0 turns coalescing off)", EnvCoalesceWait, v)
+	}
+	if n == 0 {
+		return -1, nil
+	}
+	return time.Duration(n) * time.Millisecond, nil
 }
 
 // Gateway is the mode-4 service table and proxy.Picker.
@@ -85,6 +115,7 @@ type Gateway struct {
 	proxy   atomic.Value // ProxyTable
 	mu      sync.Mutex   // serializes Reconcile
 	keyPool sync.Pool
+	leaders leaders
 }
 
 var _ proxy.Picker = (*Gateway)(nil)
@@ -111,6 +142,9 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 	}
 	if cfg.SpeculativeTTL == 0 {
 		cfg.SpeculativeTTL = 5 * time.Second
+	}
+	if cfg.CoalesceWait == 0 {
+		cfg.CoalesceWait = DefaultCoalesceWait
 	}
 	m, err := newMetrics(reg)
 	if err != nil {
@@ -177,6 +211,7 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 		if _, ok := next[id]; !ok {
 			g.router.Forget(id)
 			g.m.forget(old[id].label)
+			g.leaders.forget(id)
 		}
 	}
 	return nil

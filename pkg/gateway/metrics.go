@@ -18,6 +18,8 @@ type metrics struct {
 	actual       *prometheus.CounterVec
 	mispredicted *prometheus.CounterVec
 	unverified   *prometheus.CounterVec
+	coalesced    *prometheus.CounterVec
+	coalesceWait *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -39,9 +41,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			[]string{"service", "ep_idx", "direction"}),
 		unverified: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_pd_kv_unverified_responses_total",
 			Help: "Successful responses that carried no cached_tokens, so the prediction could not be checked."}, []string{"service", "ep_idx"}),
+		coalesced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_kv_coalesced_total",
+			Help: "Requests held until an earlier request finished computing the prompt prefix they share on the chosen endpoint, by how the wait ended (released, timeout, cancelled)."},
+			[]string{"service", "ep_idx", "outcome"}),
+		coalesceWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "loxilb_kv_coalesce_wait_seconds",
+			Help:    "How long coalesced requests waited for the shared prefix's prefill.",
+			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}}, []string{"service"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified} {
+		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -89,7 +97,8 @@ func (m *metrics) closedLoop(service string, res proxy.Result, predicted int64) 
 }
 
 func (m *metrics) forget(service string) {
-	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing} {
+	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced} {
 		v.DeletePartialMatch(prometheus.Labels{"service": service})
 	}
+	m.coalesceWait.DeletePartialMatch(prometheus.Labels{"service": service})
 }

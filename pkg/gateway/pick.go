@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strconv"
+	"time"
 
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
@@ -34,8 +36,10 @@ func isInference(method, path string) bool {
 	return method == http.MethodPost && (path == "/v1/completions" || path == "/v1/chat/completions")
 }
 
-// Pick implements proxy.Picker.
-func (g *Gateway) Pick(_ context.Context, req *proxy.Request) (proxy.Plan, error) {
+// Pick implements proxy.Picker. It may hold the request until an earlier
+// request finishes computing the prompt prefix both share on the chosen
+// endpoint (prefill coalescing, see coalesce.go).
+func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, error) {
 	st := g.lookup(req.Service)
 	if st == nil {
 		return proxy.Plan{}, fmt.Errorf("%w: no mode-4 rule with service id %d", proxy.ErrUnavailable, req.Service)
@@ -59,6 +63,7 @@ func (g *Gateway) Pick(_ context.Context, req *proxy.Request) (proxy.Plan, error
 	}
 	var d router.Decision
 	var keys []uint64
+	promptTokens := 0 // 0 when the prompt was not tokenized
 	kp := g.keyPool.Get().(*[]uint64)
 	defer func() { *kp = keys[:0]; g.keyPool.Put(kp) }()
 	keys = (*kp)[:0]
@@ -82,6 +87,7 @@ func (g *Gateway) Pick(_ context.Context, req *proxy.Request) (proxy.Plan, error
 			d = g.router.Fallback(view, reason, cands, st.sel, freq)
 			break
 		}
+		promptTokens = len(ids)
 		keys = st.hasher.Keys(keys, ids)
 		if freq.Key == nil {
 			freq.Key = tokenKey(model, ids)
@@ -97,12 +103,61 @@ func (g *Gateway) Pick(_ context.Context, req *proxy.Request) (proxy.Plan, error
 		g.inv.StoreSpeculative(st.id, d.EP, keys, g.cfg.SpeculativeTTL)
 	}
 	plan := proxy.Plan{Candidates: g.order(st, d.EP, cands), Receipt: d.Receipt().String()}
+	release := func() {}
+	var follow *leader
+	if promptTokens > 0 && g.cfg.CoalesceWait > 0 {
+		// The engine recomputes at least the prompt's last token.
+		uncached := int64(max(promptTokens-d.PredictedCachedTokens(), 1))
+		follow = g.leaderFor(st, d, keys)
+		release = g.leaders.register(st.id, d.EP, keys[min(d.MatchedBlocks, len(keys)):], uncached)
+		plan.FirstByte = release
+		plan.Done = func(proxy.Result) { release() }
+	}
 	if st.hasher != nil && len(keys) > 0 {
 		predicted := int64(d.PredictedCachedTokens())
 		label := st.label
-		plan.Done = func(res proxy.Result) { g.m.closedLoop(label, res, predicted) }
+		plan.Done = func(res proxy.Result) {
+			release()
+			g.m.closedLoop(label, res, predicted)
+		}
+	}
+	if follow != nil {
+		start := time.Now()
+		out := follow.wait(ctx, g.cfg.CoalesceWait)
+		g.m.coalesced.WithLabelValues(st.label, strconv.Itoa(d.EP), string(out)).Inc()
+		g.m.coalesceWait.WithLabelValues(st.label).Observe(time.Since(start).Seconds())
+		if out == waitCancelled {
+			release()
+			return proxy.Plan{}, fmt.Errorf("%w: client went away while waiting for a shared prefill", proxy.ErrClientCanceled)
+		}
 	}
 	return plan, nil
+}
+
+// leaderFor returns the earlier request d's endpoint is still computing the
+// shared prefix for, when waiting for it saves at least as much work as it
+// may cost: the blocks only in flight (routed, not yet confirmed by the
+// engine's events) are at least half the leader's own prefill.
+func (g *Gateway) leaderFor(st *service, d router.Decision, keys []uint64) *leader {
+	n := min(d.MatchedBlocks, len(keys))
+	if g.cfg.CoalesceWait <= 0 || n == 0 || d.BlockSize <= 0 {
+		return nil
+	}
+	ci, ok := g.inv.(router.ConfirmedInventory)
+	if !ok {
+		return nil
+	}
+	eps, conf := [1]int{d.EP}, [1]int{}
+	ci.PrefixMatchConfirmed(st.id, keys[:n], eps[:], conf[:])
+	inflight := n - min(max(conf[0], 0), n)
+	if inflight == 0 {
+		return nil
+	}
+	l := g.leaders.find(st.id, d.EP, keys[n-1])
+	if l == nil || 2*int64(inflight*d.BlockSize) < l.uncached {
+		return nil
+	}
+	return l
 }
 
 // promptTokens renders and tokenizes the request as the rule's engine does.

@@ -27,6 +27,11 @@ type fixture struct {
 
 func newFixture(t testing.TB, rules ...*lbrule.Rule) fixture {
 	t.Helper()
+	return newFixtureConfig(t, Config{Seed: "1"}, rules...)
+}
+
+func newFixtureConfig(t testing.TB, cfg Config, rules ...*lbrule.Rule) fixture {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	toks, err := tokenizer.NewRegistry(filepath.Join("..", "..", "testdata", "tokenizers"), nil, reg)
 	if err != nil {
@@ -37,7 +42,7 @@ func newFixture(t testing.TB, rules ...*lbrule.Rule) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := New(Config{Seed: "1"}, toks, ix, rt, nil, nil, nil, reg)
+	g, err := New(cfg, toks, ix, rt, nil, nil, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,6 +83,7 @@ func TestPickKVExactStoresSpeculativeAndHits(t *testing.T) {
 	if rc.Tier != router.TierFallback || rc.Total == 0 || len(p1.Candidates) != 2 {
 		t.Fatalf("first request: %+v %+v", rc, p1.Candidates)
 	}
+	p1.FirstByte() // its prefill is done: the sibling need not wait for it
 	// The sibling follows the first to its endpoint through the speculative entry.
 	p2, _ := f.g.Pick(context.Background(), req(prompt))
 	rc2, _ := router.ParseReceipt(p2.Receipt)

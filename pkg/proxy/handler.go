@@ -296,6 +296,10 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) {
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
+			if fb := ex.plan.FirstByte; fb != nil {
+				ex.plan.FirstByte = nil
+				fb()
+			}
 			if scan {
 				tap.Write(buf[:n])
 			}

@@ -53,6 +53,14 @@ type Plan struct {
 	// with its outcome. It runs on the request goroutine after the last
 	// byte was written, so it must be cheap and must not block.
 	Done func(Result)
+	// FirstByte, if not nil, is called at most once, when the first byte of
+	// the chosen endpoint's response body arrives: for a streamed
+	// completion that is the first token, so the endpoint has finished the
+	// prompt's prefill. It runs on the request goroutine before the byte is
+	// written to the client and must not block. It is not called when the
+	// response has no body or Dispatch handles the exchange; Done always
+	// follows.
+	FirstByte func()
 	// Dispatch, when set, takes the exchange over instead of the proxy's
 	// single-endpoint forwarding: prefill/decode flows need several
 	// upstream legs per request. The proxy has read the body (req.Body) and
@@ -122,7 +130,9 @@ type Result struct {
 //
 // Pick is called concurrently from many request goroutines and must be
 // safe for that. It should return quickly (it is on the latency path of
-// every request). ctx is cancelled when the client goes away.
+// every request), unless holding the request is the decision (the gateway
+// holds one until an earlier request has computed the prompt prefix both
+// share). ctx is cancelled when the client goes away.
 //
 // Errors: wrap ErrUnavailable when no healthy endpoint can serve the
 // request (503) and ErrBadRequest when the request is malformed (400);

@@ -1,0 +1,141 @@
+package gateway
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Prefill coalescing.
+//
+// When a request is routed to an endpoint because of blocks that endpoint
+// is still computing for an earlier request (the blocks are speculative in
+// the inventory: routed there, not yet confirmed by the engine's events),
+// forwarding it at once makes the engine compute the same prompt prefix a
+// second time: engines share only blocks whose prefill has finished. That
+// is the common case for the second turn of a chat sent while the first
+// turn's long prompt is still in prefill, and for siblings (best-of-N,
+// agent fan-out) that share a prefix no engine holds yet. The gateway
+// instead holds the follower until the leader's first response byte (its
+// prefill is done and its blocks are in the engine's cache), bounded by
+// CoalesceWait, and then forwards it to the same endpoint, which now only
+// computes the follower's own suffix. Waiting is never longer than the
+// recomputation it saves, because the follower waits only when the blocks
+// it shares with the leader are at least half of the leader's own prefill
+// work, and the leader started first.
+//
+// Waits always point at a request routed earlier, so they cannot form a
+// cycle; a leader that fails or is cancelled releases its followers at its
+// end, and they are then forwarded as usual.
+
+// maxLeaderKeys bounds the block keys one leader registers (about 64k
+// tokens at 16 tokens per block); longer prompts register their first
+// maxLeaderKeys uncached blocks.
+const maxLeaderKeys = 4096
+
+// leader is one request whose prefill other requests may wait for.
+type leader struct {
+	done     chan struct{}
+	once     sync.Once
+	uncached int64 // the leader's predicted uncached prompt tokens
+}
+
+// release wakes the followers; later calls do nothing.
+func (l *leader) release() { l.once.Do(func() { close(l.done) }) }
+
+type leaderKey struct {
+	service uint32
+	ep      int
+	key     uint64
+}
+
+// leaders maps each block a pending request will compute, on its endpoint,
+// to that request.
+type leaders struct {
+	mu sync.Mutex
+	m  map[leaderKey]*leader
+}
+
+// register records keys (the blocks the request computes on ep) and returns
+// the function that ends the leadership; calling it more than once is
+// harmless.
+func (ls *leaders) register(service uint32, ep int, keys []uint64, uncached int64) func() {
+	if len(keys) == 0 {
+		return func() {}
+	}
+	keys = keys[:min(len(keys), maxLeaderKeys)]
+	l := &leader{done: make(chan struct{}), uncached: uncached}
+	ls.mu.Lock()
+	if ls.m == nil {
+		ls.m = make(map[leaderKey]*leader)
+	}
+	for _, k := range keys {
+		ls.m[leaderKey{service, ep, k}] = l
+	}
+	ls.mu.Unlock()
+	kept := append([]uint64(nil), keys...)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			ls.mu.Lock()
+			for _, k := range kept {
+				lk := leaderKey{service, ep, k}
+				if ls.m[lk] == l {
+					delete(ls.m, lk)
+				}
+			}
+			ls.mu.Unlock()
+			l.release()
+		})
+	}
+}
+
+// find returns the pending request computing block key on ep, if any.
+func (ls *leaders) find(service uint32, ep int, key uint64) *leader {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.m[leaderKey{service, ep, key}]
+}
+
+// forget drops a removed service's leaders, releasing their followers.
+func (ls *leaders) forget(service uint32) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	for k, l := range ls.m {
+		if k.service == service {
+			delete(ls.m, k)
+			l.release()
+		}
+	}
+}
+
+// waitOutcome is how a follower's wait ended, the "outcome" label of
+// loxilb_kv_coalesce_total.
+type waitOutcome string
+
+const (
+	waitReleased  waitOutcome = "released"  // the leader's first byte came back (or it ended)
+	waitTimeout   waitOutcome = "timeout"   // CoalesceWait elapsed first
+	waitCancelled waitOutcome = "cancelled" // the client went away
+)
+
+// wait blocks until l's prefill is done, max has elapsed or ctx ends.
+func (l *leader) wait(ctx context.Context, max time.Duration) waitOutcome {
+	t := time.NewTimer(max)
+	defer t.Stop()
+	select {
+	case <-l.done:
+		return waitReleased
+	case <-t.C:
+		return waitTimeout
+	case <-ctx.Done():
+		return waitCancelled
+	}
+}
+
+// size is the number of registered blocks (tests).
+func (ls *leaders) size() int {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return len(ls.m)
+}
