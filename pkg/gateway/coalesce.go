@@ -50,10 +50,45 @@ type leaderKey struct {
 }
 
 // leaders maps each block a pending request will compute, on its endpoint,
-// to that request.
+// to that request, and counts the followers held per endpoint.
 type leaders struct {
 	mu sync.Mutex
 	m  map[leaderKey]*leader
+	// held counts followers waiting per (service, endpoint). They are part
+	// of the endpoint's load: they will all be sent there, and a router
+	// that did not see them would keep choosing the endpoint whose load
+	// looks low because its requests are held, piling a hot prefix there.
+	held map[heldKey]int
+}
+
+type heldKey struct {
+	service uint32
+	ep      int
+}
+
+// hold counts one follower held for ep and returns its release.
+func (ls *leaders) hold(service uint32, ep int) func() {
+	k := heldKey{service, ep}
+	ls.mu.Lock()
+	if ls.held == nil {
+		ls.held = make(map[heldKey]int)
+	}
+	ls.held[k]++
+	ls.mu.Unlock()
+	return func() {
+		ls.mu.Lock()
+		if ls.held[k]--; ls.held[k] <= 0 {
+			delete(ls.held, k)
+		}
+		ls.mu.Unlock()
+	}
+}
+
+// heldFor returns how many followers are held for ep.
+func (ls *leaders) heldFor(service uint32, ep int) int {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.held[heldKey{service, ep}]
 }
 
 // register records keys (the blocks the request computes on ep) and returns

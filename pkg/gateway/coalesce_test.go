@@ -46,6 +46,17 @@ func TestCoalesceFollowerWaitsForLeaderFirstByte(t *testing.T) {
 		t.Fatalf("follower was not held while the leader prefilled: %+v", r)
 	case <-time.After(50 * time.Millisecond):
 	}
+	// The held follower is load on the endpoint it waits for.
+	for deadline := time.Now().Add(30 * time.Second); f.g.leaders.heldFor(1, leader.EP) != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) { // a hang guard, not a performance limit
+			t.Fatal("the follower was never counted as held")
+		}
+	}
+	for _, c := range f.g.candidates(f.g.lookup(1)) {
+		if want := map[bool]int{true: 1, false: 0}[c.Idx == leader.EP]; c.InFlight != want {
+			t.Fatalf("endpoint %d in-flight %d while the follower is held, want %d", c.Idx, c.InFlight, want)
+		}
+	}
 	p1.FirstByte()
 	r := <-follower
 	if r.err != nil {

@@ -123,7 +123,9 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	}
 	if follow != nil {
 		start := time.Now()
+		unhold := g.leaders.hold(st.id, d.EP)
 		out := follow.wait(ctx, g.cfg.CoalesceWait)
+		unhold()
 		g.m.coalesced.WithLabelValues(st.label, strconv.Itoa(d.EP), string(out)).Inc()
 		g.m.coalesceWait.WithLabelValues(st.label).Observe(time.Since(start).Seconds())
 		if out == waitCancelled {
@@ -199,6 +201,9 @@ func (g *Gateway) candidates(st *service) []selector.Candidate {
 		if pt != nil {
 			c.InFlight = pt.InFlight(st.id, i)
 		}
+		// Requests held for a shared prefill on this endpoint will be sent
+		// to it: they are its load already.
+		c.InFlight += g.leaders.heldFor(st.id, i)
 		if g.engine != nil {
 			if m, ok := g.engine.Metrics(st.id, i); ok {
 				c.Metrics = m
