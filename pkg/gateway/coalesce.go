@@ -167,10 +167,3 @@ func (l *leader) wait(ctx context.Context, max time.Duration) waitOutcome {
 		return waitCancelled
 	}
 }
-
-// size is the number of registered blocks (tests).
-func (ls *leaders) size() int {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	return len(ls.m)
-}

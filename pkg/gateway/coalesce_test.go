@@ -153,3 +153,10 @@ func TestCoalesceWaitFromEnv(t *testing.T) {
 		}
 	}
 }
+
+// size is the number of registered leader blocks.
+func (ls *leaders) size() int {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return len(ls.m)
+}
