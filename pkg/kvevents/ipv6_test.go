@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"testing"
@@ -14,6 +15,9 @@ func TestIPv6Endpoint(t *testing.T) {
 	sock := zmq4.NewPub(context.Background())
 	t.Cleanup(func() { sock.Close() })
 	if err := sock.Listen("tcp://[::1]:0"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI machines have an IPv6 loopback; this test must run: %v", err)
+		}
 		t.Skipf("no IPv6 loopback here: %v", err)
 	}
 	p := &publisher{t: t, sock: sock, port: sock.Addr().(*net.TCPAddr).Port}
