@@ -97,8 +97,13 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
+	prefillSlots, prefillWait, err := gateway.PrefillFromEnv(getenv)
+	if err != nil {
+		return err
+	}
 	gw, err := gateway.New(gateway.Config{Seed: seed, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
-		Proxy: proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}, CoalesceWait: coalesceWait}, tokens, index, rt, prober, scraper, logger, reg)
+		Proxy: proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}, CoalesceWait: coalesceWait,
+		PrefillSlots: prefillSlots, PrefillQueueWait: prefillWait}, tokens, index, rt, prober, scraper, logger, reg)
 	if err != nil {
 		return err
 	}

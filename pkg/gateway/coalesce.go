@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -38,6 +39,17 @@ type leader struct {
 	done     chan struct{}
 	once     sync.Once
 	uncached int64 // the leader's predicted uncached prompt tokens
+	// followers counts the requests held for this one; the prefill queue
+	// weighs the leader by them.
+	followers atomic.Int32
+}
+
+// followerCount is how many requests wait for l (0 for nil).
+func (l *leader) followerCount() int32 {
+	if l == nil {
+		return 0
+	}
+	return l.followers.Load()
 }
 
 // release wakes the followers; later calls do nothing.
@@ -94,9 +106,9 @@ func (ls *leaders) heldFor(service uint32, ep int) int {
 // register records keys (the blocks the request computes on ep) and returns
 // the function that ends the leadership; calling it more than once is
 // harmless.
-func (ls *leaders) register(service uint32, ep int, keys []uint64, uncached int64) func() {
+func (ls *leaders) register(service uint32, ep int, keys []uint64, uncached int64) (func(), *leader) {
 	if len(keys) == 0 {
-		return func() {}
+		return func() {}, nil
 	}
 	keys = keys[:min(len(keys), maxLeaderKeys)]
 	l := &leader{done: make(chan struct{}), uncached: uncached}
@@ -110,7 +122,7 @@ func (ls *leaders) register(service uint32, ep int, keys []uint64, uncached int6
 	ls.mu.Unlock()
 	kept := append([]uint64(nil), keys...)
 	var once sync.Once
-	return func() {
+	end := func() {
 		once.Do(func() {
 			ls.mu.Lock()
 			for _, k := range kept {
@@ -123,6 +135,7 @@ func (ls *leaders) register(service uint32, ep int, keys []uint64, uncached int6
 			l.release()
 		})
 	}
+	return end, l
 }
 
 // find returns the pending request computing block key on ep, if any.

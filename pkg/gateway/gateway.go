@@ -74,6 +74,46 @@ type Config struct {
 	// coalesce.go), LOXILB_KV_COALESCE_WAIT_MS. 0 means the default, 3s;
 	// negative disables coalescing.
 	CoalesceWait time.Duration
+	// PrefillSlots is how many requests per endpoint the gateway forwards
+	// before their first byte comes back; more wait in the gateway,
+	// shortest predicted prefill first (see prefillq.go),
+	// LOXILB_KV_PREFILL_SLOTS. Set it to the engines' concurrent-sequence
+	// budget. 0 (the default) forwards every request at once.
+	PrefillSlots int
+	// PrefillQueueWait bounds a request's wait for a prefill slot; then it
+	// is forwarded anyway, LOXILB_KV_PREFILL_QUEUE_MS. 0 means the default.
+	PrefillQueueWait time.Duration
+}
+
+// DefaultPrefillQueueWait is Config.PrefillQueueWait's default: a few long
+// prefills on a busy engine, so a long prompt is overtaken for at most that.
+const DefaultPrefillQueueWait = 2 * time.Second
+
+// Environment variables of the prefill admission queue.
+const (
+	EnvPrefillSlots     = "LOXILB_KV_PREFILL_SLOTS"
+	EnvPrefillQueueWait = "LOXILB_KV_PREFILL_QUEUE_MS"
+)
+
+// PrefillFromEnv parses EnvPrefillSlots (unset or 0: off; 1..4096) and
+// EnvPrefillQueueWait (unset: the default; 1..600000 ms).
+func PrefillFromEnv(getenv func(string) string) (slots int, wait time.Duration, err error) {
+	if v := getenv(EnvPrefillSlots); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 4096 {
+			return 0, 0, fmt.Errorf("%s=%q: want a slot count within 0..4096 per endpoint (0 turns the prefill queue off)", EnvPrefillSlots, v)
+		}
+		slots = n
+	}
+	wait = DefaultPrefillQueueWait
+	if v := getenv(EnvPrefillQueueWait); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 600_000 {
+			return 0, 0, fmt.Errorf("%s=%q: want milliseconds within 1..600000", EnvPrefillQueueWait, v)
+		}
+		wait = time.Duration(n) * time.Millisecond
+	}
+	return slots, wait, nil
 }
 
 // DefaultCoalesceWait is Config.CoalesceWait's default: longer than a long
@@ -116,6 +156,7 @@ type Gateway struct {
 	mu      sync.Mutex   // serializes Reconcile
 	keyPool sync.Pool
 	leaders leaders
+	prefill prefillGate
 }
 
 var _ proxy.Picker = (*Gateway)(nil)
@@ -146,11 +187,15 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 	if cfg.CoalesceWait == 0 {
 		cfg.CoalesceWait = DefaultCoalesceWait
 	}
+	if cfg.PrefillQueueWait <= 0 {
+		cfg.PrefillQueueWait = DefaultPrefillQueueWait
+	}
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
 	g := &Gateway{cfg: cfg, tok: tok, inv: inv, router: rt, health: health, engine: engine, logger: logger, m: m}
+	g.prefill.slots = max(cfg.PrefillSlots, 0)
 	empty := map[uint32]*service{}
 	g.table.Store(&empty)
 	g.keyPool.New = func() any { b := make([]uint64, 0, 512); return &b }

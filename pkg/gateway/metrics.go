@@ -20,6 +20,8 @@ type metrics struct {
 	unverified   *prometheus.CounterVec
 	coalesced    *prometheus.CounterVec
 	coalesceWait *prometheus.HistogramVec
+	admitted     *prometheus.CounterVec
+	admitWait    *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -47,9 +49,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		coalesceWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "loxilb_kv_coalesce_wait_seconds",
 			Help:    "How long coalesced requests waited for the shared prefix's prefill.",
 			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}}, []string{"service"}),
+		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_kv_prefill_admitted_total",
+			Help: "Requests through the prefill admission queue (LOXILB_KV_PREFILL_SLOTS), by how they got through (immediate, queued, timeout, inherited, cancelled)."},
+			[]string{"service", "ep_idx", "outcome"}),
+		admitWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "loxilb_kv_prefill_queue_wait_seconds",
+			Help:    "How long requests that found no free prefill slot waited in the gateway.",
+			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}}, []string{"service"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait} {
+		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -97,8 +105,9 @@ func (m *metrics) closedLoop(service string, res proxy.Result, predicted int64) 
 }
 
 func (m *metrics) forget(service string) {
-	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced} {
+	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced, m.admitted} {
 		v.DeletePartialMatch(prometheus.Labels{"service": service})
 	}
 	m.coalesceWait.DeletePartialMatch(prometheus.Labels{"service": service})
+	m.admitWait.DeletePartialMatch(prometheus.Labels{"service": service})
 }

@@ -49,7 +49,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		return g.pickPD(st)
 	}
 	cands := g.candidates(st)
-	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode}
+	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode, ShortestFirst: g.prefill.slots > 0}
 	freq := selector.Request{ClientIP: req.ClientAddr.Addr()}
 	if h := r.Service.SessionHeaderName; h != "" {
 		if v := req.Header.Get(h); v != "" {
@@ -103,16 +103,18 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		g.inv.StoreSpeculative(st.id, d.EP, keys, g.cfg.SpeculativeTTL)
 	}
 	plan := proxy.Plan{Candidates: g.order(st, d.EP, cands), Receipt: d.Receipt().String()}
-	release := func() {}
-	var follow *leader
+	// The engine recomputes at least the prompt's last token.
+	uncached := int64(max(promptTokens-d.PredictedCachedTokens(), 1))
+	lead := func() {} // ends this request's coalescing leadership
+	slot := func() {} // frees its prefill slot
+	var follow, self *leader
 	if promptTokens > 0 && g.cfg.CoalesceWait > 0 {
-		// The engine recomputes at least the prompt's last token.
-		uncached := int64(max(promptTokens-d.PredictedCachedTokens(), 1))
 		follow = g.leaderFor(st, d, keys)
-		release = g.leaders.register(st.id, d.EP, keys[min(d.MatchedBlocks, len(keys)):], uncached)
-		plan.FirstByte = release
-		plan.Done = func(proxy.Result) { release() }
+		lead, self = g.leaders.register(st.id, d.EP, keys[min(d.MatchedBlocks, len(keys)):], uncached)
 	}
+	release := func() { lead(); slot() }
+	plan.FirstByte = release
+	plan.Done = func(proxy.Result) { release() }
 	if st.hasher != nil && len(keys) > 0 {
 		predicted := int64(d.PredictedCachedTokens())
 		label := st.label
@@ -121,16 +123,33 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 			g.m.closedLoop(label, res, predicted)
 		}
 	}
+	inherit := false
 	if follow != nil {
 		start := time.Now()
 		unhold := g.leaders.hold(st.id, d.EP)
+		follow.followers.Add(1)
 		out := follow.wait(ctx, g.cfg.CoalesceWait)
+		follow.followers.Add(-1)
 		unhold()
 		g.m.coalesced.WithLabelValues(st.label, strconv.Itoa(d.EP), string(out)).Inc()
 		g.m.coalesceWait.WithLabelValues(st.label).Observe(time.Since(start).Seconds())
 		if out == waitCancelled {
-			release()
+			lead()
 			return proxy.Plan{}, fmt.Errorf("%w: client went away while waiting for a shared prefill", proxy.ErrClientCanceled)
+		}
+		inherit = out == waitReleased
+	}
+	if promptTokens > 0 && g.prefill.slots > 0 {
+		start := time.Now()
+		var out admitOutcome
+		slot, out = g.prefill.admit(ctx, st.id, d.EP, uncached, self, g.cfg.PrefillQueueWait, inherit)
+		g.m.admitted.WithLabelValues(st.label, strconv.Itoa(d.EP), string(out)).Inc()
+		if out != admitImmediate && out != admitInherited {
+			g.m.admitWait.WithLabelValues(st.label).Observe(time.Since(start).Seconds())
+		}
+		if out == admitCancelled {
+			lead()
+			return proxy.Plan{}, fmt.Errorf("%w: client went away while queued for a prefill slot", proxy.ErrClientCanceled)
 		}
 	}
 	return plan, nil
@@ -204,6 +223,8 @@ func (g *Gateway) candidates(st *service) []selector.Candidate {
 		// Requests held for a shared prefill on this endpoint will be sent
 		// to it: they are its load already.
 		c.InFlight += g.leaders.heldFor(st.id, i)
+		// So are requests queued for one of its prefill slots.
+		c.InFlight += g.prefill.queuedFor(st.id, i)
 		if g.engine != nil {
 			if m, ok := g.engine.Metrics(st.id, i); ok {
 				c.Metrics = m

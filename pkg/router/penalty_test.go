@@ -153,3 +153,46 @@ func TestLoadPenaltyEnv(t *testing.T) {
 		}
 	}
 }
+
+// With the gateway admitting shortest prefill first, queued load delays a
+// request by at most its own uncached work per queued request: a chat turn
+// that would recompute a 1,664-token history elsewhere stays on its warm
+// endpoint under load that moves it when the engine serves first come,
+// first served.
+func TestShortestFirstPricesLoadAtOwnWork(t *testing.T) {
+	turn := chain(3, 116) // 104 blocks of history cached, 12 new
+	for _, c := range []struct {
+		name     string
+		sf       bool
+		load0    int
+		wantEP   int
+		wantWhy  string
+		wantFrom int
+	}{
+		// Penalty 1152 (a first turn's uncached work): two requests of
+		// load outweigh the 1,664 cached tokens.
+		{"fcfs moves it", false, 2, 1, ReasonLoadBlend, 0},
+		// Its own 192 uncached tokens per queued request: 1,664 cached
+		// tokens outweigh eight requests of load, not nine.
+		{"shortest first keeps it", true, 8, 0, ReasonLongestPrefix, -1},
+		{"shortest first moves it under more load", true, 9, 1, ReasonLoadBlend, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			inv := newFakeInv()
+			cfg := DefaultConfig()
+			cfg.ColdSeedN = 0
+			cfg.SpillRelief = boolp(false)
+			cfg.LoadPenalty = 1152
+			r, _ := newRouter(t, cfg, inv)
+			inv.add(7, 0, turn[:104]...)
+			cs := cands(4)
+			cs[0].InFlight = c.load0
+			view := mode3
+			view.ShortestFirst = c.sf
+			d := r.Decide(view, turn, 16, cs, rr(t), selector.Request{})
+			if d.EP != c.wantEP || d.Reason != c.wantWhy || d.From != c.wantFrom {
+				t.Fatalf("got %+v, want ep %d reason %s from %d", d, c.wantEP, c.wantWhy, c.wantFrom)
+			}
+		})
+	}
+}

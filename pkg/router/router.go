@@ -69,6 +69,11 @@ const (
 type ServiceView struct {
 	ID          uint32 // rule number; labels metrics
 	KVExactMode int    // 0 off, 1 P/D (prefill candidates), 3 single pool
+	// ShortestFirst says the gateway admits requests to each endpoint
+	// shortest predicted prefill first (its prefill queue is on), so a
+	// request waits only behind load whose prefill is shorter than its
+	// own: a unit of load costs it at most its own uncached tokens.
+	ShortestFirst bool
 }
 
 // Decision is the outcome of Decide.
@@ -402,6 +407,11 @@ func (r *Router) spillRelief(svc ServiceView) bool {
 //     the cache cannot raise the penalty that caused them; fallbacks are
 //     not sampled, so a cold start (every request a miss) does not price
 //     load at whole prompts. A fixed LoadPenalty replaces the estimate.
+//     When the gateway admits shortest prefill first (ServiceView.
+//     ShortestFirst), a request waits only behind queued work shorter than
+//     its own, so a candidate's penalty is capped at the request's own
+//     uncached tokens there: a warm chat turn with little new text stays
+//     on its history under load that would move a long cold prompt.
 //
 //  3. Spill relief (when enabled). cap = ceil(MeanLoadFactor/100·(L+1)/n),
 //     L the summed load of the n healthy candidates. If the winner has at
@@ -503,7 +513,11 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		if m < minBlocks {
 			m = 0
 		}
-		return float64(m*blockSize) - penalty*s.load[i]
+		p := penalty
+		if svc.ShortestFirst {
+			p = min(p, float64(max((total-s.match[i])*blockSize, blockSize)))
+		}
+		return float64(m*blockSize) - p*s.load[i]
 	}
 	better := func(i, j int) bool { // is i preferred over j?
 		si, sj := score(i), score(j)

@@ -62,9 +62,13 @@ type Arm struct {
 
 // Arms compared by the default suite.
 var (
-	ArmRR      = Arm{Name: "rr", Label: "round robin", Select: "rr", Sel: 0}
-	ArmCHWBL   = Arm{Name: "chwbl", Label: "chwbl (consistent hash, bounded load)", Select: "chwbl", Sel: 8}
-	ArmKV      = Arm{Name: "kv", Label: "KV-exact, spill relief on", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on"}}
+	ArmRR    = Arm{Name: "rr", Label: "round robin", Select: "rr", Sel: 0}
+	ArmCHWBL = Arm{Name: "chwbl", Label: "chwbl (consistent hash, bounded load)", Select: "chwbl", Sel: 8}
+	ArmKV    = Arm{Name: "kv", Label: "KV-exact, spill relief on", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on"}}
+	// ArmKVFCFS is KV-exact without the gateway's prefill queue: every
+	// request is forwarded at once and waits in the engine's own
+	// first-come-first-served queue.
+	ArmKVFCFS  = Arm{Name: "kv-fcfs", Label: "KV-exact, no prefill queue", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on", "LOXILB_KV_PREFILL_SLOTS=0"}}
 	ArmKVNoSpl = Arm{Name: "kv-nospill", Label: "KV-exact, spill relief off", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=off"}}
 	// ArmKVLoad is KV-exact with the load blend weighted 16x the default
 	// (one request in flight is worth 512 cached tokens instead of 32): it
@@ -77,7 +81,7 @@ var (
 func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl} }
 
 // AllArms adds the arms a run can select by name (llmbench -arms).
-func AllArms() []Arm { return append(DefaultArms(), ArmKVLoad) }
+func AllArms() []Arm { return append(DefaultArms(), ArmKVLoad, ArmKVFCFS) }
 
 // Suite is one benchmark run.
 type Suite struct {
@@ -316,7 +320,14 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 		return ArmResult{}, err
 	}
 	defer os.RemoveAll(state)
-	env := append([]string{"LLB_KV_NONE_HASH_SEED=" + f.HashSeed}, arm.Env...)
+	env := []string{"LLB_KV_NONE_HASH_SEED=" + f.HashSeed}
+	if arm.KVExactMode > 0 {
+		// The KV arms are deployed as an operator would: the gateway's
+		// prefill queue sized to the engines' concurrent-sequence budget.
+		// An arm's own Env comes later and wins.
+		env = append(env, fmt.Sprintf("LOXILB_KV_PREFILL_SLOTS=%d", f.MaxRunning))
+	}
+	env = append(env, arm.Env...)
 	d, err := startDaemon(ctx, o.Bin.Loxilb, state, o.TokenizerDir, env)
 	if err != nil {
 		return ArmResult{}, err

@@ -1,0 +1,204 @@
+package gateway
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Prefill admission: shortest prefill first.
+//
+// An engine runs a bounded number of sequences and queues the rest first
+// come, first served. When a burst of long cold prompts fills an endpoint,
+// a request that hits the cache (a chat's next turn, a question on a cached
+// system prompt) waits behind all of them although its own prefill takes a
+// few milliseconds: one recomputation sets the TTFT of every cached request
+// that arrives behind it. With PrefillSlots set to the engines' concurrent
+// sequence budget, the gateway forwards at most that many requests per
+// endpoint that have not yet returned their first byte, and queues the
+// rest in the gateway ordered by predicted uncached prompt tokens (known
+// from the KV inventory at routing time), shortest first, so cached
+// requests overtake cold ones (weighted shortest-processing-time order,
+// the policy that minimises mean waiting time). A request is never queued longer than
+// PrefillQueueWait: then it is forwarded anyway and the engine's own queue
+// takes it, which bounds how long a long prompt can be overtaken.
+//
+// The routing decision is made before queueing, so a queued request keeps
+// its cache affinity; queued requests count as their endpoint's load, so
+// the router moves new work away from an endpoint whose queue grows.
+// Requests released by a coalescing leader (coalesce.go) inherit its slot
+// and are not queued again: they compute only their own suffix.
+
+// admitOutcome is how a request passed the prefill gate, the "outcome"
+// label of loxilb_kv_prefill_admitted_total.
+type admitOutcome string
+
+const (
+	admitImmediate admitOutcome = "immediate" // a slot was free
+	admitQueued    admitOutcome = "queued"    // waited, then got a slot
+	admitTimeout   admitOutcome = "timeout"   // waited PrefillQueueWait, forwarded over the budget
+	admitInherited admitOutcome = "inherited" // released by its coalescing leader
+	admitCancelled admitOutcome = "cancelled" // the client went away while queued
+)
+
+// prefillGate holds the per-endpoint slot counts and queues.
+type prefillGate struct {
+	slots int // per endpoint; 0 admits everything at once
+	mu    sync.Mutex
+	eps   map[heldKey]*slotQueue
+	seq   uint64
+}
+
+// slotQueue is one endpoint's admission state.
+type slotQueue struct {
+	busy    int // admitted requests without a first byte yet
+	waiting []*waiter
+}
+
+type waiter struct {
+	uncached int64
+	seq      uint64
+	lead     *leader       // this request's coalescing leadership, if any
+	ready    chan struct{} // closed when a slot is handed over
+	granted  bool
+}
+
+// before orders waiters by weighted shortest prefill first: predicted
+// uncached tokens divided by the requests the prefill unblocks (itself and
+// the followers coalesced onto it), then arrival. Without the weight a
+// long prompt that others wait for would be overtaken by every short one,
+// and its followers with it.
+func (w *waiter) before(o *waiter) bool {
+	a := w.uncached * int64(1+o.lead.followerCount())
+	b := o.uncached * int64(1+w.lead.followerCount())
+	if a != b {
+		return a < b
+	}
+	return w.seq < o.seq
+}
+
+// next removes and returns the waiter to admit first.
+func (q *slotQueue) next() *waiter {
+	best := 0
+	for i := 1; i < len(q.waiting); i++ {
+		if q.waiting[i].before(q.waiting[best]) {
+			best = i
+		}
+	}
+	w := q.waiting[best]
+	q.waiting = append(q.waiting[:best], q.waiting[best+1:]...)
+	return w
+}
+
+// remove drops w (it stopped waiting).
+func (q *slotQueue) remove(w *waiter) {
+	for i, x := range q.waiting {
+		if x == w {
+			q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+			return
+		}
+	}
+}
+
+func (pg *prefillGate) queue(k heldKey) *slotQueue {
+	if pg.eps == nil {
+		pg.eps = make(map[heldKey]*slotQueue)
+	}
+	q := pg.eps[k]
+	if q == nil {
+		q = &slotQueue{}
+		pg.eps[k] = q
+	}
+	return q
+}
+
+// admit takes a prefill slot on (service, ep) for a request that will
+// compute uncached prompt tokens, waiting at most maxWait for one. inherit
+// admits at once (a coalesced follower). The returned release gives the
+// slot back (call it at the first byte or at the end; more calls do
+// nothing); it is a no-op when the gate is off or the client left.
+func (pg *prefillGate) admit(ctx context.Context, service uint32, ep int, uncached int64, lead *leader, maxWait time.Duration, inherit bool) (func(), admitOutcome) {
+	if pg.slots <= 0 {
+		return func() {}, admitImmediate
+	}
+	k := heldKey{service, ep}
+	pg.mu.Lock()
+	q := pg.queue(k)
+	if inherit || q.busy < pg.slots {
+		q.busy++
+		pg.mu.Unlock()
+		if inherit {
+			return pg.releaser(k), admitInherited
+		}
+		return pg.releaser(k), admitImmediate
+	}
+	pg.seq++
+	w := &waiter{uncached: uncached, seq: pg.seq, lead: lead, ready: make(chan struct{})}
+	q.waiting = append(q.waiting, w)
+	pg.mu.Unlock()
+
+	t := time.NewTimer(maxWait)
+	defer t.Stop()
+	select {
+	case <-w.ready:
+		return pg.releaser(k), admitQueued
+	case <-t.C:
+		pg.mu.Lock()
+		if !w.granted {
+			q.remove(w)
+			q.busy++ // forwarded over the budget; its release still counts
+		}
+		pg.mu.Unlock()
+		return pg.releaser(k), admitTimeout
+	case <-ctx.Done():
+		pg.mu.Lock()
+		granted := w.granted
+		if !granted {
+			q.remove(w)
+		}
+		pg.mu.Unlock()
+		if granted {
+			pg.releaser(k)() // hand the slot on
+		}
+		return func() {}, admitCancelled
+	}
+}
+
+// releaser returns the once-only function that frees one slot of k and
+// hands free slots to the shortest waiting requests.
+func (pg *prefillGate) releaser(k heldKey) func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			pg.mu.Lock()
+			defer pg.mu.Unlock()
+			q := pg.eps[k]
+			if q == nil {
+				return
+			}
+			q.busy--
+			for q.busy < pg.slots && len(q.waiting) > 0 {
+				w := q.next()
+				w.granted = true
+				q.busy++
+				close(w.ready)
+			}
+			if q.busy <= 0 && len(q.waiting) == 0 {
+				delete(pg.eps, k)
+			}
+		})
+	}
+}
+
+// queuedFor returns how many requests wait for a slot on ep.
+func (pg *prefillGate) queuedFor(service uint32, ep int) int {
+	if pg.slots <= 0 {
+		return 0
+	}
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	if q := pg.eps[heldKey{service, ep}]; q != nil {
+		return len(q.waiting)
+	}
+	return 0
+}
