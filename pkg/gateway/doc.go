@@ -8,6 +8,8 @@
 //	        -> ordered candidates + receipt
 //	        -> (held while the chosen endpoint still computes the shared prefix
 //	           for an earlier request: prefill coalescing, coalesce.go)
+//	        -> (queued while the endpoint's prefill slots are taken, shortest
+//	           predicted prefill first: prefill admission, prefillq.go)
 //
 // It also holds the reconcilers that keep the other stages in step with the
 // rule set: proxy listeners, KV-event subscriptions, inventories and health

@@ -196,6 +196,11 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 	}
 	g := &Gateway{cfg: cfg, tok: tok, inv: inv, router: rt, health: health, engine: engine, logger: logger, m: m}
 	g.prefill.slots = max(cfg.PrefillSlots, 0)
+	if reg != nil {
+		if err := reg.Register(&g.prefill); err != nil {
+			return nil, err
+		}
+	}
 	empty := map[uint32]*service{}
 	g.table.Store(&empty)
 	g.keyPool.New = func() any { b := make([]uint64, 0, 512); return &b }

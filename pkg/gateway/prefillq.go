@@ -2,8 +2,11 @@ package gateway
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Prefill admission: shortest prefill first.
@@ -201,4 +204,30 @@ func (pg *prefillGate) queuedFor(service uint32, ep int) int {
 		return len(q.waiting)
 	}
 	return 0
+}
+
+// The gate's live state, read at scrape time.
+var (
+	prefillDepthDesc = prometheus.NewDesc("loxilb_kv_prefill_queue_depth",
+		"Requests waiting in the gateway for a prefill slot on the endpoint (LOXILB_KV_PREFILL_SLOTS).", []string{"service", "ep_idx"}, nil)
+	prefillBusyDesc = prometheus.NewDesc("loxilb_kv_prefill_slots_busy",
+		"Requests forwarded to the endpoint that have not returned their first byte (may exceed the slots after a queue timeout).", []string{"service", "ep_idx"}, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (pg *prefillGate) Describe(ch chan<- *prometheus.Desc) {
+	ch <- prefillDepthDesc
+	ch <- prefillBusyDesc
+}
+
+// Collect implements prometheus.Collector: one sample per endpoint with
+// requests admitted or waiting.
+func (pg *prefillGate) Collect(ch chan<- prometheus.Metric) {
+	pg.mu.Lock()
+	defer pg.mu.Unlock()
+	for k, q := range pg.eps {
+		svc, ep := strconv.FormatUint(uint64(k.service), 10), strconv.Itoa(k.ep)
+		ch <- prometheus.MustNewConstMetric(prefillDepthDesc, prometheus.GaugeValue, float64(len(q.waiting)), svc, ep)
+		ch <- prometheus.MustNewConstMetric(prefillBusyDesc, prometheus.GaugeValue, float64(q.busy), svc, ep)
+	}
 }

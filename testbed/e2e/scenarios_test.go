@@ -224,3 +224,54 @@ func TestSiblingBurstLandsTogether(t *testing.T) {
 	}
 	t.Logf("sibling burst distribution: %v", eps)
 }
+
+// TestPrefillQueueLetsCachedRequestsOvertake: with one prefill slot per
+// endpoint, a request whose prompt is cached overtakes a cold prompt that
+// was queued before it, instead of waiting behind it in the engine.
+func TestPrefillQueueLetsCachedRequestsOvertake(t *testing.T) {
+	p := newPool(t, poolOpts{n: 1, net: 57, env: []string{"LOXILB_KV_PREFILL_SLOTS=1", "LOXILB_KV_COALESCE_WAIT_MS=0"},
+		engine: func(_ int, c *enginesim.Config) {
+			c.TimeScale, c.PrefillUsPerToken, c.MaxRunning = 1, 500, 1 // a cold ~600-token prompt holds the engine ~300ms
+		}})
+	complete(t, p.vip, longPrompt("warm", 0))
+	p.waitInventory(t, 0)
+
+	depth := func() float64 { return metricValue(metrics(t, p.d), "loxilb_kv_prefill_queue_depth") }
+	type done struct {
+		name string
+		r    route
+	}
+	finished := make(chan done, 3)
+	send := func(name, prompt string) {
+		go func() { finished <- done{name, complete(t, p.vip, prompt)} }()
+	}
+	send("cold-a", longPrompt("first cold", 1))
+	waitFor(t, "the first cold prompt to take the slot", 10*time.Second, func() bool {
+		return metricValue(metrics(t, p.d), "loxilb_kv_prefill_slots_busy") == 1
+	})
+	send("cold-b", longPrompt("second cold", 2))
+	waitFor(t, "the second cold prompt to queue", 10*time.Second, func() bool { return depth() == 1 })
+	send("warm", longPrompt("warm", 3))
+	waitFor(t, "the cached request to queue", 10*time.Second, func() bool { return depth() == 2 })
+
+	var order []string
+	var warm route
+	for range 3 {
+		d := <-finished
+		order = append(order, d.name)
+		if d.name == "warm" {
+			warm = d.r
+		}
+	}
+	if got := strings.Join(order, " "); got != "cold-a warm cold-b" {
+		t.Fatalf("completion order %q, want the cached request before the cold one queued ahead of it", got)
+	}
+	if warm.matched == 0 || warm.cached == 0 {
+		t.Fatalf("the overtaking request did not hit the cache: %+v", warm)
+	}
+	m := metrics(t, p.d)
+	if v := metricValue(m, "loxilb_kv_prefill_admitted_total", `outcome="queued"`); v != 2 {
+		t.Fatalf("admitted{queued} = %v, want 2", v)
+	}
+	t.Logf("completion order %v; warm request matched %d blocks, %d cached tokens", order, warm.matched, warm.cached)
+}
