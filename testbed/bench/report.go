@@ -242,6 +242,13 @@ func (r *Report) WriteTable(w io.Writer) {
 		f.Engines, f.CapacityBlocks, f.BlockSize, f.TotalBlocks()*f.BlockSize, f.PrefillUsPerToken, f.DecodeUsPerToken/1000, f.MaxRunning, f.TimeScale)
 	fmt.Fprintf(w, "machine: %d CPUs, %s, kernel %s; seed %d; figures are medians of %d run(s) per arm\n",
 		r.Machine.CPUs, r.Machine.CPUModel, r.Machine.Kernel, r.Suite.Seed, r.Suite.runs())
+	for _, a := range r.Suite.Arms {
+		env := "default daemon settings"
+		if len(a.Env) > 0 {
+			env = strings.Join(a.Env, " ")
+		}
+		fmt.Fprintf(w, "arm %s: %s; %s\n", a.Name, a.Label, env)
+	}
 	for _, wr := range r.Workloads {
 		fmt.Fprintf(w, "\n== %s: %s\n   %s\n   upper bound (one LRU cache of the fleet's capacity): %.3f   (unbounded cache: %.3f)\n",
 			wr.Workload.Name, wr.Workload.Title, wr.Workload.Description, wr.Bound.FleetLRU, wr.Bound.Unbounded)

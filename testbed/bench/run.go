@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -77,6 +78,22 @@ var (
 		Env: []string{"LOXILB_KV_SPILL_RELIEF=on", "LOXILB_KV_LOAD_PENALTY=512"}}
 )
 
+// fleetArms deploys the KV arms as an operator would for fleet f: the
+// gateway's prefill queue sized to the engines' concurrent-sequence budget
+// (LOXILB_KV_PREFILL_SLOTS), unless the arm sets it itself. The report
+// lists each arm's daemon environment.
+func fleetArms(arms []Arm, f FleetConfig) []Arm {
+	out := make([]Arm, len(arms))
+	for i, a := range arms {
+		out[i] = a
+		if a.KVExactMode == 0 || slices.ContainsFunc(a.Env, func(e string) bool { return strings.HasPrefix(e, "LOXILB_KV_PREFILL_SLOTS=") }) {
+			continue
+		}
+		out[i].Env = append([]string{fmt.Sprintf("LOXILB_KV_PREFILL_SLOTS=%d", f.MaxRunning)}, a.Env...)
+	}
+	return out
+}
+
 // DefaultArms returns the arms of the default suite in report order.
 func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl} }
 
@@ -129,6 +146,7 @@ func Run(ctx context.Context, s Suite, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer fl.close()
+	s.Arms = fleetArms(s.Arms, f)
 	rep := &Report{Suite: s, Machine: DescribeMachine(), Started: time.Now().UTC()}
 	total := 0
 	for _, w := range s.Workloads {
@@ -320,14 +338,7 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 		return ArmResult{}, err
 	}
 	defer os.RemoveAll(state)
-	env := []string{"LLB_KV_NONE_HASH_SEED=" + f.HashSeed}
-	if arm.KVExactMode > 0 {
-		// The KV arms are deployed as an operator would: the gateway's
-		// prefill queue sized to the engines' concurrent-sequence budget.
-		// An arm's own Env comes later and wins.
-		env = append(env, fmt.Sprintf("LOXILB_KV_PREFILL_SLOTS=%d", f.MaxRunning))
-	}
-	env = append(env, arm.Env...)
+	env := append([]string{"LLB_KV_NONE_HASH_SEED=" + f.HashSeed}, arm.Env...)
 	d, err := startDaemon(ctx, o.Bin.Loxilb, state, o.TokenizerDir, env)
 	if err != nil {
 		return ArmResult{}, err

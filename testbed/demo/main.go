@@ -71,6 +71,11 @@ func run() error {
 			fmt.Println("  " + c)
 		}
 	}
+	for _, a := range rep.Suite.Arms {
+		if len(a.Env) > 0 {
+			fmt.Printf("The %s arm's daemon ran with: %s\n", a.Label, strings.Join(a.Env, " "))
+		}
+	}
 	fmt.Println()
 	for _, w := range rep.Workloads {
 		rr, kv := w.Arm(bench.ArmRR.Name), w.Arm(bench.ArmKV.Name)
