@@ -6,7 +6,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 STATE_DIR ?= $(CURDIR)/.state
 FUZZEXECS ?= 10000x
 
-.PHONY: help build run test test-unit fuzz-smoke check-generated gen-bpf regen-parity bench demo fmt vet clean
+.PHONY: help build run test test-unit test-allocs fuzz-smoke check-generated gen-bpf regen-parity bench demo fmt vet clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -19,13 +19,18 @@ build: ## build bin/loxilb, bin/loxicmd and bin/engine-sim
 run: build ## run the daemon with a local state dir and the bundled tokenizers (API on 127.0.0.1:11111)
 	$(BIN)/loxilb --state-dir $(STATE_DIR) --tokenizer-dir $(CURDIR)/testdata/tokenizers --metrics $(ARGS)
 
-test: vet test-unit fuzz-smoke ## everything CI runs after installing dependencies
+test: vet test-unit test-allocs fuzz-smoke ## everything CI runs after installing dependencies
 
 vet:
 	$(GO) vet ./...
 
 test-unit: ## unit, conformance, privileged (when root) and end-to-end tests, with the race detector
 	$(GO) test -race -count=1 -timeout 25m ./...
+
+# Allocation counts are checked without the race detector, which makes
+# sync.Pool drop items at random.
+test-allocs: ## zero-allocation checks of the hot path, without the race detector
+	$(GO) test -count=1 -run 'ZeroAllocs' ./...
 
 # Each fuzz target runs for a bounded number of executions; a crash fails the
 # build. The budget is a count, not a duration: Go 1.26's fuzz coordinator can

@@ -237,6 +237,9 @@ func TestTRTLLMGatewayKeyIsSGLangMath(t *testing.T) {
 }
 
 func TestKeysZeroAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector drops sync.Pool items at random; `make test-allocs` checks allocations without it")
+	}
 	r := rand.New(rand.NewPCG(7, 8))
 	toks := randTokens(r, 256*16)
 	for _, a := range allAlgos {

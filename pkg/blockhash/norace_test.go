@@ -1,0 +1,5 @@
+//go:build !race
+
+package blockhash
+
+const raceEnabled = false
