@@ -30,6 +30,28 @@ func coalesced(f fixture, ep int, outcome waitOutcome) float64 {
 	return testutil.ToFloat64(f.g.m.coalesced.WithLabelValues("1", string(rune('0'+ep)), string(outcome)))
 }
 
+// waitUntil polls cond; the deadline is a hang guard, not a performance
+// limit.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// expectOneWaiting checks that the one request waiting in the gateway for
+// endpoint ep is that endpoint's load, and nothing else is in flight.
+func expectOneWaiting(t *testing.T, f fixture, ep int) {
+	t.Helper()
+	for _, c := range f.g.candidates(f.g.lookup(1)) {
+		if want := map[bool]int{true: 1, false: 0}[c.Idx == ep]; c.InFlight != want {
+			t.Fatalf("endpoint %d in-flight %d while one request waits for endpoint %d, want %d", c.Idx, c.InFlight, ep, want)
+		}
+	}
+}
+
 // A sibling routed to blocks its endpoint is still computing for an
 // earlier request waits for that request's first byte, then goes to the
 // same endpoint.
@@ -47,16 +69,8 @@ func TestCoalesceFollowerWaitsForLeaderFirstByte(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	// The held follower is load on the endpoint it waits for.
-	for deadline := time.Now().Add(30 * time.Second); f.g.leaders.heldFor(1, leader.EP) != 1; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) { // a hang guard, not a performance limit
-			t.Fatal("the follower was never counted as held")
-		}
-	}
-	for _, c := range f.g.candidates(f.g.lookup(1)) {
-		if want := map[bool]int{true: 1, false: 0}[c.Idx == leader.EP]; c.InFlight != want {
-			t.Fatalf("endpoint %d in-flight %d while the follower is held, want %d", c.Idx, c.InFlight, want)
-		}
-	}
+	waitUntil(t, "the follower counted as held", func() bool { return f.g.leaders.heldFor(1, leader.EP) == 1 })
+	expectOneWaiting(t, f, leader.EP)
 	p1.FirstByte()
 	r := <-follower
 	if r.err != nil {

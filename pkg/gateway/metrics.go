@@ -24,6 +24,10 @@ type metrics struct {
 	admitWait    *prometheus.HistogramVec
 }
 
+// waitBuckets spans the gateway's waits: a millisecond to a few prefills
+// on a busy engine and the 10 s beyond any default bound.
+var waitBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		tokMissing: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_tokenizer_unavailable_total",
@@ -48,13 +52,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			[]string{"service", "ep_idx", "outcome"}),
 		coalesceWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "loxilb_kv_coalesce_wait_seconds",
 			Help:    "How long coalesced requests waited for the shared prefix's prefill.",
-			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}}, []string{"service"}),
+			Buckets: waitBuckets}, []string{"service"}),
 		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_kv_prefill_admitted_total",
 			Help: "Requests through the prefill admission queue (LOXILB_KV_PREFILL_SLOTS), by how they got through (immediate, queued, timeout, inherited, cancelled)."},
 			[]string{"service", "ep_idx", "outcome"}),
 		admitWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "loxilb_kv_prefill_queue_wait_seconds",
 			Help:    "How long requests that found no free prefill slot waited in the gateway.",
-			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}}, []string{"service"}),
+			Buckets: waitBuckets}, []string{"service"}),
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait} {

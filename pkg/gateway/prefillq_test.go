@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -26,15 +27,10 @@ func admitAsync(ctx context.Context, pg *prefillGate, id string, uncached int64,
 	}()
 }
 
-// waitQueued blocks until n requests wait on endpoint 0 (a hang guard, not
-// a performance limit).
+// waitQueued blocks until n requests wait on endpoint 0.
 func waitQueued(t *testing.T, pg *prefillGate, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); pg.queuedFor(1, 0) != n; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d requests queued, want %d", pg.queuedFor(1, 0), n)
-		}
-	}
+	waitUntil(t, fmt.Sprintf("%d requests queued", n), func() bool { return pg.queuedFor(1, 0) == n })
 }
 
 func expectNone(t *testing.T, got <-chan admitResult) {
@@ -163,16 +159,8 @@ func TestPickQueuesForPrefillSlot(t *testing.T) {
 	}
 	first, _ := router.ParseReceipt(p1.Receipt)
 	second := pickAsync(context.Background(), f.g, req(prompt))
-	for deadline := time.Now().Add(30 * time.Second); f.g.prefill.queuedFor(1, first.EP) != 1; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) { // a hang guard, not a performance limit
-			t.Fatal("the second request was never queued")
-		}
-	}
-	for _, c := range f.g.candidates(f.g.lookup(1)) {
-		if want := map[bool]int{true: 1, false: 0}[c.Idx == first.EP]; c.InFlight != want {
-			t.Fatalf("endpoint %d in-flight %d while a request is queued for it, want %d", c.Idx, c.InFlight, want)
-		}
-	}
+	waitUntil(t, "the second request to queue", func() bool { return f.g.prefill.queuedFor(1, first.EP) == 1 })
+	expectOneWaiting(t, f, first.EP)
 	p1.FirstByte()
 	r := <-second
 	if r.err != nil {
@@ -195,11 +183,7 @@ func TestPickQueuesForPrefillSlot(t *testing.T) {
 	p3, _ := f.g.Pick(context.Background(), req(prompt))
 	ctx, cancel := context.WithCancel(context.Background())
 	fourth := pickAsync(ctx, f.g, req(prompt))
-	for deadline := time.Now().Add(30 * time.Second); f.g.prefill.queuedFor(1, first.EP) != 1; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the fourth request was never queued")
-		}
-	}
+	waitUntil(t, "the fourth request to queue", func() bool { return f.g.prefill.queuedFor(1, first.EP) == 1 })
 	cancel()
 	if r := <-fourth; !errors.Is(r.err, proxy.ErrClientCanceled) {
 		t.Fatalf("err = %v, want ErrClientCanceled", r.err)
