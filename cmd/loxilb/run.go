@@ -196,7 +196,8 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		return fmt.Errorf("management API: %w", err)
 	}
 	logger.Info("loxilb started", "version", version, "api", ln.Addr().String(), "state_dir", cfg.stateDir,
-		"tokenizer_dir", cfg.tokenizerDir, "rules", len(ctl.List()), "auth", cfg.apiToken != "", "tls", cfg.tlsCert != "")
+		"tokenizer_dir", cfg.tokenizerDir, "rules", len(ctl.List()), "auth", cfg.apiToken != "", "tls", cfg.tlsCert != "",
+		"coalesce_wait", max(coalesceWait, 0), "prefill_slots", prefillSlots, "prefill_queue_wait", prefillWait)
 	go func() {
 		if err := srv.Serve(ctx, ln); err != nil {
 			errc <- fmt.Errorf("management API: %w", err)
