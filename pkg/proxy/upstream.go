@@ -63,6 +63,30 @@ type pconn struct {
 	reused   bool
 	stopCanc func() bool // detaches the request context's cancellation
 	probe    *peekProbe  // liveness probe state, built on first reuse
+	// dmu orders deadline changes against the request context firing: once
+	// cancelled is set the deadline stays in the past, so a later header
+	// timeout or its reset cannot re-arm a read that should have stopped.
+	dmu       sync.Mutex
+	cancelled bool
+}
+
+// cancel poisons the connection's deadlines: every blocked or later read
+// and write fails at once. It runs when the request context fires.
+func (pc *pconn) cancel() {
+	pc.dmu.Lock()
+	defer pc.dmu.Unlock()
+	pc.cancelled = true
+	_ = pc.conn.SetDeadline(time.Unix(1, 0))
+}
+
+// setReadDeadline moves the read deadline unless the request was
+// cancelled.
+func (pc *pconn) setReadDeadline(t time.Time) {
+	pc.dmu.Lock()
+	defer pc.dmu.Unlock()
+	if !pc.cancelled {
+		_ = pc.conn.SetReadDeadline(t)
+	}
 }
 
 // connectError wraps a failure to obtain a connection (dial or TLS
@@ -182,7 +206,7 @@ func (u *upstream) dial(ctx context.Context, addr string) (*pconn, error) {
 // body is done, so a client that goes away unblocks any read or write.
 func (pc *pconn) exchange(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
-	pc.stopCanc = context.AfterFunc(ctx, func() { _ = pc.conn.SetDeadline(time.Unix(1, 0)) })
+	pc.stopCanc = context.AfterFunc(ctx, pc.cancel)
 	if err := req.Write(pc.bw); err != nil {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}
@@ -190,7 +214,7 @@ func (pc *pconn) exchange(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}
 	if pc.u.headerTimeout > 0 {
-		_ = pc.conn.SetReadDeadline(time.Now().Add(pc.u.headerTimeout))
+		pc.setReadDeadline(time.Now().Add(pc.u.headerTimeout))
 	}
 	var resp *http.Response
 	for {
@@ -207,7 +231,7 @@ func (pc *pconn) exchange(req *http.Request) (*http.Response, error) {
 		break
 	}
 	if pc.u.headerTimeout > 0 {
-		_ = pc.conn.SetReadDeadline(time.Time{})
+		pc.setReadDeadline(time.Time{})
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil, errors.New("endpoint switched protocols, which the proxy does not relay")

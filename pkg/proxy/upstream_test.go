@@ -191,3 +191,56 @@ func TestRelayChunkedTrailersAndHead(t *testing.T) {
 		t.Errorf("%d endpoint dials, want 1", d)
 	}
 }
+
+// A request cancelled while the proxy sends it or starts waiting for the
+// response headers stops waiting at once, whatever the order of the
+// cancellation and the header timeout being armed: the timeout must not
+// re-arm a read the cancellation had already stopped (an endpoint that
+// never answers would otherwise hold the request for the whole
+// ResponseHeaderTimeout). Many rounds, to cover the interleavings.
+func TestCancelDuringExchangeStopsTheRead(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	received := make(chan struct{}, 1)
+	go func() { // reads each request, never answers
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				received <- struct{}{}
+				_, _ = io.Copy(io.Discard, br) // until the proxy hangs up
+			}()
+		}
+	}()
+	u := newUpstream(Config{DialTimeout: 5 * time.Second, ResponseHeaderTimeout: time.Hour,
+		UpstreamIdleTimeout: time.Minute, MaxIdleConnsPerHost: 1}, nil)
+	for i := range 300 {
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ln.Addr().String()+"/v1/completions", strings.NewReader(`{}`))
+		go func() { <-received; cancel() }()
+		done := make(chan error, 1)
+		go func() {
+			_, err := u.roundTrip(req, ln.Addr().String())
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Fatalf("round %d: a response from an endpoint that never answers", i)
+			}
+		case <-time.After(30 * time.Second): // a hang guard, not a performance limit
+			t.Fatalf("round %d: the read outlived its cancelled request", i)
+		}
+		cancel()
+	}
+}
