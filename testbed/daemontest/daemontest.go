@@ -150,6 +150,19 @@ func (d *Daemon) URL(path string) string {
 	return fmt.Sprintf("http://127.0.0.1:%d/netlox/v1%s", d.Port, path)
 }
 
+// PID returns the daemon's process id.
+func (d *Daemon) PID() int { return d.cmd.Process.Pid }
+
+// Exited reports whether the daemon process has ended.
+func (d *Daemon) Exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Stop interrupts the daemon and waits for it (killing it after 10s).
 func (d *Daemon) Stop() {
 	select {
