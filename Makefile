@@ -6,7 +6,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 STATE_DIR ?= $(CURDIR)/.state
 FUZZEXECS ?= 10000x
 
-.PHONY: help build run test test-unit test-allocs fuzz-smoke check-generated gen-bpf regen-parity bench demo fmt vet clean
+.PHONY: help build run test test-unit test-allocs fuzz-smoke check-generated gen-bpf regen-parity bench bench-routing bench-soak demo fmt vet clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -61,6 +61,11 @@ bench: ## hot-path micro-benchmarks (tokenize, hash, inventory, routing, proxy) 
 
 bench-routing: build ## routing-quality benchmark through the real daemon; results in testbed/bench/results
 	$(GO) run ./testbed/bench/cmd/llmbench -bin $(BIN) -out testbed/bench/results $(ARGS)
+
+# Not part of `make test`: it runs for -duration (10 minutes by default).
+# ARGS='-duration 2m -huge-frame=false' runs it shorter or without an attack.
+bench-soak: build ## 10-minute soak: mixed load through a VIP with a bad publisher and a bad backend; daemon RSS and goroutines before/after, results in testbed/bench/results
+	$(GO) run ./testbed/bench/cmd/soak -bin $(BIN) $(ARGS)
 
 demo: build ## four vLLM emulators + the daemon on loopback: round robin vs KV-exact side by side (no root)
 	$(GO) run ./testbed/demo -bin $(BIN)

@@ -18,6 +18,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"os"
 	"os/signal"
@@ -92,6 +93,10 @@ func host(net, i int) string { return fmt.Sprintf("127.0.%d.%d", net, i) }
 
 func run() (int, error) {
 	o := parseFlags()
+	// zmq4 logs through the standard logger; in this process that is the
+	// emulators' replay sockets reporting the daemon's aborted dials,
+	// noise next to the soak's own output.
+	log.SetOutput(io.Discard)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	wd, _ := os.Getwd()

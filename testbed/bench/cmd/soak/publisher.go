@@ -18,7 +18,10 @@ import (
 // publisherAttacks switches the hostile publisher's attacks that can crash
 // or exhaust a daemon outright, so a run can measure the rest.
 type publisherAttacks struct {
-	// HugeFrame sends a frame header announcing a 2^40-byte body.
+	// HugeFrame sends frame headers announcing a 2^40-byte body, and lets
+	// the garbage attack's random bytes announce long frames of random
+	// size (up to 2^64-1 bytes). Without it garbage never sets the long
+	// flag, so no frame it announces exceeds 255 bytes.
 	HugeFrame bool
 	// BadHandshake answers the ZMTP handshake with a READY command whose
 	// property list is truncated.
@@ -261,11 +264,7 @@ func (p *badPublisher) pubAttack(rng *rand.Rand, seq *uint64) (name string, b []
 			return "bad-seq-frame", zmtpMsg(nil, []byte{1, 2, 3}, forgedBatch(rng)), false
 		}
 	case k < 86:
-		g := make([]byte, 64+rng.IntN(4096))
-		for i := range g {
-			g[i] = byte(rng.Uint32())
-		}
-		return "garbage", g, true
+		return "garbage", p.garbage(rng, 64+rng.IntN(4096)), true
 	case k < 92 && p.attacks.HugeFrame:
 		h := []byte{flagLong, 0, 0, 0, 0, 0, 0, 0, 0}
 		binary.BigEndian.PutUint64(h[1:], 1<<40)
@@ -280,11 +279,26 @@ func (p *badPublisher) pubAttack(rng *rand.Rand, seq *uint64) (name string, b []
 	}
 }
 
+// garbage returns n random bytes; without the huge-frame attack no byte
+// has the long-frame flag, whichever bytes the peer reads as frame flags.
+func (p *badPublisher) garbage(rng *rand.Rand, n int) []byte {
+	g := make([]byte, n)
+	for i := range g {
+		g[i] = byte(rng.Uint32())
+		if !p.attacks.HugeFrame {
+			g[i] &^= flagLong
+		}
+	}
+	return g
+}
+
 // forgedBatch is a well-formed vLLM batch [ts, [events], rank] of
 // BlockStored and BlockRemoved events for keys the publisher never
-// computed, sometimes with lying fields (token count not matching the
-// block count, absurd block sizes, unknown media).
-func forgedBatch(rng *rand.Rand) []byte {
+// computed; one in four also lies in its fields (token count not matching
+// the block count, absurd block sizes, unknown media).
+func forgedBatch(rng *rand.Rand) []byte { return forged(rng, rng.IntN(4) == 0) }
+
+func forged(rng *rand.Rand, lie bool) []byte {
 	n := 1 + rng.IntN(3)
 	events := make([]any, 0, n)
 	for range n {
@@ -298,13 +312,15 @@ func forgedBatch(rng *rand.Rand) []byte {
 		}
 		bs := 16
 		toks := len(keys) * bs
-		switch rng.IntN(8) {
-		case 0:
-			bs = 1 << 30
-		case 1:
-			toks = rng.IntN(toks + 1)
-		case 2:
-			bs = 0
+		if lie {
+			switch rng.IntN(4) {
+			case 0:
+				bs = 1 << 30
+			case 1:
+				toks = rng.IntN(toks + 1)
+			case 2:
+				bs = 0
+			}
 		}
 		tokens := make([]uint32, toks)
 		for i := range tokens {
@@ -315,7 +331,7 @@ func forgedBatch(rng *rand.Rand) []byte {
 			parent = rng.Uint64()
 		}
 		medium := "GPU"
-		if rng.IntN(10) == 0 {
+		if lie && rng.IntN(4) == 0 {
 			medium = "LIES"
 		}
 		events = append(events, map[string]any{"type": "BlockStored", "block_hashes": keys, "parent_block_hash": parent,
@@ -399,6 +415,7 @@ func (p *badPublisher) serveReplay(ctx context.Context, c net.Conn, rng *rand.Ra
 			if _, err := c.Write(zmtpMsg(nil, binary.BigEndian.AppendUint64(nil, seq), forgedBatch(rng))); err != nil {
 				return
 			}
+			p.count("replay-forged-batch")
 			time.Sleep(2 * time.Millisecond)
 		}
 	case k < 6:
@@ -415,11 +432,7 @@ func (p *badPublisher) serveReplay(ctx context.Context, c net.Conn, rng *rand.Ra
 		_, _ = c.Write(h)
 	case k < 8:
 		p.count("replay-garbage")
-		g := make([]byte, 1024)
-		for i := range g {
-			g[i] = byte(rng.Uint32())
-		}
-		_, _ = c.Write(g)
+		_, _ = c.Write(p.garbage(rng, 1024))
 	default:
 		p.count("replay-silent")
 	}
