@@ -26,27 +26,29 @@ type daemon struct {
 
 	mu    sync.Mutex
 	tail  []byte // the last logTail bytes the daemon printed
-	crash []byte // the output from the first panic or fatal error on
+	pre   []byte // the lines it printed just before a panic or fatal error
+	crash []byte // the start of the panic or fatal error
 }
 
-// logTail is how much of the daemon's output is kept: enough for the
-// lines before a crash and the goroutine dump's start.
+// logTail is how much of the daemon's output is kept.
 const logTail = 64 << 10
 
-// crashKeep is how much output is kept from a panic or fatal error on:
-// its message and the failing goroutine's stack, which a long goroutine
-// dump would push out of the tail.
-const crashKeep = 8 << 10
+// preKeep and crashKeep are how much output is kept from before and from
+// a panic or fatal error on: the log lines that led to it, its message
+// and the failing goroutine's stack, which the rest of a goroutine dump
+// would push out of the tail.
+const (
+	preKeep   = 2 << 10
+	crashKeep = 3 << 10
+)
 
 func (d *daemon) Write(p []byte) (int, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.crash == nil {
-		for _, m := range []string{"panic: ", "fatal error: "} {
-			if i := bytes.Index(p, []byte(m)); i >= 0 && (i == 0 || p[i-1] == '\n') {
-				d.crash = append([]byte{}, p[i:min(len(p), i+crashKeep)]...)
-				break
-			}
+		if i := crashStart(p); i >= 0 {
+			d.pre = lastLines(append(append([]byte{}, d.tail...), p[:i]...), preKeep)
+			d.crash = append([]byte{}, p[i:min(len(p), i+crashKeep)]...)
 		}
 	} else if len(d.crash) < crashKeep {
 		d.crash = append(d.crash, p[:min(len(p), crashKeep-len(d.crash))]...)
@@ -58,31 +60,52 @@ func (d *daemon) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// crashStart returns where a Go panic or fatal error starts in p, or -1.
+func crashStart(p []byte) int {
+	for _, m := range []string{"panic: ", "fatal error: "} {
+		for off := 0; ; {
+			i := bytes.Index(p[off:], []byte(m))
+			if i < 0 {
+				break
+			}
+			if i += off; i == 0 || p[i-1] == '\n' {
+				return i
+			}
+			off = i + 1
+		}
+	}
+	return -1
+}
+
+// lastLines returns the last n bytes of b, starting at a line.
+func lastLines(b []byte, n int) []byte {
+	if len(b) > n {
+		b = b[len(b)-n:]
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			b = b[i+1:]
+		}
+	}
+	return b
+}
+
 // Logs returns the last n bytes of the daemon's output, cut at a line.
 func (d *daemon) Logs(n int) string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	s := d.tail
-	if len(s) > n {
-		s = s[len(s)-n:]
-		if i := bytes.IndexByte(s, '\n'); i >= 0 {
-			s = s[i+1:]
-		}
-	}
-	return string(s)
+	return string(lastLines(d.tail, n))
 }
 
-// crashLog returns the start of a panic or fatal error when the daemon
-// printed one, followed by the last n bytes of its output.
+// crashLog returns what explains the daemon's end: the lines before its
+// panic or fatal error and the start of it when it printed one, else the
+// last n bytes of its output.
 func (d *daemon) crashLog(n int) string {
 	d.mu.Lock()
-	crash := string(d.crash)
+	pre, crash := string(d.pre), string(d.crash)
 	d.mu.Unlock()
-	tail := d.Logs(n)
-	if crash == "" || strings.Contains(tail, crash) {
-		return tail
+	if crash == "" {
+		return d.Logs(n)
 	}
-	return crash + "\n...\n" + tail
+	return pre + crash + "\n..."
 }
 
 func freePort() (int, error) {

@@ -197,9 +197,14 @@ func run() (int, error) {
 	// runCtx ends when the daemon dies, the guard kills it, or on ^C.
 	runCtx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
+	var phase atomic.Value // the run's current phase, for a death report
+	phase.Store("warm-up")
+	runStart := time.Now()
+	diedIn := make(chan string, 1)
 	go func() {
 		select {
 		case <-d.done:
+			diedIn <- fmt.Sprintf("%s, %.0f s into the run", phase.Load(), time.Since(runStart).Seconds())
 			cancelRun()
 		case <-runCtx.Done():
 		}
@@ -231,8 +236,10 @@ func run() (int, error) {
 	wctx, wcancel := context.WithTimeout(runCtx, o.warmup)
 	runLoad(wctx, lc, newTally())
 	wcancel()
+	phase.Store("settle before the load")
 	sleepCtx(runCtx, o.settle)
 	before := sample("before")
+	phase.Store("load")
 
 	fmt.Fprintf(os.Stderr, "load %s ...\n", o.duration)
 	loadStart = time.Now()
@@ -250,6 +257,7 @@ func run() (int, error) {
 	}
 	ticker.Stop()
 	lcancel()
+	phase.Store("settle after the load")
 	sleepCtx(runCtx, o.settle)
 	after := sample("after")
 
@@ -266,6 +274,11 @@ func run() (int, error) {
 	res.Pass = len(res.Failures) == 0
 	if !res.DaemonAlive {
 		res.DaemonExit = d.exitState()
+		select {
+		case w := <-diedIn:
+			res.DaemonExit += " during " + w
+		default:
+		}
 		res.DaemonLog = d.crashLog(6000)
 	}
 	res.Elapsed = time.Since(res.Started).Round(time.Second).String()

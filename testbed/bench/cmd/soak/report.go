@@ -103,6 +103,22 @@ func verdict(alive bool, guardTripped bool, before, after *Sample, peakKiB int64
 
 func mib(kib int64) string { return fmt.Sprintf("%.1f", float64(kib)/1024) }
 
+// mibOr is mib, or "-" for a reading that was never taken.
+func mibOr(kib int64) string {
+	if kib == 0 {
+		return "-"
+	}
+	return mib(kib)
+}
+
+// countOr is the count, or "-" for a reading that was never taken.
+func countOr(n int) string {
+	if n == 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
+}
+
 // writeTable prints the samples and the summary.
 func (r *Result) writeTable(w io.Writer) {
 	fmt.Fprintf(w, "%-8s %8s %10s %11s %9s %8s\n", "phase", "t (s)", "RSS (MiB)", "goroutines", "requests", "ok")
@@ -110,8 +126,8 @@ func (r *Result) writeTable(w io.Writer) {
 		fmt.Fprintf(w, "%-8s %8.0f %10s %11d %9d %8d\n", s.Phase, s.AtSeconds, mib(s.RSSKiB), s.Goroutines, s.Requests, s.OK)
 	}
 	fmt.Fprintf(w, "\nrequests %d: ok %d, errors %d %v\n", r.Requests.Total, r.Requests.OK, r.Requests.Errors, outcomes(r.Requests.ByOutcome))
-	fmt.Fprintf(w, "RSS MiB before %s peak %s after %s; goroutines before %d peak %d after %d\n",
-		mib(r.RSS.Before), mib(r.RSS.Peak), mib(r.RSS.After), r.Goroutines.Before, r.Goroutines.Peak, r.Goroutines.After)
+	fmt.Fprintf(w, "RSS MiB before %s peak %s after %s; goroutines before %s peak %s after %s\n",
+		mibOr(r.RSS.Before), mibOr(r.RSS.Peak), mibOr(r.RSS.After), countOr(r.Goroutines.Before), countOr(r.Goroutines.Peak), countOr(r.Goroutines.After))
 	fmt.Fprintf(w, "bad publisher: %v\nbad backend: %v\n", outcomes(r.Publisher), outcomes(r.Backend))
 	fmt.Fprintf(w, "daemon alive: %v", r.DaemonAlive)
 	if r.DaemonExit != "" {
@@ -150,8 +166,8 @@ func (r *Result) markdown() string {
 	}
 	fmt.Fprintf(&b, "**%s**\n\n", verdict)
 	b.WriteString("| | before | peak | after settle |\n|---|---|---|---|\n")
-	fmt.Fprintf(&b, "| daemon RSS (MiB) | %s | %s | %s |\n", mib(r.RSS.Before), mib(r.RSS.Peak), mib(r.RSS.After))
-	fmt.Fprintf(&b, "| goroutines | %d | %d | %d |\n\n", r.Goroutines.Before, r.Goroutines.Peak, r.Goroutines.After)
+	fmt.Fprintf(&b, "| daemon RSS (MiB) | %s | %s | %s |\n", mibOr(r.RSS.Before), mibOr(r.RSS.Peak), mibOr(r.RSS.After))
+	fmt.Fprintf(&b, "| goroutines | %s | %s | %s |\n\n", countOr(r.Goroutines.Before), countOr(r.Goroutines.Peak), countOr(r.Goroutines.After))
 	fmt.Fprintf(&b, "Bounds: goroutines after <= before + %d; RSS after <= before + %d MiB; RSS guard %d MiB.\n\n",
 		r.Bounds.GoroutineSlack, r.Bounds.RSSGrowthMiB, r.Bounds.RSSLimitMiB)
 	fmt.Fprintf(&b, "Requests: %d, ok %d, errors %d (%s). OK latency p50 %.0f ms, p99 %.0f ms.\n\n",
@@ -168,7 +184,7 @@ func (r *Result) markdown() string {
 		fmt.Fprintf(&b, "| %s | %.0f | %s | %d | %d | %d |\n", s.Phase, s.AtSeconds, mib(s.RSSKiB), s.Goroutines, s.Requests, s.OK)
 	}
 	if !r.DaemonAlive {
-		fmt.Fprintf(&b, "\nThe daemon died (%s). Last lines of its output:\n\n```\n%s\n```\n", r.DaemonExit, r.DaemonLog)
+		fmt.Fprintf(&b, "\nThe daemon died (%s). Its output before and at its end:\n\n```\n%s\n```\n", r.DaemonExit, r.DaemonLog)
 	}
 	return b.String()
 }

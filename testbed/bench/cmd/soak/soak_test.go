@@ -157,3 +157,24 @@ func TestZMTPFrameLengths(t *testing.T) {
 		}
 	}
 }
+
+func TestDaemonCrashLog(t *testing.T) {
+	d := &daemon{}
+	_, _ = d.Write([]byte("level=WARN msg=one\nlevel=WARN msg=two\n"))
+	_, _ = d.Write([]byte("level=WARN msg=three\nfatal error: runtime: out of memory\n\nruntime stack:\n"))
+	for range 1000 {
+		_, _ = d.Write([]byte("goroutine 7 [select]:\nruntime.gopark(...)\n"))
+	}
+	got := d.crashLog(100)
+	if !strings.HasPrefix(got, "level=WARN msg=one\nlevel=WARN msg=two\nlevel=WARN msg=three\nfatal error: runtime: out of memory\n") {
+		t.Errorf("crash log starts %q", got[:min(len(got), 120)])
+	}
+	if len(got) > preKeep+crashKeep+8 {
+		t.Errorf("crash log %d bytes, want at most %d", len(got), preKeep+crashKeep+8)
+	}
+	clean := &daemon{}
+	_, _ = clean.Write([]byte("a line mentioning panic: inside it\nlast line\n"))
+	if got := clean.crashLog(12); got != "last line\n" {
+		t.Errorf("crash log without a crash = %q, want the tail", got)
+	}
+}
