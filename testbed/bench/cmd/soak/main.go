@@ -241,7 +241,9 @@ func run() (int, error) {
 	before := sample("before")
 	phase.Store("load")
 
-	fmt.Fprintf(os.Stderr, "load %s ...\n", o.duration)
+	if runCtx.Err() == nil {
+		fmt.Fprintf(os.Stderr, "load %s ...\n", o.duration)
+	}
 	loadStart = time.Now()
 	lctx, lcancel := context.WithTimeout(runCtx, o.duration)
 	loadDone := make(chan struct{})

@@ -78,7 +78,7 @@ func (r *Result) summarize() {
 // returns the reasons for failing, none for a pass.
 func verdict(alive bool, guardTripped bool, before, after *Sample, peakKiB int64, b Bounds) []string {
 	var out []string
-	if !alive {
+	if !alive && !guardTripped {
 		out = append(out, "daemon died")
 	}
 	if guardTripped {

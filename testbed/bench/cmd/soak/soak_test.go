@@ -73,7 +73,7 @@ func TestVerdict(t *testing.T) {
 		{"rss growth", true, false, before, &Sample{Goroutines: 40, RSSKiB: 279 << 10}, []string{"RSS growth: 279 MiB"}},
 		{"both", true, false, before, &Sample{Goroutines: 500, RSSKiB: 1 << 20}, []string{"goroutine leak", "RSS growth"}},
 		{"died", false, false, before, nil, []string{"daemon died"}},
-		{"guard", false, true, before, nil, []string{"daemon died", "crossed the 3072 MiB guard"}},
+		{"guard", false, true, before, nil, []string{"crossed the 3072 MiB guard and was killed"}},
 		{"no samples", true, false, nil, nil, []string{"no before/after sample"}},
 	} {
 		got := verdict(tc.alive, tc.guard, tc.before, tc.after, 4<<20, b)
