@@ -9,11 +9,30 @@
 // Everything runs on loopback: three vLLM emulators (127.0.N.11-13)
 // publishing KV events over ZMQ, a fourth emulator (127.0.N.14) whose
 // event port and replay port are answered by the hostile publisher, and
-// the hostile backend (127.0.N.15).
+// the hostile backend (127.0.N.15), all endpoints of one KV-exact rule on
+// the VIP 127.0.N.1.
+//
+// The run: warm-up load, a settle, the "before" sample; the load for
+// -duration with a sample every -sample-every; a settle after it, the
+// "after" sample. A sample is the daemon's VmRSS (/proc/PID/status) and
+// go_goroutines (its /netlox/v1/metrics export); the peak RSS is read
+// every second, and above -rss-limit the daemon is killed so that a
+// runaway does not take the machine down.
+//
+//	make bench-soak                                  # 10 minutes, every attack
+//	make bench-soak ARGS='-duration 2m -huge-frame=false -endless-header=false -bad-handshake=false'
+//	make bench-soak ARGS='-daemon-args "--log-level info"'
+//
+// The three attacks with their own flags are the ones that crash or
+// exhaust a daemon outright; they are on by default, and a run without
+// them still measures the rest. Clients give up on a request after
+// -req-timeout, whatever the daemon's own upstream timeouts, so load keeps
+// flowing past a backend that never answers.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -44,6 +63,7 @@ func main() {
 // options are the command's flags.
 type options struct {
 	binDir, out, daemonArgs, env string
+	from                         string
 	duration, warmup, settle     time.Duration
 	every, reqTimeout            time.Duration
 	workers                      int
@@ -82,6 +102,7 @@ func parseFlags() options {
 	flag.IntVar(&o.bounds.GoroutineSlack, "goroutine-slack", 50, "goroutines the settled daemon may have above its count before the load")
 	flag.Int64Var(&o.bounds.RSSGrowthMiB, "rss-growth", 128, "MiB the settled daemon's RSS may be above its RSS before the load")
 	flag.Int64Var(&o.bounds.RSSLimitMiB, "rss-limit", 3072, "MiB of RSS at which the daemon is killed and the run fails (protects the machine)")
+	flag.StringVar(&o.from, "from", "", "re-render the table and soak.md of an existing soak.json (written next to it) instead of running")
 	flag.Parse()
 	return o
 }
@@ -97,6 +118,9 @@ func run() (int, error) {
 	// emulators' replay sockets reporting the daemon's aborted dials,
 	// noise next to the soak's own output.
 	log.SetOutput(io.Discard)
+	if o.from != "" {
+		return rerender(o.from)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	wd, _ := os.Getwd()
@@ -410,4 +434,25 @@ func daemonCounters(d *daemon) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// rerender prints the table of a soak.json and rewrites the soak.md next
+// to it.
+func rerender(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	var r Result
+	if err := json.Unmarshal(b, &r); err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	r.writeTable(os.Stdout)
+	if err := os.WriteFile(filepath.Join(filepath.Dir(path), "soak.md"), []byte(r.markdown()), 0o644); err != nil {
+		return 0, err
+	}
+	if !r.Pass {
+		return 1, nil
+	}
+	return 0, nil
 }

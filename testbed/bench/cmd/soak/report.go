@@ -36,26 +36,33 @@ type Bounds struct {
 	RSSLimitMiB int64 `json:"rss_limit_mib"`
 }
 
+// Span is a reading before the load, its peak, and after the settle.
+type Span[T int | int64] struct {
+	Before T `json:"before"`
+	Peak   T `json:"peak"`
+	After  T `json:"after"`
+}
+
 // Result is one soak run, as written to soak.json.
 type Result struct {
-	Started     time.Time                           `json:"started"`
-	Duration    string                              `json:"duration"`
-	Elapsed     string                              `json:"elapsed"`
-	Machine     bench.Machine                       `json:"machine"`
-	Config      map[string]any                      `json:"config"`
-	Bounds      Bounds                              `json:"bounds"`
-	Samples     []Sample                            `json:"samples"`
-	Requests    Requests                            `json:"requests"`
-	Publisher   map[string]int                      `json:"bad_publisher"`
-	Backend     map[string]int                      `json:"bad_backend"`
-	Daemon      map[string]float64                  `json:"daemon_counters,omitempty"`
-	RSS         struct{ Before, Peak, After int64 } `json:"rss_kib"`
-	Goroutines  struct{ Before, Peak, After int }   `json:"goroutines"`
-	DaemonAlive bool                                `json:"daemon_alive"`
-	DaemonExit  string                              `json:"daemon_exit,omitempty"`
-	DaemonLog   string                              `json:"daemon_log_tail,omitempty"`
-	Pass        bool                                `json:"pass"`
-	Failures    []string                            `json:"failures,omitempty"`
+	Started     time.Time          `json:"started"`
+	Duration    string             `json:"duration"`
+	Elapsed     string             `json:"elapsed"`
+	Machine     bench.Machine      `json:"machine"`
+	Config      map[string]any     `json:"config"`
+	Bounds      Bounds             `json:"bounds"`
+	Samples     []Sample           `json:"samples"`
+	Requests    Requests           `json:"requests"`
+	Publisher   map[string]int     `json:"bad_publisher"`
+	Backend     map[string]int     `json:"bad_backend"`
+	Daemon      map[string]float64 `json:"daemon_counters,omitempty"`
+	RSS         Span[int64]        `json:"rss_kib"`
+	Goroutines  Span[int]          `json:"goroutines"`
+	DaemonAlive bool               `json:"daemon_alive"`
+	DaemonExit  string             `json:"daemon_exit,omitempty"`
+	DaemonLog   string             `json:"daemon_log_tail,omitempty"`
+	Pass        bool               `json:"pass"`
+	Failures    []string           `json:"failures,omitempty"`
 }
 
 // summarize fills the before/peak/after figures from the samples.
@@ -165,6 +172,17 @@ func (r *Result) markdown() string {
 		verdict = "FAIL: " + strings.Join(r.Failures, "; ")
 	}
 	fmt.Fprintf(&b, "**%s**\n\n", verdict)
+	c := r.Config
+	onOff := func(k string) string {
+		if v, _ := c[k].(bool); v {
+			return "on"
+		}
+		return "off"
+	}
+	fmt.Fprintf(&b, "Load: %v clients, at most %v requests/s, %v client deadline, warm-up %v, settle %v. "+
+		"Attacks: 2^40-byte and random-size frame headers %s, truncated ZMTP READY %s, endless header line %s. Daemon flags: %q.\n\n",
+		c["workers"], c["rate_per_s"], c["req_timeout"], c["warmup"], c["settle"],
+		onOff("huge_frame"), onOff("bad_handshake"), onOff("endless_header"), c["daemon_args"])
 	b.WriteString("| | before | peak | after settle |\n|---|---|---|---|\n")
 	fmt.Fprintf(&b, "| daemon RSS (MiB) | %s | %s | %s |\n", mibOr(r.RSS.Before), mibOr(r.RSS.Peak), mibOr(r.RSS.After))
 	fmt.Fprintf(&b, "| goroutines | %s | %s | %s |\n\n", countOr(r.Goroutines.Before), countOr(r.Goroutines.Peak), countOr(r.Goroutines.After))
@@ -179,6 +197,22 @@ func (r *Result) markdown() string {
 		}
 	}
 	fmt.Fprintf(&b, "\nBad publisher: %s.\n\nBad backend: %s.\n\n", outcomes(r.Publisher), outcomes(r.Backend))
+	if len(r.Daemon) > 0 {
+		keys := make([]string, 0, len(r.Daemon))
+		for k := range r.Daemon {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		b.WriteString("Daemon counters at the end:")
+		for i, k := range keys {
+			sep := ","
+			if i == 0 {
+				sep = ""
+			}
+			fmt.Fprintf(&b, "%s %s %.0f", sep, k, r.Daemon[k])
+		}
+		b.WriteString(".\n\n")
+	}
 	b.WriteString("| phase | t (s) | RSS (MiB) | goroutines | requests | ok |\n|---|---|---|---|---|---|\n")
 	for _, s := range r.Samples {
 		fmt.Fprintf(&b, "| %s | %.0f | %s | %d | %d | %d |\n", s.Phase, s.AtSeconds, mib(s.RSSKiB), s.Goroutines, s.Requests, s.OK)
