@@ -16,7 +16,7 @@
 // -duration with a sample every -sample-every; a settle after it, the
 // "after" sample. A sample is the daemon's VmRSS (/proc/PID/status) and
 // go_goroutines (its /netlox/v1/metrics export); the peak RSS is read
-// every second, and above -rss-limit the daemon is killed so that a
+// four times a second, and above -rss-limit the daemon is killed so that a
 // runaway does not take the machine down.
 //
 //	make bench-soak                                  # 10 minutes, every attack
@@ -107,6 +107,21 @@ func parseFlags() options {
 	return o
 }
 
+// check rejects flag values the run cannot work with.
+func (o options) check() error {
+	switch {
+	case o.duration <= 0 || o.every <= 0 || o.reqTimeout <= 0 || o.warmup < 0 || o.settle < 0:
+		return errors.New("-duration, -sample-every and -req-timeout must be positive, -warmup and -settle not negative")
+	case o.workers < 1 || o.rate <= 0:
+		return errors.New("-workers must be at least 1 and -rate positive")
+	case o.net < 0 || o.net > 255:
+		return errors.New("-net must be 0-255")
+	case o.bounds.RSSLimitMiB <= 0:
+		return errors.New("-rss-limit must be positive")
+	}
+	return nil
+}
+
 // The emulated model; its tokenizer is staged in testdata/tokenizers.
 const model = bench.Model
 
@@ -120,6 +135,9 @@ func run() (int, error) {
 	log.SetOutput(io.Discard)
 	if o.from != "" {
 		return rerender(o.from)
+	}
+	if err := o.check(); err != nil {
+		return 0, err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -330,11 +348,11 @@ func run() (int, error) {
 	return 0, nil
 }
 
-// guard reads the daemon's RSS every second, keeps the peak, and kills the
-// daemon when it crosses limitKiB: a daemon growing without bound would
-// otherwise take the machine with it.
+// guard reads the daemon's RSS four times a second, keeps the peak, and
+// kills the daemon when it crosses limitKiB: a daemon growing without
+// bound would otherwise take the machine with it.
 func guard(ctx context.Context, d *daemon, limitKiB int64, peak *atomic.Int64, tripped *atomic.Bool, cancel context.CancelFunc) {
-	t := time.NewTicker(time.Second)
+	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
 		select {
