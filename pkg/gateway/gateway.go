@@ -67,8 +67,10 @@ type Config struct {
 	// TLS files served by rules with security 1 or 2, and the CA that
 	// endpoint certificates are verified against for security 2.
 	CertFile, KeyFile, CAFile string
-	// ReceiptAlways adds the routing receipt header to every response.
-	ReceiptAlways bool
+	// Receipts is when responses carry the routing receipt header
+	// (--proxy-receipts); off by default, because a receipt reveals what
+	// other clients' prompts left cached.
+	Receipts proxy.ReceiptPolicy
 	// CoalesceWait bounds how long a request waits for an earlier request
 	// that is still computing the prompt prefix it was routed for (see
 	// coalesce.go), LOXILB_KV_COALESCE_WAIT_MS. 0 means the default, 3s;
@@ -245,7 +247,7 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 			return fmt.Errorf("rule %d: %w", cs.ID, err)
 		}
 		ps := proxy.Service{ID: cs.ID, Listen: netip.AddrPortFrom(vip, uint16(r.Service.Port)), Security: proxy.Security(r.Service.Security),
-			CertFile: g.cfg.CertFile, KeyFile: g.cfg.KeyFile, CAFile: g.cfg.CAFile, Receipt: g.cfg.ReceiptAlways}
+			CertFile: g.cfg.CertFile, KeyFile: g.cfg.KeyFile, CAFile: g.cfg.CAFile, Receipts: g.cfg.Receipts}
 		if ps.Security != proxy.SecurityPlain && (ps.CertFile == "" || ps.KeyFile == "") {
 			return fmt.Errorf("rule %d: security %d needs the daemon started with --proxy-tls-cert and --proxy-tls-key", cs.ID, r.Service.Security)
 		}
