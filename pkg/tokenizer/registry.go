@@ -113,6 +113,7 @@ type Registry struct {
 
 	mu      sync.Mutex
 	entries map[string]*regEntry // by slug
+	pinned  map[string]bool      // slugs of the models rules name (Pin)
 }
 
 type regEntry struct {
@@ -193,7 +194,17 @@ func (r *Registry) Get(model string) (*Tokenizer, error) {
 		r.failures.WithLabelValues(reasonOf(re.Kind)).Inc()
 		return nil, re
 	}
-	e := r.entry(model, slug)
+	e := r.existing(slug)
+	if e == nil {
+		// A client may name any model. Only a staged tokenizer or a
+		// model a rule names gets an entry, so the entries, the status
+		// report and the log stay bounded by what the operator put there.
+		if re := r.probe(model, slug); re != nil && !r.isPinned(slug) {
+			r.failures.WithLabelValues(reasonOf(re.Kind)).Inc()
+			return nil, re
+		}
+		e = r.entry(model, slug)
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := r.now()
@@ -231,6 +242,61 @@ func validSlug(slug string) error {
 		return errors.New("model name longer than 255 bytes")
 	}
 	return nil
+}
+
+func (r *Registry) existing(slug string) *regEntry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.entries[slug]
+}
+
+func (r *Registry) isPinned(slug string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pinned[slug]
+}
+
+// probe reports why a model that has no entry cannot have a tokenizer
+// (nil: its tokenizer.json exists), without keeping anything.
+func (r *Registry) probe(model, slug string) *RegistryError {
+	_, err := r.stat(&regEntry{model: model, slug: slug, path: filepath.Join(r.dir, slug)})
+	return err
+}
+
+// Pin names the models the rules serve (their model_name). A pinned model
+// keeps an entry, and so a row in Status with the reason it is not
+// loaded, even while its tokenizer is not staged; any other name gets an
+// entry only once its tokenizer.json exists. Pin replaces the previous
+// set and drops entries of models no longer pinned whose tokenizer never
+// loaded and is not staged.
+func (r *Registry) Pin(models []string) {
+	next := make(map[string]bool, len(models))
+	for _, m := range models {
+		if slug := Slug(m); validSlug(slug) == nil {
+			next[slug] = true
+		}
+	}
+	r.mu.Lock()
+	r.pinned = next
+	var check []*regEntry
+	for slug, e := range r.entries {
+		if !next[slug] {
+			check = append(check, e)
+		}
+	}
+	r.mu.Unlock()
+	for _, e := range check {
+		e.mu.Lock()
+		drop := e.tok == nil && e.err != nil && errors.Is(e.err.Kind, ErrNotStaged)
+		e.mu.Unlock()
+		if drop {
+			r.mu.Lock()
+			if !r.pinned[e.slug] && r.entries[e.slug] == e {
+				delete(r.entries, e.slug)
+			}
+			r.mu.Unlock()
+		}
+	}
 }
 
 func (r *Registry) entry(model, slug string) *regEntry {
@@ -308,8 +374,8 @@ func (r *Registry) setFailure(e *regEntry, re *RegistryError) {
 	}
 }
 
-// Status lists every model looked up so far plus every directory staged
-// under the registry directory, with whether its tokenizer is loaded and,
+// Status lists every model with an entry (staged and looked up, or
+// pinned) plus every directory staged under the registry directory, with whether its tokenizer is loaded and,
 // if not, why. Directories never requested are listed as not loaded with
 // reason "not_requested" (they load lazily on first use).
 func (r *Registry) Status() []ModelStatus {
