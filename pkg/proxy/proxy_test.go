@@ -874,3 +874,22 @@ func TestIdleClientConnectionClosed(t *testing.T) {
 		t.Errorf("idle connection: read %q, %v; want a clean close", rest, err)
 	}
 }
+
+// TestErrorBodyShape: error bodies carry every OpenAI error field,
+// param included, so OpenAI clients parse them.
+func TestErrorBodyShape(t *testing.T) {
+	rec := httptest.NewRecorder()
+	err := fmt.Errorf("%w: the model name is 300 bytes", ErrBadRequest)
+	writeError(rec, classify(err), err)
+	var body struct {
+		Error map[string]json.RawMessage `json:"error"`
+	}
+	if rec.Code != 400 || json.Unmarshal(rec.Body.Bytes(), &body) != nil {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	for _, k := range []string{"message", "type", "param", "code"} {
+		if _, ok := body.Error[k]; !ok {
+			t.Errorf("error body lacks %q: %s", k, rec.Body)
+		}
+	}
+}
