@@ -275,7 +275,7 @@ func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens boo
 // done is then bounded by the pre-tokenized piece that crossed the bound,
 // not by the length of text; dst holds a partial result the caller must
 // discard.
-func (t *Tokenizer) AppendEncodeLimit(dst []uint32, text string, addSpecialTokens bool, maxTokens int) (_ []uint32, ok bool) {
+func (t *Tokenizer) AppendEncodeLimit(dst []uint32, text string, addSpecialTokens bool, maxTokens int) ([]uint32, bool) {
 	limit := -1
 	if maxTokens > 0 {
 		limit = len(dst) + maxTokens
@@ -283,7 +283,7 @@ func (t *Tokenizer) AppendEncodeLimit(dst []uint32, text string, addSpecialToken
 	if !addSpecialTokens || t.post == nil {
 		return t.encodeBody(dst, text, limit)
 	}
-	ok = true
+	ok := true // captured by the closure, so declared only on this path
 	dst = t.post.apply(dst, func(d []uint32) []uint32 {
 		d, ok = t.encodeBody(d, text, limit)
 		return d
