@@ -50,11 +50,14 @@ func TestPickClientModelNamesAreBounded(t *testing.T) {
 	}
 }
 
-// TestPickPromptBounds: a prompt past the byte bound is refused before
-// tokenizing, one past the token bound once encoding crosses it; both 400
-// and counted.
-func TestPickPromptBounds(t *testing.T) {
-	f := newFixtureConfig(t, Config{Seed: "1", MaxPromptBytes: 64 << 10, MaxPromptTokens: 500}, rule(3, ""))
+// TestPickTokenizationBounds: a prompt past the byte bound is refused
+// before tokenizing, one past the token bound once encoding crosses it
+// (by default the model's staged context length); both 400 and counted.
+// With every tokenization slot taken a request waits, counted, and leaves
+// as soon as its client does. One fixture: loading the tokenizer is the
+// slow part under the race detector.
+func TestPickTokenizationBounds(t *testing.T) {
+	f := newFixtureConfig(t, Config{Seed: "1", MaxPromptBytes: 64 << 10, MaxPromptTokens: 500, TokenizeConcurrency: 1}, rule(3, ""))
 	if _, err := f.g.tok.Get("Qwen/Qwen3-0.6B"); err != nil { // loaded before the clock starts
 		t.Fatal(err)
 	}
@@ -80,31 +83,20 @@ func TestPickPromptBounds(t *testing.T) {
 	if _, err := f.g.Pick(context.Background(), req(prompt)); err != nil {
 		t.Errorf("a prompt within the bounds: %v", err)
 	}
-}
 
-// TestPickDerivesTokenBound: without a configured token bound, a model's
-// staged context length bounds its prompts (Qwen3: 131072 tokens).
-func TestPickDerivesTokenBound(t *testing.T) {
-	f := newFixture(t, rule(3, ""))
+	// No configured token bound: Qwen3's staged model_max_length, 131072.
+	f.g.cfg.MaxPromptBytes, f.g.cfg.MaxPromptTokens = DefaultMaxPromptBytes, 0
 	ids := strings.TrimSuffix(strings.Repeat("1,", 131073), ",")
 	_, err := f.g.Pick(context.Background(), req(`{"model":"Qwen/Qwen3-0.6B","prompt":[`+ids+`]}`))
 	if proxy.StatusFor(err) != http.StatusBadRequest || !strings.Contains(err.Error(), "more than 131072") {
 		t.Fatalf("131073 token ids: %v", err)
 	}
-}
 
-// TestPickTokenizeSlotsBounded: with every tokenization slot taken, a
-// request waits, counted, and leaves as soon as its client does.
-func TestPickTokenizeSlotsBounded(t *testing.T) {
-	f := newFixtureConfig(t, Config{Seed: "1", TokenizeConcurrency: 1}, rule(3, ""))
-	if _, err := f.g.tok.Get("Qwen/Qwen3-0.6B"); err != nil { // loaded before the clock starts
-		t.Fatal(err)
-	}
 	f.g.tokSlots <- struct{}{} // a long tokenization holds the only slot
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { _, err := f.g.Pick(ctx, req(prompt)); done <- err }()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for testutil.ToFloat64(f.g.m.tokWaiting) != 1 {
 		if time.Now().After(deadline) {
 			t.Fatal("the request never waited for a slot")
