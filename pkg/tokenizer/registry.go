@@ -97,8 +97,8 @@ func WithClock(now func() time.Time) RegistryOption {
 
 // Registry hands out tokenizers by served model name from files staged
 // under a directory (DIR/<slug>/tokenizer.json, optional
-// tokenizer_config.json). Files staged or replaced after start are picked
-// up without a restart; a missing or broken tokenizer is reported with a
+// tokenizer_config.json and config.json). Files staged or replaced after
+// start are picked up without a restart; a missing or broken tokenizer is reported with a
 // reason, counted, and listed by Status, never silently skipped.
 // A Registry is safe for concurrent use.
 type Registry struct {
@@ -131,9 +131,9 @@ type regEntry struct {
 
 // fileStamp identifies a version of the staged files.
 type fileStamp struct {
-	tokSize, cfgSize   int64
-	tokMTime, cfgMTime time.Time
-	cfgPresent         bool
+	tokSize, cfgSize, modelSize    int64
+	tokMTime, cfgMTime, modelMTime time.Time
+	cfgPresent, modelPresent       bool
 }
 
 // NewRegistry creates a registry over dir. The directory need not exist
@@ -331,6 +331,12 @@ func (r *Registry) stat(e *regEntry) (fileStamp, *RegistryError) {
 		st.cfgPresent, st.cfgSize, st.cfgMTime = true, fi.Size(), fi.ModTime()
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return st, &RegistryError{Model: e.model, Slug: e.slug, Path: cfgPath, Kind: ErrUnreadable, Err: err}
+	}
+	modelPath := filepath.Join(e.path, "config.json") // the context length
+	if fi, err := os.Stat(modelPath); err == nil {
+		st.modelPresent, st.modelSize, st.modelMTime = true, fi.Size(), fi.ModTime()
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return st, &RegistryError{Model: e.model, Slug: e.slug, Path: modelPath, Kind: ErrUnreadable, Err: err}
 	}
 	return st, nil
 }

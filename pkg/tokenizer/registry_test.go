@@ -267,3 +267,32 @@ func TestRegistryUnknownNamesLeaveNoState(t *testing.T) {
 		t.Fatalf("unpinned, unstaged model still listed: %+v", st)
 	}
 }
+
+// TestRegistryPicksUpModelConfig: a config.json staged next to a loaded
+// tokenizer changes its context length once the files are rechecked.
+func TestRegistryPicksUpModelConfig(t *testing.T) {
+	dir := t.TempDir()
+	mdir := filepath.Join(dir, "m")
+	if err := os.MkdirAll(mdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mdir, "tokenizer.json"), minimalTokenizerJSON, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	r, err := NewRegistry(dir, nil, nil, WithClock(clk.now), WithRecheckInterval(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err := r.Get("m")
+	if err != nil || tk.MaxLength() != 0 {
+		t.Fatalf("%v %v", tk, err)
+	}
+	if err := os.WriteFile(filepath.Join(mdir, "config.json"), []byte(`{"max_position_embeddings": 4096}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(2 * time.Second)
+	if tk, err = r.Get("m"); err != nil || tk.MaxLength() != 4096 {
+		t.Fatalf("after staging config.json: %v %v", tk.MaxLength(), err)
+	}
+}
