@@ -113,9 +113,9 @@ type Config struct {
 
 // Defaults of the request bounds.
 const (
-	// DefaultMaxModelNameBytes is longer than any served model name (a
-	// Hugging Face repo id is at most 96 bytes) and short enough to
-	// appear in a log line.
+	// DefaultMaxModelNameBytes is far longer than served model names
+	// ("org/model-size-variant") and short enough to appear in a log
+	// line; the tokenizer directory's slugs stop at 255 bytes anyway.
 	DefaultMaxModelNameBytes = 256
 	// DefaultMaxPromptBytes is about 250k tokens of English, past the
 	// context of most served models. Encoding it costs at most ~0.7 s of
