@@ -9,6 +9,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
 )
 
 // config is everything the daemon reads at start-up: flags first, then the
@@ -29,6 +31,11 @@ type config struct {
 	proxyKey       string
 	proxyCA        string
 	maxBodyBytes   int64
+	receipts       proxy.ReceiptPolicy
+	maxModelName   int
+	tokMaxBytes    int
+	tokMaxTokens   int
+	tokConcurrency int
 	scrapeInterval time.Duration
 	logLevel       slog.Level
 	logJSON        bool
@@ -45,7 +52,7 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 		}
 		return def
 	}
-	var ifaces, level, format string
+	var ifaces, level, format, receipts string
 	fs.StringVar(&c.apiAddr, "api-addr", getenv("LOXILB_API_ADDR", "127.0.0.1:11111"), "management API listen address (a non-loopback address requires a token)")
 	fs.StringVar(&c.apiTokenFile, "api-token-file", getenv("LOXILB_API_TOKEN_FILE", ""), "file holding the bearer token required on every API route (env LOXILB_API_TOKEN_FILE)")
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "serve the API over HTTPS with this certificate (PEM)")
@@ -59,6 +66,11 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	fs.StringVar(&c.proxyKey, "proxy-tls-key", "", "private key (PEM) for --proxy-tls-cert")
 	fs.StringVar(&c.proxyCA, "proxy-tls-ca", "", "CA (PEM) that endpoint certificates are verified against for security 2 (default: system roots)")
 	fs.Int64Var(&c.maxBodyBytes, "proxy-max-body", 32<<20, "largest request body the mode-4 proxy accepts (413 beyond)")
+	fs.StringVar(&receipts, "proxy-receipts", getenv("LOXILB_PROXY_RECEIPTS", "off"), "when mode-4 responses carry the X-Loxilb-Route routing receipt: off, on-request (X-Loxilb-Receipt: 1) or always; a receipt shows any client what other clients' prompts left cached (env LOXILB_PROXY_RECEIPTS)")
+	fs.IntVar(&c.maxModelName, "proxy-max-model-name", 256, "longest model name a mode-4 request may carry, in bytes (1..65536; 400 beyond)")
+	fs.IntVar(&c.tokMaxBytes, "tokenize-max-bytes", 1<<20, "longest prompt text (a completions prompt or the rendered chat) tokenized for one request, in bytes (1024..268435456; 400 beyond)")
+	fs.IntVar(&c.tokMaxTokens, "tokenize-max-tokens", 0, "most prompt tokens per request (1..16777216; 400 beyond); 0: the model's context length from its staged config.json or tokenizer_config.json, else 262144")
+	fs.IntVar(&c.tokConcurrency, "tokenize-concurrency", 0, "requests tokenized at once; the others wait while their client does (1..1024; 0: one per CPU, GOMAXPROCS)")
 	fs.DurationVar(&c.scrapeInterval, "engine-metrics-interval", time.Second, "how often mode-4 endpoints' /metrics are read for load-aware routing")
 	fs.BoolVar(&c.metrics, "metrics", false, "enable the Prometheus export at start (otherwise POST /netlox/v1/config/metrics)")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
@@ -79,6 +91,29 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 		c.logJSON = true
 	default:
 		return nil, fmt.Errorf("--log-format %q: want text or json", format)
+	}
+	var err error
+	if c.receipts, err = proxy.ParseReceiptPolicy(receipts); err != nil {
+		return nil, fmt.Errorf("--proxy-receipts: %w", err)
+	}
+	for _, b := range []struct {
+		name     string
+		v        int
+		min, max int
+		zeroOK   bool
+	}{
+		{"--proxy-max-model-name", c.maxModelName, 1, 65536, false},
+		{"--tokenize-max-bytes", c.tokMaxBytes, 1024, 256 << 20, false},
+		{"--tokenize-max-tokens", c.tokMaxTokens, 1, 1 << 24, true},
+		{"--tokenize-concurrency", c.tokConcurrency, 1, 1024, true},
+	} {
+		if (b.v < b.min || b.v > b.max) && !(b.zeroOK && b.v == 0) {
+			zero := ""
+			if b.zeroOK {
+				zero = " or 0"
+			}
+			return nil, fmt.Errorf("%s %d: want %d..%d%s", b.name, b.v, b.min, b.max, zero)
+		}
 	}
 	for _, i := range strings.Split(ifaces, ",") {
 		if i = strings.TrimSpace(i); i != "" {

@@ -102,8 +102,10 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		return err
 	}
 	gw, err := gateway.New(gateway.Config{Seed: seed, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
-		Proxy: proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}, CoalesceWait: coalesceWait,
-		PrefillSlots: prefillSlots, PrefillQueueWait: prefillWait}, tokens, index, rt, prober, scraper, logger, reg)
+		Receipts: cfg.receipts, Proxy: proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}, CoalesceWait: coalesceWait,
+		PrefillSlots: prefillSlots, PrefillQueueWait: prefillWait,
+		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
+		TokenizeConcurrency: cfg.tokConcurrency}, tokens, index, rt, prober, scraper, logger, reg)
 	if err != nil {
 		return err
 	}
@@ -197,7 +199,9 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	}
 	logger.Info("loxilb started", "version", version, "api", ln.Addr().String(), "state_dir", cfg.stateDir,
 		"tokenizer_dir", cfg.tokenizerDir, "rules", len(ctl.List()), "auth", cfg.apiToken != "", "tls", cfg.tlsCert != "",
-		"coalesce_wait", max(coalesceWait, 0), "prefill_slots", prefillSlots, "prefill_queue_wait", prefillWait)
+		"coalesce_wait", max(coalesceWait, 0), "prefill_slots", prefillSlots, "prefill_queue_wait", prefillWait,
+		"proxy_receipts", cfg.receipts.String(), "tokenize_max_bytes", cfg.tokMaxBytes, "tokenize_max_tokens", cfg.tokMaxTokens,
+		"tokenize_concurrency", cfg.tokConcurrency)
 	go func() {
 		if err := srv.Serve(ctx, ln); err != nil {
 			errc <- fmt.Errorf("management API: %w", err)

@@ -229,3 +229,34 @@ func TestDecodeConnectFailover(t *testing.T) {
 		})
 	}
 }
+
+// TestEngineCannotForgeReceipt: an engine's own X-Loxilb-Route never
+// reaches the client, whether the dispatcher relays a prefill answer or a
+// decode stream; the receipt is the proxy's to give.
+func TestEngineCannotForgeReceipt(t *testing.T) {
+	forger := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Loxilb-Route", "tier=tier1.5 ep=0 matched=8/8 reason=forged")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"error":{"message":"nope","type":"invalid_request_error","code":400}}`))
+	}))
+	t.Cleanup(forger.Close)
+	host, port, _ := net.SplitHostPort(forger.Listener.Addr().String())
+	p, _ := strconv.Atoi(port)
+	f := newFleet(t, fleetOpts{engine: "vllm", nPrefill: 1, nDec: 1})
+	f.pool.Prefill = []Endpoint{{Idx: 0, Host: host, Port: p, Healthy: true}}
+	r := f.post(t, "/v1/completions", bodyFor(flowCases[0], prompt("forge", 3), 3))
+	if r.status != http.StatusBadRequest {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	if got := r.header.Values("X-Loxilb-Route"); len(got) != 0 {
+		t.Fatalf("relayed prefill answer carries the engine's X-Loxilb-Route %q", got)
+	}
+	// A decode worker that forges it on a successful stream.
+	f = newFleet(t, fleetOpts{engine: "vllm", nPrefill: 1, nDec: 1})
+	f.pool.Decode = []Endpoint{{Idx: 1, Host: host, Port: p, Healthy: true}}
+	r = f.post(t, "/v1/completions", bodyFor(flowCases[0], prompt("forge-decode", 3), 3))
+	if got := r.header.Values("X-Loxilb-Route"); len(got) != 0 {
+		t.Fatalf("decode answer (%d) carries the engine's X-Loxilb-Route %q", r.status, got)
+	}
+}

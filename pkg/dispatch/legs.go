@@ -316,6 +316,9 @@ func (x *exchange) fail(ctx context.Context, err error) {
 func (x *exchange) relayBuffered(status int, h http.Header, body []byte) {
 	dst := x.w.Header()
 	for k, vv := range h {
+		if proxy.IsRouteHeader(k) {
+			continue // the receipt is the proxy's; an engine cannot forge one
+		}
 		dst[k] = vv
 	}
 	for _, k := range hopHeaders {
@@ -424,6 +427,9 @@ func (x *exchange) decodeOnce(ctx context.Context, ep Endpoint, body []byte) (er
 	}
 	dst := x.w.Header()
 	for k, vv := range resp.Header {
+		if proxy.IsRouteHeader(k) {
+			continue // the receipt is the proxy's; an engine cannot forge one
+		}
 		dst[k] = vv
 	}
 	for _, k := range hopHeaders {

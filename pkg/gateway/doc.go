@@ -15,6 +15,13 @@
 // rule set: proxy listeners, KV-event subscriptions, inventories and health
 // probes. Control calls them with the complete desired set after each change.
 //
+// Requests are untrusted: a model name longer than MaxModelNameBytes and a
+// prompt past MaxPromptBytes or the token bound get 400 before any routing
+// work (loxilb_gateway_rejected_requests_total), at most
+// TokenizeConcurrency requests tokenize at once, and a model name no rule
+// serves and no staged tokenizer matches is counted as model="other",
+// never kept.
+//
 // Every miss has a counted reason (no tokenizer staged, unhashable request,
 // short prompt, ...) so a misconfiguration is visible in metrics and in the
 // routing receipt instead of silently falling through.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -26,7 +27,13 @@ import (
 // Tokenizers finds the staged tokenizer of a served model
 // (*tokenizer.Registry).
 type Tokenizers interface {
+	// Get returns the model's tokenizer. It is called with any name a
+	// client sends, so it must not keep state for names it has no
+	// tokenizer for.
 	Get(model string) (*tokenizer.Tokenizer, error)
+	// Pin names the models the rules serve, which may keep state (a
+	// status row saying why their tokenizer is missing).
+	Pin(models []string)
 }
 
 // Inventory is what the gateway needs of kvindex: the router's view plus
@@ -67,8 +74,10 @@ type Config struct {
 	// TLS files served by rules with security 1 or 2, and the CA that
 	// endpoint certificates are verified against for security 2.
 	CertFile, KeyFile, CAFile string
-	// ReceiptAlways adds the routing receipt header to every response.
-	ReceiptAlways bool
+	// Receipts is when responses carry the routing receipt header
+	// (--proxy-receipts); off by default, because a receipt reveals what
+	// other clients' prompts left cached.
+	Receipts proxy.ReceiptPolicy
 	// CoalesceWait bounds how long a request waits for an earlier request
 	// that is still computing the prompt prefix it was routed for (see
 	// coalesce.go), LOXILB_KV_COALESCE_WAIT_MS. 0 means the default, 3s;
@@ -83,7 +92,39 @@ type Config struct {
 	// PrefillQueueWait bounds a request's wait for a prefill slot; then it
 	// is forwarded anyway, LOXILB_KV_PREFILL_QUEUE_MS. 0 means the default.
 	PrefillQueueWait time.Duration
+	// MaxModelNameBytes bounds the model name a mode-4 request may carry
+	// (--proxy-max-model-name); a longer one gets 400. 0 means
+	// DefaultMaxModelNameBytes.
+	MaxModelNameBytes int
+	// MaxPromptBytes bounds the prompt text tokenized for one request
+	// (--tokenize-max-bytes): a longer prompt string or rendered chat
+	// gets 400 before any BPE work. 0 means DefaultMaxPromptBytes.
+	MaxPromptBytes int
+	// MaxPromptTokens bounds a prompt's tokens (--tokenize-max-tokens):
+	// encoding stops and the request gets 400 once it is passed. 0 means
+	// the model's context length as staged (Tokenizer.MaxLength), else
+	// DefaultMaxPromptTokens.
+	MaxPromptTokens int
+	// TokenizeConcurrency is how many requests tokenize at once
+	// (--tokenize-concurrency); the others wait, for as long as their
+	// client does. 0 means GOMAXPROCS.
+	TokenizeConcurrency int
 }
+
+// Defaults of the request bounds.
+const (
+	// DefaultMaxModelNameBytes is far longer than served model names
+	// ("org/model-size-variant") and short enough to appear in a log
+	// line; the tokenizer directory's slugs stop at 255 bytes anyway.
+	DefaultMaxModelNameBytes = 256
+	// DefaultMaxPromptBytes is about 250k tokens of English, past the
+	// context of most served models. Encoding it costs at most ~0.7 s of
+	// one core (a megabyte of one repeated character).
+	DefaultMaxPromptBytes = 1 << 20
+	// DefaultMaxPromptTokens applies when the staged files do not say the
+	// model's context length.
+	DefaultMaxPromptTokens = 256 << 10
+)
 
 // DefaultPrefillQueueWait is Config.PrefillQueueWait's default: a few long
 // prefills on a busy engine, so a long prompt is overtaken for at most that.
@@ -157,6 +198,10 @@ type Gateway struct {
 	keyPool sync.Pool
 	leaders leaders
 	prefill prefillGate
+	// tokSlots bounds concurrent tokenization (TokenizeConcurrency).
+	tokSlots chan struct{}
+	// Clients can repeat these conditions at will: log them rate-limited.
+	unknownLog, rejectLog logLimiter
 }
 
 var _ proxy.Picker = (*Gateway)(nil)
@@ -190,11 +235,22 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 	if cfg.PrefillQueueWait <= 0 {
 		cfg.PrefillQueueWait = DefaultPrefillQueueWait
 	}
+	if cfg.MaxModelNameBytes <= 0 {
+		cfg.MaxModelNameBytes = DefaultMaxModelNameBytes
+	}
+	if cfg.MaxPromptBytes <= 0 {
+		cfg.MaxPromptBytes = DefaultMaxPromptBytes
+	}
+	if cfg.TokenizeConcurrency <= 0 {
+		cfg.TokenizeConcurrency = runtime.GOMAXPROCS(0)
+	}
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, tok: tok, inv: inv, router: rt, health: health, engine: engine, logger: logger, m: m}
+	g := &Gateway{cfg: cfg, tok: tok, inv: inv, router: rt, health: health, engine: engine, logger: logger, m: m,
+		tokSlots:   make(chan struct{}, cfg.TokenizeConcurrency),
+		unknownLog: logLimiter{every: logEvery}, rejectLog: logLimiter{every: logEvery}}
 	g.prefill.slots = max(cfg.PrefillSlots, 0)
 	if reg != nil {
 		if err := reg.Register(&g.prefill); err != nil {
@@ -230,10 +286,14 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 	next := make(map[uint32]*service)
 	pcfg := g.cfg.Proxy
 	pcfg.Services = nil
+	var models []string
 	for _, cs := range services {
 		r := cs.Rule
 		if r.Service.Mode != lbrule.ModeFullProxy {
 			continue
+		}
+		if r.Service.ModelName != "" {
+			models = append(models, r.Service.ModelName)
 		}
 		st, err := g.buildService(cs, old[cs.ID])
 		if err != nil {
@@ -245,7 +305,7 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 			return fmt.Errorf("rule %d: %w", cs.ID, err)
 		}
 		ps := proxy.Service{ID: cs.ID, Listen: netip.AddrPortFrom(vip, uint16(r.Service.Port)), Security: proxy.Security(r.Service.Security),
-			CertFile: g.cfg.CertFile, KeyFile: g.cfg.KeyFile, CAFile: g.cfg.CAFile, Receipt: g.cfg.ReceiptAlways}
+			CertFile: g.cfg.CertFile, KeyFile: g.cfg.KeyFile, CAFile: g.cfg.CAFile, Receipts: g.cfg.Receipts}
 		if ps.Security != proxy.SecurityPlain && (ps.CertFile == "" || ps.KeyFile == "") {
 			return fmt.Errorf("rule %d: security %d needs the daemon started with --proxy-tls-cert and --proxy-tls-key", cs.ID, r.Service.Security)
 		}
@@ -257,6 +317,7 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 		}
 	}
 	g.table.Store(&next)
+	g.tok.Pin(models)
 	for id := range old {
 		if _, ok := next[id]; !ok {
 			g.router.Forget(id)

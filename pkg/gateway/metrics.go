@@ -22,6 +22,8 @@ type metrics struct {
 	coalesceWait *prometheus.HistogramVec
 	admitted     *prometheus.CounterVec
 	admitWait    *prometheus.HistogramVec
+	rejectedC    *prometheus.CounterVec
+	tokWaiting   prometheus.Gauge
 }
 
 // waitBuckets spans the gateway's waits: a millisecond to a few prefills
@@ -31,7 +33,7 @@ var waitBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		tokMissing: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_tokenizer_unavailable_total",
-			Help: "Requests whose model had no loadable staged tokenizer, so Tier 1.5 was skipped; by reason (not_staged, unreadable, invalid)."},
+			Help: "Requests whose model had no loadable staged tokenizer, so Tier 1.5 was skipped; by reason (not_staged, unreadable, invalid, invalid_model_name). model is \"other\" for names no rule serves and no staged tokenizer matches."},
 			[]string{"service", "model", "reason"}),
 		unhashableC: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_unhashable_requests_total",
 			Help: "Requests whose engine block hash includes more than token ids (LoRA, cache_salt, multimodal), routed by the fallback selector."},
@@ -59,9 +61,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		admitWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "loxilb_kv_prefill_queue_wait_seconds",
 			Help:    "How long requests that found no free prefill slot waited in the gateway.",
 			Buckets: waitBuckets}, []string{"service"}),
+		rejectedC: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_rejected_requests_total",
+			Help: "Mode-4 requests refused with 400 before routing, by reason (model_name_too_long: longer than --proxy-max-model-name; prompt_too_long: past --tokenize-max-bytes or the token bound)."},
+			[]string{"service", "reason"}),
+		tokWaiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "loxilb_gateway_tokenize_waiting",
+			Help: "Requests waiting for a tokenization slot (--tokenize-concurrency)."}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait} {
+		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait, m.rejectedC, m.tokWaiting} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -77,6 +84,8 @@ func (m *metrics) tokenizerMissing(service, model string, err error) {
 		reason = "not_staged"
 	case errors.Is(err, tokenizer.ErrUnreadable):
 		reason = "unreadable"
+	case errors.Is(err, tokenizer.ErrInvalidModelName):
+		reason = "invalid_model_name"
 	}
 	m.tokMissing.WithLabelValues(service, model, reason).Inc()
 }
@@ -86,6 +95,10 @@ func (m *metrics) unhashable(service, why string) {
 }
 
 func (m *metrics) missed(service, reason string) { m.missC.WithLabelValues(service, reason).Inc() }
+
+func (m *metrics) rejected(service, reason string) {
+	m.rejectedC.WithLabelValues(service, reason).Inc()
+}
 
 // closedLoop compares the router's prediction with what the engine served.
 // blockSize tolerance: engines report cached tokens of full blocks only.
@@ -109,7 +122,7 @@ func (m *metrics) closedLoop(service string, res proxy.Result, predicted int64) 
 }
 
 func (m *metrics) forget(service string) {
-	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced, m.admitted} {
+	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced, m.admitted, m.rejectedC} {
 		v.DeletePartialMatch(prometheus.Labels{"service": service})
 	}
 	m.coalesceWait.DeletePartialMatch(prometheus.Labels{"service": service})

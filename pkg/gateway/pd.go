@@ -78,7 +78,7 @@ func (p *PD) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, error) {
 	if st == nil || !st.rule.Service.PDDisagg {
 		return p.g.Pick(ctx, req)
 	}
-	plan, fn, err := p.g.preparePD(st, req, p.d)
+	plan, fn, err := p.g.preparePD(ctx, st, req, p.d)
 	if err != nil || fn == nil {
 		return plan, err
 	}
@@ -95,7 +95,7 @@ func (p *PD) Prepare(req *proxy.Request) (proxy.Plan, DispatchFunc, error) {
 	if st == nil || !st.rule.Service.PDDisagg {
 		return proxy.Plan{}, nil, fmt.Errorf("%w: service %d is not a prefill/decode rule", proxy.ErrUnavailable, req.Service)
 	}
-	return p.g.preparePD(st, req, p.d)
+	return p.g.preparePD(context.Background(), st, req, p.d)
 }
 
 // pickPD is the Gateway's own answer for a P/D rule: without a dispatcher
@@ -129,8 +129,11 @@ func (g *Gateway) pdPool(st *service) *dispatch.Pool {
 // preparePD makes the P/D decision for one request: Tier 1.5 keys (mode 1),
 // the prefill ladder and the decode choice. Non-inference calls (model
 // list, health) are forwarded to a healthy decode endpoint as is.
-func (g *Gateway) preparePD(st *service, req *proxy.Request, d *dispatch.Dispatcher) (proxy.Plan, DispatchFunc, error) {
+func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request, d *dispatch.Dispatcher) (proxy.Plan, DispatchFunc, error) {
 	r := st.rule
+	if err := g.checkModelName(st, req); err != nil {
+		return proxy.Plan{}, nil, err
+	}
 	pool := g.pdPool(st)
 	if !isInference(req.Method, req.Path) {
 		var cands []proxy.Endpoint
@@ -157,7 +160,7 @@ func (g *Gateway) preparePD(st *service, req *proxy.Request, d *dispatch.Dispatc
 		if model == "" {
 			g.m.missed(st.label, ReasonNoModel)
 		} else {
-			ids, reason, err := g.promptTokens(st, model, req)
+			ids, reason, err := g.promptTokens(ctx, st, model, req)
 			if err != nil {
 				return proxy.Plan{}, nil, err
 			}

@@ -292,6 +292,7 @@ func TestPDThroughProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.g.SetProxy(px)
+	b.g.cfg.Receipts = proxy.ReceiptsOnRequest
 	if err := b.g.Reconcile(context.Background(), []control.Service{{ID: 1, Rule: rule}}); err != nil {
 		t.Fatal(err)
 	}

@@ -48,6 +48,9 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	if r.Service.PDDisagg {
 		return g.pickPD(st)
 	}
+	if err := g.checkModelName(st, req); err != nil {
+		return proxy.Plan{}, err
+	}
 	cands := g.candidates(st)
 	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode, ShortestFirst: g.prefill.slots > 0}
 	freq := selector.Request{ClientIP: req.ClientAddr.Addr()}
@@ -78,7 +81,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		g.m.missed(st.label, ReasonNoModel)
 		d = g.router.Fallback(view, ReasonNoModel, cands, st.sel, freq)
 	default:
-		ids, reason, err := g.promptTokens(st, model, req)
+		ids, reason, err := g.promptTokens(ctx, st, model, req)
 		if err != nil {
 			return proxy.Plan{}, err
 		}
@@ -181,18 +184,80 @@ func (g *Gateway) leaderFor(st *service, d router.Decision, keys []uint64) *lead
 	return l
 }
 
+// Rejection reasons counted by loxilb_gateway_rejected_requests_total.
+const (
+	rejectModelName = "model_name_too_long"
+	rejectPrompt    = "prompt_too_long"
+)
+
+// modelOther labels requests whose model no rule names and no staged
+// tokenizer serves: clients choose those names, so each must not become
+// a metric series.
+const modelOther = "other"
+
+// checkModelName refuses a model name longer than MaxModelNameBytes.
+func (g *Gateway) checkModelName(st *service, req *proxy.Request) error {
+	n := len(req.Model)
+	if n <= g.cfg.MaxModelNameBytes {
+		return nil
+	}
+	g.m.rejected(st.label, rejectModelName)
+	err := fmt.Errorf("%w: the model name is %d bytes, longer than the %d bytes this gateway accepts", proxy.ErrBadRequest, n, g.cfg.MaxModelNameBytes)
+	g.logReject(st, rejectModelName, err)
+	return err
+}
+
+func (g *Gateway) logReject(st *service, reason string, err error) {
+	if ok, held := g.rejectLog.allow(time.Now()); ok {
+		g.logger.Warn("request refused", "service", st.id, "reason", reason, "err", err, "similar_refusals_not_logged", held)
+	}
+}
+
 // promptTokens renders and tokenizes the request as the rule's engine does.
 // A non-empty reason means Tier 1.5 must decline (and why); an error means
-// the request itself is malformed.
-func (g *Gateway) promptTokens(st *service, model string, req *proxy.Request) ([]uint32, string, error) {
+// the request itself is malformed, too long, or its client went away
+// while it waited for a tokenization slot.
+func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, req *proxy.Request) ([]uint32, string, error) {
 	tok, err := g.tok.Get(model)
 	if err != nil {
-		g.m.tokenizerMissing(st.label, model, err)
+		label := model
+		if st.rule.Service.ModelName == "" && (errors.Is(err, tokenizer.ErrNotStaged) || errors.Is(err, tokenizer.ErrInvalidModelName)) {
+			label = modelOther
+			if ok, held := g.unknownLog.allow(time.Now()); ok {
+				g.logger.Warn("request names a model with no staged tokenizer; routed without KV awareness",
+					"service", st.id, "model", model, "err", err, "similar_requests_not_logged", held)
+			}
+		}
+		g.m.tokenizerMissing(st.label, label, err)
 		return nil, router.ReasonNoTokenizer, nil
 	}
-	rt, err := tok.EncodeRequest(st.rule.Engine(), req.Path, req.Body)
+	opts := tokenizer.RequestOptions{MaxPromptBytes: g.cfg.MaxPromptBytes, MaxPromptTokens: g.cfg.MaxPromptTokens}
+	if opts.MaxPromptTokens <= 0 {
+		opts.MaxPromptTokens = tok.MaxLength()
+		if opts.MaxPromptTokens <= 0 {
+			opts.MaxPromptTokens = DefaultMaxPromptTokens
+		}
+	}
+	// Tokenizing is CPU-bound: more at once than there are cores only
+	// makes every request slower, so the rest wait for a slot.
+	g.m.tokWaiting.Inc()
+	select {
+	case g.tokSlots <- struct{}{}:
+		g.m.tokWaiting.Dec()
+	case <-ctx.Done():
+		g.m.tokWaiting.Dec()
+		return nil, "", fmt.Errorf("%w: client went away while waiting to be tokenized", proxy.ErrClientCanceled)
+	}
+	rt, err := tok.EncodeRequestWith(st.rule.Engine(), req.Path, req.Body, opts)
+	<-g.tokSlots
 	if err != nil {
-		if errors.Is(err, tokenizer.ErrBadRequest) {
+		switch {
+		case errors.Is(err, tokenizer.ErrPromptTooLong):
+			g.m.rejected(st.label, rejectPrompt)
+			err = fmt.Errorf("%w: %v (model %q)", proxy.ErrBadRequest, err, model)
+			g.logReject(st, rejectPrompt, err)
+			return nil, "", err
+		case errors.Is(err, tokenizer.ErrBadRequest):
 			return nil, "", fmt.Errorf("%w: %v", proxy.ErrBadRequest, err)
 		}
 		g.m.missed(st.label, router.ReasonUnhashable)

@@ -122,7 +122,7 @@ func TestPickMissReasonsAreVisible(t *testing.T) {
 			t.Errorf("%s: receipt %+v, want reason %s", c.name, rc, c.reason)
 		}
 	}
-	if v := testutil.ToFloat64(f.g.m.tokMissing.WithLabelValues("1", "acme/unknown-7b", "not_staged")); v != 1 {
+	if v := testutil.ToFloat64(f.g.m.tokMissing.WithLabelValues("1", modelOther, "not_staged")); v != 1 {
 		t.Errorf("missing tokenizer not counted: %v", v)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os"
 	"time"
@@ -100,9 +101,58 @@ type Service struct {
 	// InsecureSkipVerify disables endpoint certificate verification
 	// (SecurityE2ETLS). It exists for labs; it must be asked for.
 	InsecureSkipVerify bool
-	// Receipt adds the X-Loxilb-Route header to every response, not only
-	// to requests carrying X-Loxilb-Receipt: 1.
-	Receipt bool
+	// Receipts says when responses carry the X-Loxilb-Route routing
+	// receipt. The zero value, ReceiptsOff, never adds it: a receipt tells
+	// whoever reads it how much of a prompt some endpoint already holds,
+	// which lets any client probe other users' prompts.
+	Receipts ReceiptPolicy
+}
+
+// ReceiptPolicy is when the proxy adds the routing receipt to a response.
+// Whatever the policy, an X-Loxilb-Route header sent by an endpoint is
+// never relayed, so only the proxy can speak for its own routing.
+type ReceiptPolicy uint8
+
+// Receipt policies.
+const (
+	// ReceiptsOff never adds the receipt (the default).
+	ReceiptsOff ReceiptPolicy = iota
+	// ReceiptsOnRequest adds it to responses to requests carrying
+	// X-Loxilb-Receipt: 1.
+	ReceiptsOnRequest
+	// ReceiptsAlways adds it to every response.
+	ReceiptsAlways
+)
+
+// ParseReceiptPolicy reads "off", "on-request" or "always".
+func ParseReceiptPolicy(s string) (ReceiptPolicy, error) {
+	switch s {
+	case "off":
+		return ReceiptsOff, nil
+	case "on-request":
+		return ReceiptsOnRequest, nil
+	case "always":
+		return ReceiptsAlways, nil
+	}
+	return ReceiptsOff, fmt.Errorf("receipt policy %q: want off, on-request or always", s)
+}
+
+// String is the name ParseReceiptPolicy reads.
+func (p ReceiptPolicy) String() string {
+	switch p {
+	case ReceiptsOff:
+		return "off"
+	case ReceiptsOnRequest:
+		return "on-request"
+	case ReceiptsAlways:
+		return "always"
+	}
+	return fmt.Sprintf("ReceiptPolicy(%d)", uint8(p))
+}
+
+// wants reports whether a request with these headers gets the receipt.
+func (p ReceiptPolicy) wants(h http.Header) bool {
+	return p == ReceiptsAlways || p == ReceiptsOnRequest && h.Get(HeaderReceiptRequest) == "1"
 }
 
 func (c Config) withDefaults() Config {
@@ -175,6 +225,9 @@ func (c Config) validate() error {
 			}
 		default:
 			errs = append(errs, fmt.Errorf("service %d: security %d unknown (want 0 plaintext, 1 TLS termination, 2 TLS both legs)", s.ID, s.Security))
+		}
+		if s.Receipts > ReceiptsAlways {
+			errs = append(errs, fmt.Errorf("service %d: receipt policy %d unknown", s.ID, s.Receipts))
 		}
 		if (s.ClientCertFile == "") != (s.ClientKeyFile == "") {
 			errs = append(errs, fmt.Errorf("service %d: client certificate and key must be given together", s.ID))

@@ -29,7 +29,7 @@ func TestDispatchHook(t *testing.T) {
 				return Result{Endpoint: 2, Status: http.StatusOK, BytesOut: int64(n)}
 			}}, nil
 	})
-	p := startProxy(t, "127.0.0.1", Config{}, Service{}, picker)
+	p := startProxy(t, "127.0.0.1", Config{}, Service{Receipts: ReceiptsOnRequest}, picker)
 	cl := newClient()
 	req, _ := http.NewRequest(http.MethodPost, "http://"+p.addr+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"p"}`))
 	req.Header.Set(HeaderReceiptRequest, "1")

@@ -47,7 +47,7 @@
 // request, 413 body too large, 502 upstream connect/TLS/protocol error,
 // 503 no healthy endpoint, 504 upstream timeout, 500 anything
 // unclassified. Bodies follow the OpenAI shape
-// {"error":{"message":...,"type":...,"code":...}}. A failure after the
+// {"error":{"message":...,"type":...,"param":null,"code":...}}. A failure after the
 // status line was sent cuts the client connection.
 //
 // Metrics (labels service and ep keep rules apart): loxilb_ai_requests_total

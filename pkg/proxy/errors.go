@@ -129,16 +129,18 @@ func isTimeout(err error) bool {
 }
 
 // writeError sends an OpenAI-style JSON error body:
-// {"error":{"message":...,"type":...,"code":...}}.
+// {"error":{"message":...,"type":...,"param":null,"code":...}}. param is
+// always present, as in OpenAI's errors, so clients that read it find it.
 func writeError(w http.ResponseWriter, info errorInfo, err error) {
 	if info.status == StatusClientClosed {
 		return // nobody is listening
 	}
 	var body struct {
 		Error struct {
-			Message string `json:"message"`
-			Type    string `json:"type"`
-			Code    string `json:"code"`
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Param   *string `json:"param"`
+			Code    string  `json:"code"`
 		} `json:"error"`
 	}
 	body.Error.Message = err.Error()
@@ -146,7 +148,7 @@ func writeError(w http.ResponseWriter, info errorInfo, err error) {
 	body.Error.Code = info.code
 	b, mErr := json.Marshal(&body)
 	if mErr != nil { // cannot happen for strings; keep the client informed anyway
-		b = []byte(`{"error":{"message":"internal error","type":"internal_error","code":"internal_error"}}`)
+		b = []byte(`{"error":{"message":"internal error","type":"internal_error","param":null,"code":"internal_error"}}`)
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")

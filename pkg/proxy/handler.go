@@ -23,6 +23,10 @@ const (
 	HeaderRoute = "X-Loxilb-Route"
 )
 
+// IsRouteHeader reports whether an upstream response header key is the
+// receipt header, which is never relayed from an endpoint.
+func IsRouteHeader(k string) bool { return strings.EqualFold(k, HeaderRoute) }
+
 // hopHeaders apply to one connection only and are never relayed
 // (RFC 9110 §7.6.1), plus the ones the proxy consumes itself.
 var hopHeaders = []string{
@@ -119,10 +123,8 @@ func (ex *exchange) run() {
 		return
 	}
 	ex.plan = plan
-	if ex.svc.cfg.Receipt || r.Header.Get(HeaderReceiptRequest) == "1" {
-		if plan.Receipt != "" {
-			ex.w.Header().Set(HeaderRoute, plan.Receipt)
-		}
+	if plan.Receipt != "" && ex.svc.cfg.Receipts.wants(r.Header) {
+		ex.w.Header().Set(HeaderRoute, plan.Receipt)
 	}
 	if plan.Dispatch != nil {
 		ex.dispatch(req)
@@ -268,6 +270,9 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) {
 	defer resp.Body.Close()
 	h := ex.w.Header()
 	for k, vv := range resp.Header {
+		if IsRouteHeader(k) {
+			continue // the receipt is ours to give; an endpoint cannot forge one
+		}
 		h[k] = vv
 	}
 	removeHop(h)

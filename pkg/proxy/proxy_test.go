@@ -357,7 +357,7 @@ func TestReceiptHeader(t *testing.T) {
 	b, _ := echoBackend(t, "b0")
 	p := newStaticPicker(hostPort(b))
 	p.receipt = "tier=1.5 ep=0 matched=12/16 reason=longest-prefix"
-	px := startProxy(t, "127.0.0.30", Config{}, Service{}, p)
+	px := startProxy(t, "127.0.0.30", Config{}, Service{Receipts: ReceiptsOnRequest}, p)
 	c := newClient()
 	get := func(ask bool) (string, http.Header) {
 		req, _ := http.NewRequest("POST", "http://"+px.addr+"/v1/completions", strings.NewReader(`{}`))
@@ -382,7 +382,7 @@ func TestReceiptHeader(t *testing.T) {
 
 	// The per-rule flag adds it to every response, applied by Update on
 	// the same listener and keep-alive connection.
-	cfg := Config{Services: []Service{{ID: 7, Listen: px.table.Load().list[0].cfg.Listen, Receipt: true}}}
+	cfg := Config{Services: []Service{{ID: 7, Listen: px.table.Load().list[0].cfg.Listen, Receipts: ReceiptsAlways}}}
 	if err := px.Update(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -391,6 +391,78 @@ func TestReceiptHeader(t *testing.T) {
 	}
 	if px.accept.Load() != 1 {
 		t.Errorf("client needed %d connections across Update, want 1", px.accept.Load())
+	}
+}
+
+// TestReceiptOffByDefault: a receipt says how much of a prompt an endpoint
+// holds, so a client that asks for one on a rule without the operator's
+// consent learns nothing.
+func TestReceiptOffByDefault(t *testing.T) {
+	b, _ := echoBackend(t, "b0")
+	p := newStaticPicker(hostPort(b))
+	p.receipt = "tier=1.5 ep=0 matched=8/8 reason=longest-prefix"
+	px := startProxy(t, "127.0.0.31", Config{}, Service{}, p)
+	req, _ := http.NewRequest("POST", "http://"+px.addr+"/v1/completions", strings.NewReader(`{}`))
+	req.Header.Set(HeaderReceiptRequest, "1")
+	resp, err := newClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := decodeEcho(t, resp)
+	if got := resp.Header.Get(HeaderRoute); got != "" {
+		t.Errorf("receipts off: %s = %q, want none", HeaderRoute, got)
+	}
+	if e.Header.Get(HeaderReceiptRequest) != "" {
+		t.Error("receipt request header leaked to the endpoint")
+	}
+}
+
+// TestReceiptNotForgeable: an endpoint's own X-Loxilb-Route never reaches
+// the client, whether receipts are off (it would pass for ours) or on (it
+// would replace ours).
+func TestReceiptNotForgeable(t *testing.T) {
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["x-loxilb-route"] = []string{"tier=forged ep=9"} // not canonical: relayed as sent
+		w.Header().Set(HeaderRoute, "tier=forged ep=9 matched=8/8")
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{}`)
+	}))
+	t.Cleanup(b.Close)
+	p := newStaticPicker(hostPort(b))
+	p.receipt = "tier=1.5 ep=0 matched=0/8 reason=no-match"
+	for _, tc := range []struct {
+		vip  string
+		pol  ReceiptPolicy
+		want string
+	}{
+		{"127.0.0.32", ReceiptsOff, ""},
+		{"127.0.0.33", ReceiptsOnRequest, p.receipt},
+		{"127.0.0.34", ReceiptsAlways, p.receipt},
+	} {
+		px := startProxy(t, tc.vip, Config{}, Service{Receipts: tc.pol}, p)
+		req, _ := http.NewRequest("POST", "http://"+px.addr+"/v1/completions", strings.NewReader(`{}`))
+		req.Header.Set(HeaderReceiptRequest, "1")
+		resp, err := newClient().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if got := resp.Header.Values(HeaderRoute); len(got) > 1 || resp.Header.Get(HeaderRoute) != tc.want {
+			t.Errorf("policy %v: %s = %q, want %q", tc.pol, HeaderRoute, got, tc.want)
+		}
+	}
+}
+
+func TestParseReceiptPolicy(t *testing.T) {
+	for _, s := range []string{"off", "on-request", "always"} {
+		p, err := ParseReceiptPolicy(s)
+		if err != nil || p.String() != s {
+			t.Errorf("%q: %v %v", s, p, err)
+		}
+	}
+	if _, err := ParseReceiptPolicy("on"); err == nil {
+		t.Error("want an error for an unknown policy")
 	}
 }
 
@@ -800,5 +872,24 @@ func TestIdleClientConnectionClosed(t *testing.T) {
 	// Nothing more is sent; the proxy must close its side.
 	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
 		t.Errorf("idle connection: read %q, %v; want a clean close", rest, err)
+	}
+}
+
+// TestErrorBodyShape: error bodies carry every OpenAI error field,
+// param included, so OpenAI clients parse them.
+func TestErrorBodyShape(t *testing.T) {
+	rec := httptest.NewRecorder()
+	err := fmt.Errorf("%w: the model name is 300 bytes", ErrBadRequest)
+	writeError(rec, classify(err), err)
+	var body struct {
+		Error map[string]json.RawMessage `json:"error"`
+	}
+	if rec.Code != 400 || json.Unmarshal(rec.Body.Bytes(), &body) != nil {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	for _, k := range []string{"message", "type", "param", "code"} {
+		if _, ok := body.Error[k]; !ok {
+			t.Errorf("error body lacks %q: %s", k, rec.Body)
+		}
 	}
 }

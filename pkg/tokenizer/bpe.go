@@ -198,7 +198,13 @@ func (m *bpeModel) encodeWord(dst []uint32, word string) []uint32 {
 
 func (m *bpeModel) merge(dst []uint32, word string) []uint32 {
 	sc := m.scratchBuf.Get().(*bpeScratch)
-	defer m.scratchBuf.Put(sc)
+	defer func() {
+		// A word long enough to need more is rare; its working set
+		// must not stay pinned in the pool.
+		if cap(sc.syms) <= maxPooledScratch && cap(sc.heap) <= maxPooledScratch {
+			m.scratchBuf.Put(sc)
+		}
+	}()
 	syms := sc.syms[:0]
 	add := func(id uint32) {
 		syms = append(syms, symbol{id: id, prev: int32(len(syms)) - 1, next: int32(len(syms)) + 1, alive: true})

@@ -20,11 +20,13 @@ func parseConfig(b []byte) (Config, error) {
 		AddEOSToken    *bool           `json:"add_eos_token"`
 		TokenizerClass string          `json:"tokenizer_class"`
 		SplitSpecial   bool            `json:"split_special_tokens"`
+		ModelMaxLength json.Number     `json:"model_max_length"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return Config{}, fmt.Errorf("parse: %w", err)
 	}
-	c := Config{AddBOSToken: raw.AddBOSToken, AddEOSToken: raw.AddEOSToken, TokenizerClass: raw.TokenizerClass, SplitSpecialTokens: raw.SplitSpecial}
+	c := Config{AddBOSToken: raw.AddBOSToken, AddEOSToken: raw.AddEOSToken, TokenizerClass: raw.TokenizerClass, SplitSpecialTokens: raw.SplitSpecial,
+		ModelMaxLength: maxLength(raw.ModelMaxLength)}
 	var err error
 	for _, f := range []struct {
 		name string
@@ -72,4 +74,41 @@ func specialTokenString(raw json.RawMessage) (string, error) {
 		return "", fmt.Errorf("neither a string nor {\"content\": ...}")
 	}
 	return obj.Content, nil
+}
+
+// maxLengthCeiling is the largest context length taken at face value.
+// transformers writes int(1e30) for "no limit", and no model's context
+// comes near 2^24 tokens.
+const maxLengthCeiling = 1 << 24
+
+// maxLength reads a context length; 0 when absent, not a positive
+// integer, or the "no limit" sentinel.
+func maxLength(n json.Number) int {
+	v, err := n.Int64()
+	if err != nil || v <= 0 || v > maxLengthCeiling {
+		return 0
+	}
+	return int(v)
+}
+
+// parseModelConfig reads the context length from a model's config.json:
+// max_position_embeddings, at the top level or (multimodal models) under
+// text_config. 0 when none is given.
+func parseModelConfig(b []byte) (int, error) {
+	var raw struct {
+		MaxPositionEmbeddings json.Number `json:"max_position_embeddings"`
+		TextConfig            *struct {
+			MaxPositionEmbeddings json.Number `json:"max_position_embeddings"`
+		} `json:"text_config"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return 0, fmt.Errorf("parse: %w", err)
+	}
+	if n := maxLength(raw.MaxPositionEmbeddings); n > 0 {
+		return n, nil
+	}
+	if raw.TextConfig != nil {
+		return maxLength(raw.TextConfig.MaxPositionEmbeddings), nil
+	}
+	return 0, nil
 }

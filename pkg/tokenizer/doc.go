@@ -58,6 +58,15 @@
 // adapter, cache_salt, multimodal inputs or prompt embeddings are reported
 // in RequestTokens.Unhashable rather than hashed as plain text.
 //
+// Prompts come from untrusted clients, so RequestOptions bounds the work:
+// a prompt text (or rendered chat) longer than MaxPromptBytes is refused
+// before any BPE, and encoding stops once the ids pass MaxPromptTokens
+// (ErrPromptTooLong). A run of one character is a single pre-tokenized
+// piece whose BPE costs O(n log n) (the heap-driven merge HuggingFace
+// uses too), about 0.65 s per MiB of spaces, which is what the byte bound
+// caps. Tokenizer.MaxLength gives the model's context length when its
+// config.json or tokenizer_config.json is staged.
+//
 // # Registry
 //
 // Registry loads tokenizers lazily by model name, notices files staged or
@@ -66,7 +75,8 @@
 // errors (ErrNotStaged, ErrUnreadable, ErrInvalid, ErrInvalidModelName) and
 // counts every failed lookup by reason in
 // loxilb_tokenizer_lookup_failures_total, so a missing tokenizer is never a
-// silent fall-through.
+// silent fall-through. Lookups take any name a client sends, so only a
+// staged tokenizer or a model pinned by the rules (Pin) keeps an entry.
 //
 // Tokenizer values are immutable and safe for concurrent use; encoding
 // allocates nothing in the steady state beyond the returned slice.

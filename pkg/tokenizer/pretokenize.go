@@ -93,7 +93,11 @@ func newRegexMatcher(pattern string) (*regexMatcher, error) {
 
 func (m *regexMatcher) find(dst []span, s string) []span {
 	sc := m.pool.Get().(*runeScratch)
-	defer m.pool.Put(sc)
+	defer func() {
+		if cap(sc.runes) <= maxPooledScratch {
+			m.pool.Put(sc)
+		}
+	}()
 	sc.runes, sc.offs = sc.runes[:0], sc.offs[:0]
 	for i, r := range s {
 		sc.runes = append(sc.runes, r)
@@ -133,7 +137,12 @@ func (p *splitPre) split(dst []string, s string) []string {
 	}
 	bufp := p.pool.Get().(*[]span)
 	matches := p.m.find((*bufp)[:0], s)
-	defer func() { *bufp = matches[:0]; p.pool.Put(bufp) }()
+	defer func() {
+		if cap(matches) <= maxPooledScratch {
+			*bufp = matches[:0]
+			p.pool.Put(bufp)
+		}
+	}()
 
 	if p.behavior == behaviorIsolated && !p.invert {
 		// Fast path for the common case: matches and gaps all become pieces.
@@ -272,8 +281,10 @@ func (q *preSequence) split(dst []string, s string) []string {
 	dst = append(dst, cur...)
 	clear(cur) // drop references to the input text
 	clear(next)
-	bufs[0], bufs[1] = cur[:0], next[:0]
-	q.pool.Put(bufs)
+	if cap(cur) <= maxPooledScratch && cap(next) <= maxPooledScratch {
+		bufs[0], bufs[1] = cur[:0], next[:0]
+		q.pool.Put(bufs)
+	}
 	return dst
 }
 

@@ -97,8 +97,8 @@ func WithClock(now func() time.Time) RegistryOption {
 
 // Registry hands out tokenizers by served model name from files staged
 // under a directory (DIR/<slug>/tokenizer.json, optional
-// tokenizer_config.json). Files staged or replaced after start are picked
-// up without a restart; a missing or broken tokenizer is reported with a
+// tokenizer_config.json and config.json). Files staged or replaced after
+// start are picked up without a restart; a missing or broken tokenizer is reported with a
 // reason, counted, and listed by Status, never silently skipped.
 // A Registry is safe for concurrent use.
 type Registry struct {
@@ -113,6 +113,7 @@ type Registry struct {
 
 	mu      sync.Mutex
 	entries map[string]*regEntry // by slug
+	pinned  map[string]bool      // slugs of the models rules name (Pin)
 }
 
 type regEntry struct {
@@ -130,9 +131,9 @@ type regEntry struct {
 
 // fileStamp identifies a version of the staged files.
 type fileStamp struct {
-	tokSize, cfgSize   int64
-	tokMTime, cfgMTime time.Time
-	cfgPresent         bool
+	tokSize, cfgSize, modelSize    int64
+	tokMTime, cfgMTime, modelMTime time.Time
+	cfgPresent, modelPresent       bool
 }
 
 // NewRegistry creates a registry over dir. The directory need not exist
@@ -193,7 +194,17 @@ func (r *Registry) Get(model string) (*Tokenizer, error) {
 		r.failures.WithLabelValues(reasonOf(re.Kind)).Inc()
 		return nil, re
 	}
-	e := r.entry(model, slug)
+	e := r.existing(slug)
+	if e == nil {
+		// A client may name any model. Only a staged tokenizer or a
+		// model a rule names gets an entry, so the entries, the status
+		// report and the log stay bounded by what the operator put there.
+		if re := r.probe(model, slug); re != nil && !r.isPinned(slug) {
+			r.failures.WithLabelValues(reasonOf(re.Kind)).Inc()
+			return nil, re
+		}
+		e = r.entry(model, slug)
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := r.now()
@@ -233,6 +244,61 @@ func validSlug(slug string) error {
 	return nil
 }
 
+func (r *Registry) existing(slug string) *regEntry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.entries[slug]
+}
+
+func (r *Registry) isPinned(slug string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pinned[slug]
+}
+
+// probe reports why a model that has no entry cannot have a tokenizer
+// (nil: its tokenizer.json exists), without keeping anything.
+func (r *Registry) probe(model, slug string) *RegistryError {
+	_, err := r.stat(&regEntry{model: model, slug: slug, path: filepath.Join(r.dir, slug)})
+	return err
+}
+
+// Pin names the models the rules serve (their model_name). A pinned model
+// keeps an entry, and so a row in Status with the reason it is not
+// loaded, even while its tokenizer is not staged; any other name gets an
+// entry only once its tokenizer.json exists. Pin replaces the previous
+// set and drops entries of models no longer pinned whose tokenizer never
+// loaded and is not staged.
+func (r *Registry) Pin(models []string) {
+	next := make(map[string]bool, len(models))
+	for _, m := range models {
+		if slug := Slug(m); validSlug(slug) == nil {
+			next[slug] = true
+		}
+	}
+	r.mu.Lock()
+	r.pinned = next
+	var check []*regEntry
+	for slug, e := range r.entries {
+		if !next[slug] {
+			check = append(check, e)
+		}
+	}
+	r.mu.Unlock()
+	for _, e := range check {
+		e.mu.Lock()
+		drop := e.tok == nil && e.err != nil && errors.Is(e.err.Kind, ErrNotStaged)
+		e.mu.Unlock()
+		if drop {
+			r.mu.Lock()
+			if !r.pinned[e.slug] && r.entries[e.slug] == e {
+				delete(r.entries, e.slug)
+			}
+			r.mu.Unlock()
+		}
+	}
+}
+
 func (r *Registry) entry(model, slug string) *regEntry {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -265,6 +331,12 @@ func (r *Registry) stat(e *regEntry) (fileStamp, *RegistryError) {
 		st.cfgPresent, st.cfgSize, st.cfgMTime = true, fi.Size(), fi.ModTime()
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return st, &RegistryError{Model: e.model, Slug: e.slug, Path: cfgPath, Kind: ErrUnreadable, Err: err}
+	}
+	modelPath := filepath.Join(e.path, "config.json") // the context length
+	if fi, err := os.Stat(modelPath); err == nil {
+		st.modelPresent, st.modelSize, st.modelMTime = true, fi.Size(), fi.ModTime()
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return st, &RegistryError{Model: e.model, Slug: e.slug, Path: modelPath, Kind: ErrUnreadable, Err: err}
 	}
 	return st, nil
 }
@@ -308,8 +380,8 @@ func (r *Registry) setFailure(e *regEntry, re *RegistryError) {
 	}
 }
 
-// Status lists every model looked up so far plus every directory staged
-// under the registry directory, with whether its tokenizer is loaded and,
+// Status lists every model with an entry (staged and looked up, or
+// pinned) plus every directory staged under the registry directory, with whether its tokenizer is loaded and,
 // if not, why. Directories never requested are listed as not loaded with
 // reason "not_requested" (they load lazily on first use).
 func (r *Registry) Status() []ModelStatus {

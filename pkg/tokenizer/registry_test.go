@@ -2,8 +2,10 @@ package tokenizer
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -54,6 +56,15 @@ func TestRegistryLifecycle(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(r.failures.WithLabelValues("not_staged")); got != 1 {
 		t.Fatalf("not_staged failures = %v", got)
+	}
+	// A name no rule serves and no directory holds leaves nothing behind.
+	if st := r.Status(); len(st) != 0 {
+		t.Fatalf("status after an unstaged lookup: %+v", st)
+	}
+	// A rule's model is reported while its tokenizer is missing.
+	r.Pin([]string{model})
+	if _, err := r.Get(model); !errors.Is(err, ErrNotStaged) {
+		t.Fatalf("pinned, unstaged: %v", err)
 	}
 	st := r.Status()
 	if len(st) != 1 || st[0].Loaded || st[0].Reason != "not_staged" {
@@ -203,5 +214,85 @@ func TestRegistryLoadAll(t *testing.T) {
 	}
 	if _, err := NewRegistry("", nil, nil); err == nil {
 		t.Fatal("empty dir accepted")
+	}
+}
+
+// TestRegistryUnknownNamesLeaveNoState: every model name a client sends
+// reaches Get. Names with no staged tokenizer must not become entries
+// (each kept the name, its error and a Status row, forever); a pinned
+// name does, and unpinning an unstaged one drops it.
+func TestRegistryUnknownNamesLeaveNoState(t *testing.T) {
+	dir := t.TempDir()
+	mdir := filepath.Join(dir, "org__staged")
+	if err := os.MkdirAll(mdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mdir, "tokenizer.json"), minimalTokenizerJSON, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewRegistry(dir, nil, prometheus.NewPedanticRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5000 {
+		if _, err := r.Get(fmt.Sprintf("client/model-%d", i)); !errors.Is(err, ErrNotStaged) {
+			t.Fatalf("unknown name %d: %v", i, err)
+		}
+	}
+	if _, err := r.Get(strings.Repeat("x", 1<<20)); !errors.Is(err, ErrInvalidModelName) {
+		t.Fatalf("1 MiB name: %v", err)
+	}
+	if _, err := r.Get("org/staged"); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	n := len(r.entries)
+	r.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d registry entries after 5,001 unknown names and one staged one, want 1", n)
+	}
+	if st := r.Status(); len(st) != 1 || st[0].Model != "org/staged" || !st[0].Loaded {
+		t.Fatalf("status %+v", st)
+	}
+	if got := testutil.ToFloat64(r.failures.WithLabelValues("not_staged")); got != 5000 {
+		t.Fatalf("not_staged failures = %v, want 5000", got)
+	}
+	r.Pin([]string{"rule/model"})
+	_, _ = r.Get("rule/model")
+	if st := r.Status(); len(st) != 2 {
+		t.Fatalf("pinned model missing from status: %+v", st)
+	}
+	r.Pin(nil)
+	if st := r.Status(); len(st) != 1 {
+		t.Fatalf("unpinned, unstaged model still listed: %+v", st)
+	}
+}
+
+// TestRegistryPicksUpModelConfig: a config.json staged next to a loaded
+// tokenizer changes its context length once the files are rechecked.
+func TestRegistryPicksUpModelConfig(t *testing.T) {
+	dir := t.TempDir()
+	mdir := filepath.Join(dir, "m")
+	if err := os.MkdirAll(mdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mdir, "tokenizer.json"), minimalTokenizerJSON, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	r, err := NewRegistry(dir, nil, nil, WithClock(clk.now), WithRecheckInterval(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err := r.Get("m")
+	if err != nil || tk.MaxLength() != 0 {
+		t.Fatalf("%v %v", tk, err)
+	}
+	if err := os.WriteFile(filepath.Join(mdir, "config.json"), []byte(`{"max_position_embeddings": 4096}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(2 * time.Second)
+	if tk, err = r.Get("m"); err != nil || tk.MaxLength() != 4096 {
+		t.Fatalf("after staging config.json: %v %v", tk.MaxLength(), err)
 	}
 }

@@ -35,6 +35,9 @@ var (
 	ErrUnknownEngine   = errors.New("unknown engine")
 	ErrUnsupportedPath = errors.New("unsupported request path")
 	ErrBadRequest      = errors.New("malformed request body")
+	// ErrPromptTooLong: the prompt is longer than RequestOptions allows;
+	// it was not tokenized past the bound.
+	ErrPromptTooLong = errors.New("prompt too long")
 )
 
 // RequestTokens is a request's prompt as the engine will see it.
@@ -67,6 +70,14 @@ type RequestOptions struct {
 	// encoded without the post-processor, unconditionally (a profile quirk
 	// some SGLang deployments need). Ignored for other engines.
 	CompletionsBOS bool
+	// MaxPromptBytes bounds the prompt text that is tokenized: a
+	// /v1/completions prompt string or the rendered chat. A longer one is
+	// rejected with ErrPromptTooLong before any BPE work. 0: no bound.
+	MaxPromptBytes int
+	// MaxPromptTokens bounds the prompt's token count: encoding stops
+	// with ErrPromptTooLong once it is passed, and a token-id prompt
+	// longer than it is rejected. 0: no bound.
+	MaxPromptTokens int
 }
 
 // EncodeRequest returns the prompt token ids of an OpenAI-style request
@@ -143,7 +154,7 @@ func (t *Tokenizer) EncodeRequestWith(engine, path string, body []byte, opts Req
 	if kind == KindCompletions {
 		err = t.encodeCompletions(&out, engine, &req, opts)
 	} else {
-		err = t.encodeChat(&out, engine, &req)
+		err = t.encodeChat(&out, engine, &req, opts)
 	}
 	if err != nil {
 		return RequestTokens{}, err
@@ -222,23 +233,23 @@ func (t *Tokenizer) encodeCompletions(out *RequestTokens, engine string, req *pr
 		}
 		return fmt.Errorf("%w: /v1/completions needs \"prompt\"", ErrBadRequest)
 	}
-	encode := func(text string) []uint32 {
+	encode := func(text string) ([]uint32, error) {
+		special := true
+		var ids []uint32
 		switch engine {
 		case EngineSGLang:
 			if opts.CompletionsBOS {
-				var ids []uint32
 				if bos, ok := t.TokenID(t.cfg.BOSToken); ok && t.cfg.BOSToken != "" {
 					ids = append(ids, bos)
 				}
-				return t.AppendEncode(ids, text, false)
+				special = false
 			}
-			return t.Encode(text, true)
 		case EngineVLLM, EngineTRTLLM:
-			return t.Encode(text, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
-		default:
-			return t.Encode(text, true)
+			special = req.AddSpecialTokens == nil || *req.AddSpecialTokens
 		}
+		return t.encodeBounded(ids, text, special, opts)
 	}
+	var err error
 	p := bytes.TrimSpace(req.Prompt)
 	switch p[0] {
 	case '"':
@@ -246,8 +257,9 @@ func (t *Tokenizer) encodeCompletions(out *RequestTokens, engine string, req *pr
 		if err := json.Unmarshal(p, &s); err != nil {
 			return fmt.Errorf("%w: prompt: %v", ErrBadRequest, err)
 		}
-		out.IDs, out.Prompts = encode(s), 1
-		return nil
+		out.Prompts = 1
+		out.IDs, err = encode(s)
+		return err
 	case '[':
 	default:
 		return fmt.Errorf("%w: prompt must be a string, a list of strings, or token ids", ErrBadRequest)
@@ -269,7 +281,10 @@ func (t *Tokenizer) encodeCompletions(out *RequestTokens, engine string, req *pr
 				return fmt.Errorf("%w: prompt[%d] must be a string like prompt[0]", ErrBadRequest, i)
 			}
 		}
-		out.IDs, out.Prompts = encode(strs[0]), len(strs)
+		out.Prompts = len(strs)
+		if out.IDs, err = encode(strs[0]); err != nil {
+			return err
+		}
 	case len(first) > 0 && first[0] == '[':
 		// A batch of token-id lists.
 		for i, it := range items {
@@ -278,6 +293,9 @@ func (t *Tokenizer) encodeCompletions(out *RequestTokens, engine string, req *pr
 				return fmt.Errorf("%w: prompt[%d]: %v", ErrBadRequest, i, err)
 			}
 			if i == 0 {
+				if err := tokenBound(len(ids), opts); err != nil {
+					return err
+				}
 				out.IDs = ids
 			}
 		}
@@ -286,6 +304,9 @@ func (t *Tokenizer) encodeCompletions(out *RequestTokens, engine string, req *pr
 		ids, err := parseTokenIDs(p)
 		if err != nil {
 			return fmt.Errorf("%w: prompt: %v", ErrBadRequest, err)
+		}
+		if err := tokenBound(len(ids), opts); err != nil {
+			return err
 		}
 		out.IDs, out.Prompts = ids, 1
 	}
@@ -314,7 +335,7 @@ func parseTokenIDs(raw json.RawMessage) ([]uint32, error) {
 	return ids, nil
 }
 
-func (t *Tokenizer) encodeChat(out *RequestTokens, engine string, req *promptRequest) error {
+func (t *Tokenizer) encodeChat(out *RequestTokens, engine string, req *promptRequest, opts RequestOptions) error {
 	if !present(req.Messages) {
 		return fmt.Errorf("%w: /v1/chat/completions needs \"messages\"", ErrBadRequest)
 	}
@@ -352,8 +373,37 @@ func (t *Tokenizer) encodeChat(out *RequestTokens, engine string, req *promptReq
 		return fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
 	out.Rendered = rendered
-	out.IDs = t.Encode(rendered, addSpecial)
 	out.Prompts = 1
+	out.IDs, err = t.encodeBounded(nil, rendered, addSpecial, opts)
+	return err
+}
+
+// encodeBounded encodes text after dst within opts' bounds: text longer
+// than MaxPromptBytes is refused before any work, and encoding stops once
+// the ids pass MaxPromptTokens.
+func (t *Tokenizer) encodeBounded(dst []uint32, text string, special bool, opts RequestOptions) ([]uint32, error) {
+	if opts.MaxPromptBytes > 0 && len(text) > opts.MaxPromptBytes {
+		return nil, fmt.Errorf("%w: the prompt text is %d bytes, more than the %d bytes the gateway tokenizes", ErrPromptTooLong, len(text), opts.MaxPromptBytes)
+	}
+	if dst == nil {
+		n := len(text)/3 + 4
+		if opts.MaxPromptTokens > 0 {
+			n = min(n, opts.MaxPromptTokens+1)
+		}
+		dst = make([]uint32, 0, n)
+	}
+	ids, ok := t.AppendEncodeLimit(dst, text, special, opts.MaxPromptTokens)
+	if !ok {
+		return nil, fmt.Errorf("%w: the prompt is more than %d tokens", ErrPromptTooLong, opts.MaxPromptTokens)
+	}
+	return ids, nil
+}
+
+// tokenBound checks a token-id prompt against MaxPromptTokens.
+func tokenBound(n int, opts RequestOptions) error {
+	if opts.MaxPromptTokens > 0 && n > opts.MaxPromptTokens {
+		return fmt.Errorf("%w: the prompt is %d tokens, more than %d", ErrPromptTooLong, n, opts.MaxPromptTokens)
+	}
 	return nil
 }
 

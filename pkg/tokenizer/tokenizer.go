@@ -18,6 +18,9 @@ type Tokenizer struct {
 	*core
 	cfg  Config
 	chat *chatTemplate // nil when there is no chat template
+	// maxPositions is config.json's max_position_embeddings when the
+	// model's config.json was staged next to the tokenizer; 0 otherwise.
+	maxPositions int
 }
 
 // core is the encoding machinery, shared by Tokenizers that differ only in
@@ -54,6 +57,9 @@ type Config struct {
 	// SplitSpecialTokens (split_special_tokens) makes transformers, and so
 	// the engines, tokenize special-token text as plain text.
 	SplitSpecialTokens bool
+	// ModelMaxLength is model_max_length; 0 when absent or the "no
+	// limit" sentinel transformers writes.
+	ModelMaxLength int
 }
 
 type encodeScratch struct {
@@ -78,6 +84,17 @@ func Load(dir string) (*Tokenizer, error) {
 	t, err := LoadJSON(tj, cj)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	// config.json is optional: staged, it gives the engine's context
+	// length, which bounds the prompts worth tokenizing.
+	mc, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	switch {
+	case err == nil:
+		if t.maxPositions, err = parseModelConfig(mc); err != nil {
+			return nil, fmt.Errorf("load %s: config.json: %w", dir, err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("read config.json: %w", err)
 	}
 	return t, nil
 }
@@ -202,11 +219,21 @@ func (t *Tokenizer) WithChatTemplate(src string) (*Tokenizer, error) {
 	cfg := t.cfg
 	cfg.ChatTemplate = src
 	cfg.ChatTemplates = nil
-	return &Tokenizer{core: t.core, cfg: cfg, chat: ct}, nil
+	return &Tokenizer{core: t.core, cfg: cfg, chat: ct, maxPositions: t.maxPositions}, nil
 }
 
 // Config returns the parsed tokenizer_config.json fields.
 func (t *Tokenizer) Config() Config { return t.cfg }
+
+// MaxLength is the model's context length in tokens as staged: config.json
+// max_position_embeddings (what the engines default to), else
+// tokenizer_config.json model_max_length; 0 when neither says.
+func (t *Tokenizer) MaxLength() int {
+	if t.maxPositions > 0 {
+		return t.maxPositions
+	}
+	return t.cfg.ModelMaxLength
+}
 
 // HasChatTemplate reports whether tokenizer_config.json carried a chat template.
 func (t *Tokenizer) HasChatTemplate() bool { return t.chat != nil }
@@ -239,52 +266,98 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []uint32 {
 
 // AppendEncode is Encode appending to dst, for callers that reuse buffers.
 func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens bool) []uint32 {
-	if !addSpecialTokens || t.post == nil {
-		return t.encodeBody(dst, text)
-	}
-	return t.post.apply(dst, func(d []uint32) []uint32 { return t.encodeBody(d, text) })
+	dst, _ = t.AppendEncodeLimit(dst, text, addSpecialTokens, 0)
+	return dst
 }
 
-func (t *Tokenizer) encodeBody(dst []uint32, text string) []uint32 {
+// AppendEncodeLimit is AppendEncode that gives up once more than maxTokens
+// ids were produced for text (0: no bound), reporting ok=false. The work
+// done is then bounded by the pre-tokenized piece that crossed the bound,
+// not by the length of text; dst holds a partial result the caller must
+// discard.
+func (t *Tokenizer) AppendEncodeLimit(dst []uint32, text string, addSpecialTokens bool, maxTokens int) ([]uint32, bool) {
+	limit := -1
+	if maxTokens > 0 {
+		limit = len(dst) + maxTokens
+	}
+	if !addSpecialTokens || t.post == nil {
+		return t.encodeBody(dst, text, limit)
+	}
+	ok := true // captured by the closure, so declared only on this path
+	dst = t.post.apply(dst, func(d []uint32) []uint32 {
+		d, ok = t.encodeBody(d, text, limit)
+		return d
+	})
+	if ok && limit >= 0 && len(dst) > limit {
+		ok = false // the post-processor's own tokens crossed it
+	}
+	return dst, ok
+}
+
+// encodeBody encodes text into dst. limit < 0 means no bound; otherwise
+// encoding stops, returning false, once len(dst) passes it.
+func (t *Tokenizer) encodeBody(dst []uint32, text string, limit int) ([]uint32, bool) {
 	sc := t.pool.Get().(*encodeScratch)
-	defer t.pool.Put(sc)
+	defer t.putScratch(sc)
 	sc.segs = t.rawMatch.split(sc.segs[:0], t.added, text, 0, len(text))
+	ok := true
 	for _, seg := range sc.segs {
 		if seg.added {
 			dst = append(dst, seg.id)
-			continue
-		}
-		s := text[seg.start:seg.end]
-		if t.normalizer == nil {
-			dst = t.encodePlain(dst, sc, s)
-			continue
-		}
-		s = t.normalizer.normalize(s)
-		sc.nsegs = t.normMatch.split(sc.nsegs[:0], t.added, s, 0, len(s))
-		for _, ns := range sc.nsegs {
-			if ns.added {
-				dst = append(dst, ns.id)
-				continue
+		} else if s := text[seg.start:seg.end]; t.normalizer == nil {
+			dst, ok = t.encodePlain(dst, sc, s, limit)
+		} else {
+			s = t.normalizer.normalize(s)
+			sc.nsegs = t.normMatch.split(sc.nsegs[:0], t.added, s, 0, len(s))
+			for _, ns := range sc.nsegs {
+				if ns.added {
+					dst = append(dst, ns.id)
+				} else {
+					dst, ok = t.encodePlain(dst, sc, s[ns.start:ns.end], limit)
+				}
+				if !ok || limit >= 0 && len(dst) > limit {
+					ok = false
+					break
+				}
 			}
-			dst = t.encodePlain(dst, sc, s[ns.start:ns.end])
+		}
+		if !ok || limit >= 0 && len(dst) > limit {
+			return dst, false
 		}
 	}
-	return dst
+	return dst, true
 }
 
-func (t *Tokenizer) encodePlain(dst []uint32, sc *encodeScratch, s string) []uint32 {
+// maxPooledScratch bounds the scratch kept for reuse: one huge prompt must
+// not pin its working set in the pool after it is done.
+const maxPooledScratch = 1 << 16
+
+func (t *Tokenizer) putScratch(sc *encodeScratch) {
+	if cap(sc.segs) > maxPooledScratch || cap(sc.nsegs) > maxPooledScratch || cap(sc.pieces) > maxPooledScratch {
+		return
+	}
+	t.pool.Put(sc)
+}
+
+func (t *Tokenizer) encodePlain(dst []uint32, sc *encodeScratch, s string, limit int) ([]uint32, bool) {
 	if s == "" {
-		return dst
+		return dst, true
 	}
 	if t.pre == nil {
-		return t.model.encodeWord(dst, s)
+		dst = t.model.encodeWord(dst, s)
+		return dst, limit < 0 || len(dst) <= limit
 	}
 	sc.pieces = t.pre.split(sc.pieces[:0], s)
+	ok := true
 	for _, p := range sc.pieces {
 		dst = t.model.encodeWord(dst, p)
+		if limit >= 0 && len(dst) > limit {
+			ok = false
+			break
+		}
 	}
 	clear(sc.pieces) // drop references to the input text
-	return dst
+	return dst, ok
 }
 
 // Decode turns ids back into text, keeping special tokens, as HuggingFace

@@ -101,7 +101,8 @@ func startDaemon(ctx context.Context, bin, stateDir, tokenizerDir string, env []
 	}
 	d := &daemon{port: port, done: make(chan struct{})}
 	d.cmd = exec.Command(bin, "--api-addr", fmt.Sprintf("127.0.0.1:%d", port), "--state-dir", stateDir,
-		"--no-dataplane", "--tokenizer-dir", tokenizerDir, "--metrics", "--log-level", "warn")
+		"--no-dataplane", "--tokenizer-dir", tokenizerDir, "--metrics", "--log-level", "warn",
+		"--proxy-receipts", "on-request") // the report reads every request's receipt
 	d.cmd.Env = append(os.Environ(), env...)
 	d.cmd.Stdout, d.cmd.Stderr = d, d
 	if err := d.cmd.Start(); err != nil {

@@ -66,7 +66,7 @@ func TestKVExactVerifyFlow(t *testing.T) {
 		eps = append(eps, fmt.Sprintf(`{"endpointIP":%q,"targetPort":28000,"weight":1}`, host))
 	}
 	d := daemontest.Start(t, bins, t.TempDir(), []string{"LLB_KV_NONE_HASH_SEED=" + seed, "LLB_KV_MIN_MATCH_TOKENS=16"},
-		"--tokenizer-dir", tokenizerDir(), "--metrics")
+		"--tokenizer-dir", tokenizerDir(), "--metrics", "--proxy-receipts", "on-request")
 	vip := "127.0.0.40:28080"
 	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":"127.0.0.40","port":28080,"protocol":"tcp","mode":4,"sel":0,
 		"kvExactMode":3,"kvEngineType":"vllm","kvZmqPort":%d,"kvBlockSize":16,"model_name":%q},"endpoints":[%s]}`, zmqPort, model, strings.Join(eps, ","))

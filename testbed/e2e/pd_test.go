@@ -77,7 +77,7 @@ func newPDPool(t *testing.T, engine string, kvMode, net, np, nd int) *pdPool {
 		eps = append(eps, fmt.Sprintf(`{"endpointIP":%q,"targetPort":%d,"weight":1,"ep_role":%d}`, host, pdPort, epRole))
 	}
 	p.d = daemontest.Start(t, bins, t.TempDir(), []string{"LLB_KV_NONE_HASH_SEED=" + seed},
-		"--tokenizer-dir", tokenizerDir(), "--metrics")
+		"--tokenizer-dir", tokenizerDir(), "--metrics", "--proxy-receipts", "on-request")
 	extra := ""
 	switch {
 	case kvMode == 1 && engine != enginesim.EngineTRTLLM:
