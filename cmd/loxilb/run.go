@@ -53,7 +53,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 
 	st, err := store.OpenBolt(cfg.stateDir)
 	if err != nil {
-		return fmt.Errorf("rule store: %w", err)
+		return err // names the file, what is wrong and what to do
 	}
 	defer st.Close()
 
