@@ -100,7 +100,11 @@ var corruptions = []corruption{
 	{"meta 0 zeroed", func(b []byte, ps int) []byte { fill(b, 0, ps, 0); return b }},
 	{"meta 1 zeroed", func(b []byte, ps int) []byte { fill(b, ps, ps, 0); return b }},
 	{"both metas zeroed", func(b []byte, ps int) []byte { fill(b, 0, 2*ps, 0); return b }},
-	{"wrong magic", func(b []byte, ps int) []byte { copy(b[pageHeaderSize:], "XXXX"); copy(b[ps+pageHeaderSize:], "XXXX"); return b }},
+	{"wrong magic", func(b []byte, ps int) []byte {
+		copy(b[pageHeaderSize:], "XXXX")
+		copy(b[ps+pageHeaderSize:], "XXXX")
+		return b
+	}},
 	{"random bytes in meta 0", func(b []byte, ps int) []byte {
 		r := rand.New(rand.NewPCG(1, 2))
 		for i := pageHeaderSize; i < pageHeaderSize+metaSize; i++ {
