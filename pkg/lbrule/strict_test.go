@@ -101,7 +101,7 @@ func TestConfigMistakesAreInvalid(t *testing.T) {
 		{"probereq not a path", "serviceArguments.probereq", func(s *ServiceArgs) { s.ProbeType, s.ProbeReq = "https", "health" }},
 		{"probereq huge", "serviceArguments.probereq", func(s *ServiceArgs) { s.ProbeType, s.ProbeReq = "tcp", strings.Repeat("a", 5000) }},
 		{"proberesp control", "serviceArguments.proberesp", func(s *ServiceArgs) { s.ProbeType, s.ProbeResp = "http", "ok\x00" }},
-		{"probeTimeout huge", "serviceArguments.probeTimeout", func(s *ServiceArgs) { s.ProbeType, s.ProbeTimeout = "tcp", 1 << 40 }},
+		{"probeTimeout huge", "serviceArguments.probeTimeout", func(s *ServiceArgs) { s.ProbeType, s.ProbeTimeout = "tcp", 1<<40 }},
 		{"probeRetries huge", "serviceArguments.probeRetries", func(s *ServiceArgs) { s.ProbeType, s.ProbeRetries = "tcp", 1000 }},
 		{"probetype udp", "serviceArguments.probetype", func(s *ServiceArgs) { s.ProbeType = "udp" }},
 		{"name too long", "serviceArguments.name", func(s *ServiceArgs) { s.Name = strings.Repeat("n", MaxNameLen+1) }},
