@@ -33,6 +33,7 @@ const (
 
 type metrics struct {
 	rejected *prometheus.CounterVec
+	errors   *prometheus.CounterVec
 	conns    prometheus.Gauge
 }
 
@@ -42,6 +43,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "loxilb_api_rejected_total",
 			Help: "Management API connections and requests refused, by reason (unauthorized, forbidden, body_too_large, body_timeout: the body did not arrive within --api-read-timeout, conn_limit: over --api-max-conns).",
 		}, []string{"reason"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_api_errors_total",
+			Help: "Management API error answers, by HTTP status and reason code (\"none\" when the error has none): 4xx are client or configuration mistakes, 5xx the daemon's own failures.",
+		}, []string{"status", "reason"}),
 		conns: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "loxilb_api_open_connections",
 			Help: "Management API connections currently open (bounded by --api-max-conns).",
@@ -50,7 +55,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.rejected, m.conns} {
+	for _, c := range []prometheus.Collector{m.rejected, m.errors, m.conns} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

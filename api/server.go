@@ -315,6 +315,11 @@ func (s *Server) readBody(c *gin.Context) ([]byte, error) {
 
 func (s *Server) fail(c *gin.Context, err error) {
 	b := errorBody(err)
+	reason := b.ReasonCode
+	if reason == "" {
+		reason = "none"
+	}
+	s.m.errors.WithLabelValues(strconv.Itoa(b.Code), reason).Inc()
 	if b.Code >= 500 {
 		s.deps.Logger.Error("api request failed", "path", c.Request.URL.Path, "err", err)
 	}
