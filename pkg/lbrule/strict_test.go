@@ -109,6 +109,7 @@ func TestConfigMistakesAreInvalid(t *testing.T) {
 		{"name with newline", "serviceArguments.name", func(s *ServiceArgs) { s.Name = "a\nb" }},
 		{"name invalid utf-8", "serviceArguments.name", func(s *ServiceArgs) { s.Name = "a\xffb" }},
 		{"model_name control", "serviceArguments.model_name", func(s *ServiceArgs) { s.ModelName = "m\x1b[2J" }},
+		{"icmp tcp probe without port", "serviceArguments.probeport", func(s *ServiceArgs) { s.Mode, s.Sel, s.Protocol, s.Port, s.ProbeType = 0, 0, "icmp", 0, "tcp" }},
 		{"session header not a token", "serviceArguments.session_header_name", func(s *ServiceArgs) { s.SessionHeaderName = "X Session" }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -126,4 +127,21 @@ func TestConfigMistakesAreInvalid(t *testing.T) {
 	if _, err := Prepare(r, seeded); err != nil {
 		t.Fatalf("valid names and probe rejected: %v", err)
 	}
+}
+
+// TestSeedNotUTF8IsPrecondition: a seed vLLM cannot hash is the daemon's
+// environment's fault (412 with a reason), found before any stage builds a
+// hasher from it (which failed as a 500).
+func TestSeedNotUTF8IsPrecondition(t *testing.T) {
+	_, err := Prepare(baseVLLM(), env(map[string]string{SeedEnv: "a\xffb"}))
+	var re *RuleError
+	if !errors.As(err, &re) || !errors.Is(err, ErrPrecondition) || re.Reason != ReasonSeedInvalid {
+		t.Fatalf("want 412 %s, got %v", ReasonSeedInvalid, err)
+	}
+}
+
+func baseVLLM() *Rule {
+	r := baseSingle()
+	r.Service.KVEngine, r.Service.KVHashAlgo = "vllm", ""
+	return r
 }

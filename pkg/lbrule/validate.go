@@ -26,6 +26,10 @@ func SeedPrecondition(env LookupEnv) *RuleError {
 		return &RuleError{Class: ErrPrecondition, Reason: ReasonSeedUnset,
 			Msg: "vllm kvExactMode requires non-empty Gateway " + SeedEnv + " matching engine PYTHONHASHSEED (set it in the daemon's environment and restart; the rule body cannot satisfy this)"}
 	}
+	if !utf8.ValidString(seed) {
+		return &RuleError{Class: ErrPrecondition, Reason: ReasonSeedInvalid,
+			Msg: SeedEnv + " is not valid UTF-8: vLLM hashes it as a text string, so no engine can match it (set it to the engine's PYTHONHASHSEED and restart)"}
+	}
 	if len(seed) > engine.MaxVLLMSeedLen {
 		return &RuleError{Class: ErrPrecondition, Reason: ReasonSeedTooLong,
 			Msg: fmt.Sprintf("%s must be at most %d bytes for vllm kvExactMode (it is %d bytes)", SeedEnv, engine.MaxVLLMSeedLen, len(seed))}
@@ -139,6 +143,12 @@ func validateService(r *Rule) error {
 	}
 	if s.ProbeRetries < 0 || s.ProbeRetries > MaxProbeRetries {
 		return invalid(svcField("probeRetries"), "%d is out of range 0..%d", s.ProbeRetries, MaxProbeRetries)
+	}
+	switch s.ProbeType {
+	case "tcp", "http", "https":
+		if s.Protocol == "icmp" && s.ProbePort == 0 {
+			return invalid(svcField("probeport"), "is required for a %s probe of an icmp rule (its endpoints have no target port)", s.ProbeType)
+		}
 	}
 	if err := checkProbeReq(s); err != nil {
 		return err
