@@ -423,6 +423,8 @@ func TestControlConfigErrorsTyped(t *testing.T) {
 	// The table rolled back: the same rule works once the port is free.
 	held.Close()
 	createRule(t, d, controlRule("127.0.81.2", port, ""))
+	// A second mode-4 rule on the VIP:port, told apart by block mark only.
+	controlExpect(t, d, http.MethodPost, lb, controlRule("127.0.81.2", port, `,"block":7`), http.StatusConflict, "serviceArguments.block", "")
 	if v := metricSum(t, d, "loxilb_api_errors_total", `status="500"`); v != 0 {
 		t.Fatalf("%v answers were 500", v)
 	}
