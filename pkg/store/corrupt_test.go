@@ -177,7 +177,7 @@ func TestBoltBitFlips(t *testing.T) {
 	pristine, ps := pristineStore(t)
 	r := rand.New(rand.NewPCG(7, 8))
 	var corrupt, opened int
-	for i := 0; i < 300; i++ {
+	for i := 0; i < flipRounds; i++ {
 		b := append([]byte(nil), pristine...)
 		for n := 1 + r.IntN(4); n > 0; n-- {
 			// Bias to page headers and element tables, where flips hurt.
@@ -227,3 +227,6 @@ func TestBoltHealthyAfterChurn(t *testing.T) {
 		s.Close()
 	}
 }
+
+// flipRounds is how many damaged copies TestBoltBitFlips opens.
+const flipRounds = 300

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
-	"os"
 )
 
 // The on-disk layout of a bbolt file (format version 2), as bbolt writes it
@@ -63,7 +62,7 @@ type boltMeta struct {
 // inside the file). It reads through ReadAt, so a damaged file costs at most
 // one read of each page and a bitmap of the page count, never a fault.
 // A nil error means bbolt can open and walk the file without tripping.
-func verifyBoltFile(f *os.File, size int64) error {
+func verifyBoltFile(f io.ReaderAt, size int64) error {
 	if size == 0 {
 		return corruptf("the file is empty (0 bytes): an initialized store is never empty")
 	}
