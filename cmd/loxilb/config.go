@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -94,6 +95,18 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	}
 	if err := c.api.validate(); err != nil {
 		return nil, err
+	}
+	// Certificates are loaded once here, so a bad file stops the daemon
+	// naming the flag instead of failing every TLS rule (or the API) later.
+	for _, kp := range [][4]string{{"--tls-cert", c.tlsCert, "--tls-key", c.tlsKey}, {"--proxy-tls-cert", c.proxyCert, "--proxy-tls-key", c.proxyKey}} {
+		if (kp[1] == "") != (kp[3] == "") {
+			return nil, fmt.Errorf("%s and %s go together", kp[0], kp[2])
+		}
+		if kp[1] != "" {
+			if _, err := tls.LoadX509KeyPair(kp[1], kp[3]); err != nil {
+				return nil, fmt.Errorf("%s %s / %s %s: %w", kp[0], kp[1], kp[2], kp[3], err)
+			}
+		}
 	}
 	if err := c.logLevel.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)

@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -47,5 +49,23 @@ func TestCleartextTokenRefused(t *testing.T) {
 	cfg.api.allowCleartext = true
 	if err := cfg.apiConfig().Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCertificatesLoadedAtStart: a certificate flag naming a bad file, or
+// one without its key, stops the daemon naming the flag.
+func TestCertificatesLoadedAtStart(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.pem")
+	if err := os.WriteFile(bad, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"--proxy-tls-cert", bad},
+		{"--proxy-tls-cert", bad, "--proxy-tls-key", bad},
+		{"--tls-cert", bad, "--tls-key", bad},
+	} {
+		if _, err := parseFlags(args, noEnv, io.Discard); err == nil || !strings.Contains(err.Error(), args[0]) {
+			t.Errorf("%v: want an error naming %s, got %v", args, args[0], err)
+		}
 	}
 }
