@@ -21,9 +21,14 @@ func FuzzDecodePrepare(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r, err := Decode(body)
 		if err == nil {
-			// Accepted keys are loxilb's, exactly as written, each once.
-			if kerr := checkKeys(body); kerr != nil {
-				t.Fatalf("decoded a body whose keys are rejected: %v", kerr)
+			// What the daemon stores and echoes decodes again: its keys
+			// are loxilb's, exactly as written, each once.
+			b, eerr := Encode(r)
+			if eerr != nil {
+				t.Fatal(eerr)
+			}
+			if _, derr := Decode(b); derr != nil {
+				t.Fatalf("re-encoded rule rejected: %v\n%s", derr, b)
 			}
 		}
 		if err != nil {
