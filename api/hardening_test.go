@@ -223,3 +223,32 @@ func TestConnLimit(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestSlowHeadersAreCut: a client that never finishes its headers is cut
+// at the read-header timeout and counted.
+func TestSlowHeadersAreCut(t *testing.T) {
+	addr, reg := serveReal(t, api.Config{ReadHeaderTimeout: 300 * time.Millisecond})
+	var conns []net.Conn
+	for i := 0; i < 20; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(c, "GET /netlox/v1/version HTTP/1.1\r\nHost: x\r\n")
+		conns = append(conns, c)
+	}
+	for i, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if _, err := io.ReadAll(c); err != nil {
+			t.Fatalf("conn %d not cut: %v", i, err)
+		}
+		c.Close()
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for rejected(t, reg, "no_request") < 20 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := rejected(t, reg, "no_request"); n != 20 {
+		t.Fatalf("no_request counted %v, want 20", n)
+	}
+}

@@ -1,10 +1,12 @@
 package api
 
 import (
+	"context"
 	"log/slog"
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +31,7 @@ const (
 	rejectBodyTooLarge = "body_too_large"
 	rejectBodyTimeout  = "body_timeout"
 	rejectConnLimit    = "conn_limit"
+	rejectNoRequest    = "no_request"
 )
 
 type metrics struct {
@@ -41,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_api_rejected_total",
-			Help: "Management API connections and requests refused, by reason (unauthorized, forbidden, body_too_large, body_timeout: the body did not arrive within --api-read-timeout, conn_limit: over --api-max-conns).",
+			Help: "Management API connections and requests refused, by reason (unauthorized, forbidden, body_too_large, body_timeout: the body did not arrive within --api-read-timeout, conn_limit: over --api-max-conns, no_request: closed before a complete request, e.g. headers not sent within --api-read-header-timeout or malformed).",
 		}, []string{"reason"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_api_errors_total",
@@ -131,4 +134,46 @@ func (c *limitConn) Close() error {
 func stopReading(w http.ResponseWriter) {
 	w.Header().Set("Connection", "close")
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+}
+
+// connStates counts connections that close without ever carrying a
+// complete request to a handler: headers too slow (cut by
+// ReadHeaderTimeout), a malformed request, or a client that connected and
+// left. net/http calls a connection active from its first byte, so the
+// handler marks its connection served through the connection's context.
+type connStates struct {
+	mu     sync.Mutex
+	served map[net.Conn]*atomic.Bool
+	closed func()
+}
+
+type servedKey struct{}
+
+// connContext gives each connection the flag its handlers set.
+func (c *connStates) connContext(ctx context.Context, conn net.Conn) context.Context {
+	f := new(atomic.Bool)
+	c.mu.Lock()
+	c.served[conn] = f
+	c.mu.Unlock()
+	return context.WithValue(ctx, servedKey{}, f)
+}
+
+func (c *connStates) hook(conn net.Conn, st http.ConnState) {
+	if st != http.StateClosed && st != http.StateHijacked {
+		return
+	}
+	c.mu.Lock()
+	f, ok := c.served[conn]
+	delete(c.served, conn)
+	c.mu.Unlock()
+	if ok && !f.Load() && st == http.StateClosed {
+		c.closed()
+	}
+}
+
+// markServed records that the request's connection carried a request.
+func markServed(r *http.Request) {
+	if f, ok := r.Context().Value(servedKey{}).(*atomic.Bool); ok {
+		f.Store(true)
+	}
 }

@@ -196,6 +196,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.http = &http.Server{Handler: s.engine, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout,
 		WriteTimeout: s.cfg.WriteTimeout, IdleTimeout: s.cfg.IdleTimeout, MaxHeaderBytes: maxHeaderBytes,
 		ErrorLog: slog.NewLogLogger(s.deps.Logger.Handler(), slog.LevelDebug)}
+	cs := &connStates{served: map[net.Conn]*atomic.Bool{}, closed: func() {
+		s.m.rejected.WithLabelValues(rejectNoRequest).Inc()
+		s.rlog.warn(rejectNoRequest, "api: connection closed without a complete request", "read_header_timeout", s.cfg.ReadHeaderTimeout)
+	}}
+	s.http.ConnState, s.http.ConnContext = cs.hook, cs.connContext
 	errc := make(chan error, 1)
 	go func() {
 		if s.cfg.TLSCert != "" {
@@ -246,6 +251,7 @@ func (s *Server) routes() {
 }
 
 func (s *Server) logRequests(c *gin.Context) {
+	markServed(c.Request)
 	start := time.Now()
 	c.Next()
 	s.deps.Logger.Debug("api", "method", c.Request.Method, "path", c.Request.URL.Path, "status", c.Writer.Status(), "dur", time.Since(start))

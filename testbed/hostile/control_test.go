@@ -245,6 +245,50 @@ func TestControlSlowBodies(t *testing.T) {
 	waitFor(t, 5*time.Second, "descriptors back to the idle count", func() bool { return controlOpenFDs(t, d.PID()) <= fd0+10 })
 }
 
+// TestControlSlowHeaders: 220 clients that never finish their headers are
+// cut at --api-read-header-timeout and counted; others are served meanwhile.
+func TestControlSlowHeaders(t *testing.T) {
+	const n = 220
+	d := startDaemon(t, nil, "--api-read-header-timeout", "1s")
+	addr := fmt.Sprintf("127.0.0.1:%d", d.Port)
+	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("conn %d: %v", i, err)
+		}
+		if _, err := io.WriteString(c, "GET /netlox/v1/version HTTP/1.1\r\nHost: x\r\nX-Slow: "); err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	t0 := time.Now()
+	if code, _ := apiDo(t, d, http.MethodGet, "/config/loadbalancer/all", ""); code != http.StatusOK {
+		t.Fatalf("list: %d", code)
+	}
+	if el := time.Since(t0); el > time.Second {
+		t.Fatalf("second client took %v under the attack", el)
+	}
+	for i, c := range conns {
+		_ = c.SetReadDeadline(start.Add(6 * time.Second))
+		if _, err := io.ReadAll(c); err != nil {
+			t.Fatalf("conn %d not cut: %v", i, err)
+		}
+	}
+	t.Logf("all %d slow-header connections cut %v after the first", n, time.Since(start).Round(time.Millisecond))
+	waitFor(t, 3*time.Second, "no_request counted", func() bool {
+		return metricSum(t, d, "loxilb_api_rejected_total", `reason="no_request"`) >= n
+	})
+	requireAlive(t, d)
+	requireRSSBelow(t, d, 200)
+}
+
 // TestControlConnCap: beyond --api-max-conns, connections are closed at
 // accept and counted; the daemon serves again once the holders go.
 func TestControlConnCap(t *testing.T) {
