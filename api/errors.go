@@ -7,6 +7,7 @@ import (
 
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
 )
 
 // Sentinels of the API layer itself.
@@ -16,41 +17,67 @@ var (
 	errBadRequest   = errors.New("bad request")
 	errNotFound     = errors.New("not found")
 	errUnavailable  = errors.New("unavailable")
+	errBodyTooLarge = errors.New("request body too large")
+	errBodyTimeout  = errors.New("request body timed out")
 )
 
-// statusOf is the one error-to-status mapping of this server. It branches on
-// error identity only, never on message text.
-func statusOf(err error) int {
+// Reason codes of errors that carry no lbrule.RuleError; stable and
+// documented in openapi.json.
+const (
+	ReasonVIPPortInUse     = "VIP_PORT_IN_USE"
+	ReasonVIPNotLocal      = "VIP_NOT_LOCAL"
+	ReasonListenPermission = "LISTEN_PERMISSION_DENIED"
+	ReasonBodyTooLarge     = "API_BODY_TOO_LARGE"
+	ReasonBodyTimeout      = "API_BODY_TIMEOUT"
+	reasonNone             = ""
+)
+
+// classify is the one error-to-status mapping of this server, with the
+// reason code of the errors that do not carry one. It branches on error
+// identity only, never on message text.
+func classify(err error) (int, string) {
+	listen := errors.Is(err, proxy.ErrListen) || errors.Is(err, control.ErrApply)
 	switch {
 	case errors.Is(err, errUnauthorized):
-		return http.StatusUnauthorized
+		return http.StatusUnauthorized, reasonNone
 	case errors.Is(err, errForbidden):
-		return http.StatusForbidden
+		return http.StatusForbidden, reasonNone
+	case errors.Is(err, errBodyTooLarge):
+		return http.StatusRequestEntityTooLarge, ReasonBodyTooLarge
+	case errors.Is(err, errBodyTimeout):
+		return http.StatusRequestTimeout, ReasonBodyTimeout
 	case errors.Is(err, lbrule.ErrInvalid), errors.Is(err, errBadRequest):
-		return http.StatusBadRequest
+		return http.StatusBadRequest, reasonNone
 	case errors.Is(err, lbrule.ErrConflict):
-		return http.StatusConflict
+		return http.StatusConflict, reasonNone
 	case errors.Is(err, lbrule.ErrPrecondition):
-		return http.StatusPreconditionFailed
+		return http.StatusPreconditionFailed, reasonNone
 	case errors.Is(err, lbrule.ErrNotFound), errors.Is(err, errNotFound):
-		return http.StatusNotFound
+		return http.StatusNotFound, reasonNone
 	case errors.Is(err, errUnavailable):
-		return http.StatusServiceUnavailable
-	case errors.Is(err, control.ErrApply) && errors.Is(err, syscall.EADDRINUSE):
+		return http.StatusServiceUnavailable, reasonNone
+	case listen && errors.Is(err, syscall.EADDRINUSE):
 		// Another process (or rule) holds the VIP:port.
-		return http.StatusConflict
-	case errors.Is(err, control.ErrApply) && errors.Is(err, syscall.EADDRNOTAVAIL):
+		return http.StatusConflict, ReasonVIPPortInUse
+	case listen && errors.Is(err, syscall.EADDRNOTAVAIL):
 		// The VIP is not local and no data plane makes it so.
-		return http.StatusBadRequest
+		return http.StatusBadRequest, ReasonVIPNotLocal
+	case listen && (errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM)):
+		// A port below 1024 without CAP_NET_BIND_SERVICE.
+		return http.StatusPreconditionFailed, ReasonListenPermission
 	}
-	return http.StatusInternalServerError
+	return http.StatusInternalServerError, reasonNone
 }
 
 func errorBody(err error) ErrorBody {
-	b := ErrorBody{Code: statusOf(err), Message: err.Error()}
+	code, reason := classify(err)
+	b := ErrorBody{Code: code, Message: err.Error(), ReasonCode: reason}
 	var re *lbrule.RuleError
 	if errors.As(err, &re) {
-		b.Field, b.ReasonCode = re.Field, re.Reason
+		b.Field = re.Field
+		if re.Reason != "" {
+			b.ReasonCode = re.Reason
+		}
 	}
 	return b
 }

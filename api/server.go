@@ -58,8 +58,62 @@ type Config struct {
 	Addr            string // listen address, default 127.0.0.1:11111
 	Token           string // bearer token; empty disables authentication
 	TLSCert, TLSKey string // serve HTTPS when both are set
-	MetricsEnabled  bool   // initial state of the metrics export
-	Version         string
+	// AllowCleartext accepts a token over plain HTTP on a non-loopback
+	// address (where anyone on the path can read it); refused otherwise.
+	AllowCleartext bool
+	MetricsEnabled bool // initial state of the metrics export
+	Version        string
+
+	// Limits; zero means the Default* value.
+	ReadHeaderTimeout time.Duration // a request's headers must arrive within this
+	ReadTimeout       time.Duration // a whole request, body included
+	WriteTimeout      time.Duration // a whole response
+	IdleTimeout       time.Duration // a keep-alive connection between requests
+	MaxBodyBytes      int64         // larger bodies get 413 unread
+	MaxConns          int           // connections open at once; more are closed at accept
+}
+
+func (c Config) withDefaults() Config {
+	if c.Addr == "" {
+		c.Addr = "127.0.0.1:11111"
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	def(&c.ReadTimeout, DefaultReadTimeout)
+	def(&c.WriteTimeout, DefaultWriteTimeout)
+	def(&c.IdleTimeout, DefaultIdleTimeout)
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = DefaultMaxConns
+	}
+	return c
+}
+
+// Validate checks the configuration before anything is bound: the daemon
+// calls it first, so a refused exposure never opens a socket.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if !loopbackAddr(c.Addr) {
+		if c.Token == "" {
+			return fmt.Errorf("%w: %s", ErrInsecureBind, c.Addr)
+		}
+		if c.TLSCert == "" && !c.AllowCleartext {
+			return fmt.Errorf("%w: %s", ErrCleartextToken, c.Addr)
+		}
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return errors.New("api: --tls-cert and --tls-key go together")
+	}
+	if c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.IdleTimeout < 0 || c.MaxBodyBytes < 0 || c.MaxConns < 0 {
+		return errors.New("api: negative timeout or limit")
+	}
+	return nil
 }
 
 // Deps are the server's collaborators. Rules is required.
@@ -69,7 +123,10 @@ type Deps struct {
 	States       EndpointStates
 	KV           KVInspector
 	Gatherer     prometheus.Gatherer
-	Logger       *slog.Logger
+	// Registerer receives the server's own metrics; nil keeps them
+	// unregistered.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
 }
 
 // Server is the management REST server.
@@ -78,31 +135,37 @@ type Server struct {
 	deps    Deps
 	engine  *gin.Engine
 	metrics atomic.Bool
+	m       *metrics
+	rlog    *rateLog
 	http    *http.Server
 }
 
 // ErrInsecureBind: a non-loopback management address needs a token.
 var ErrInsecureBind = errors.New("refusing to serve the management API on a non-loopback address without a bearer token (set --api-token-file)")
 
+// ErrCleartextToken: a non-loopback management address with a token needs
+// TLS, or the token crosses the network in clear.
+var ErrCleartextToken = errors.New("refusing to send the management API's bearer token in cleartext on a non-loopback address (set --tls-cert and --tls-key, or accept the risk with --api-allow-cleartext)")
+
 // New validates the configuration and builds the routes.
 func New(cfg Config, deps Deps) (*Server, error) {
 	if deps.Rules == nil {
 		return nil, errors.New("api: Rules is required")
 	}
-	if cfg.Addr == "" {
-		cfg.Addr = "127.0.0.1:11111"
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
+	cfg = cfg.withDefaults()
 	if deps.Logger == nil {
 		deps.Logger = slog.Default()
 	}
-	if cfg.Token == "" && !loopbackAddr(cfg.Addr) {
-		return nil, fmt.Errorf("%w: %s", ErrInsecureBind, cfg.Addr)
-	}
-	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
-		return nil, errors.New("api: --tls-cert and --tls-key go together")
+	m, err := newMetrics(deps.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("api metrics: %w", err)
 	}
 	gin.SetMode(gin.ReleaseMode)
-	s := &Server{cfg: cfg, deps: deps, engine: gin.New()}
+	s := &Server{cfg: cfg, deps: deps, engine: gin.New(), m: m,
+		rlog: &rateLog{logger: deps.Logger, last: map[string]time.Time{}, quiet: map[string]int{}}}
 	s.metrics.Store(cfg.MetricsEnabled)
 	s.routes()
 	return s, nil
@@ -123,9 +186,21 @@ func loopbackAddr(addr string) bool {
 // Handler exposes the routes (for tests and embedding).
 func (s *Server) Handler() http.Handler { return s.engine }
 
-// Serve listens on ln until ctx ends.
+// Serve listens on ln until ctx ends. Every connection is bounded in time
+// (headers, whole request, response, idle) and in number.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	s.http = &http.Server{Handler: s.engine, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	ln = &limitListener{Listener: ln, sem: make(chan struct{}, s.cfg.MaxConns), m: s.m, reject: func() {
+		s.m.rejected.WithLabelValues(rejectConnLimit).Inc()
+		s.rlog.warn(rejectConnLimit, "api: connection refused", "max_conns", s.cfg.MaxConns)
+	}}
+	s.http = &http.Server{Handler: s.engine, ReadHeaderTimeout: s.cfg.ReadHeaderTimeout, ReadTimeout: s.cfg.ReadTimeout,
+		WriteTimeout: s.cfg.WriteTimeout, IdleTimeout: s.cfg.IdleTimeout, MaxHeaderBytes: maxHeaderBytes,
+		ErrorLog: slog.NewLogLogger(s.deps.Logger.Handler(), slog.LevelDebug)}
+	cs := &connStates{served: map[net.Conn]*atomic.Bool{}, closed: func() {
+		s.m.rejected.WithLabelValues(rejectNoRequest).Inc()
+		s.rlog.warn(rejectNoRequest, "api: connection closed without a complete request", "read_header_timeout", s.cfg.ReadHeaderTimeout)
+	}}
+	s.http.ConnState, s.http.ConnContext = cs.hook, cs.connContext
 	errc := make(chan error, 1)
 	go func() {
 		if s.cfg.TLSCert != "" {
@@ -150,7 +225,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 
 func (s *Server) routes() {
 	e := s.engine
-	e.Use(gin.Recovery(), s.logRequests, s.auth)
+	// Authentication runs before anything reads a body: a refused client's
+	// body is never read, whatever its size or pace.
+	e.Use(gin.Recovery(), s.logRequests, s.auth, s.limitBody)
 	e.NoRoute(func(c *gin.Context) {
 		s.fail(c, fmt.Errorf("%w: no route %s %s", errNotFound, c.Request.Method, c.Request.URL.Path))
 	})
@@ -174,6 +251,7 @@ func (s *Server) routes() {
 }
 
 func (s *Server) logRequests(c *gin.Context) {
+	markServed(c.Request)
 	start := time.Now()
 	c.Next()
 	s.deps.Logger.Debug("api", "method", c.Request.Method, "path", c.Request.URL.Path, "status", c.Writer.Status(), "dur", time.Since(start))
@@ -189,18 +267,65 @@ func (s *Server) auth(c *gin.Context) {
 	tok, ok := strings.CutPrefix(h, "Bearer ")
 	if h == "" || !ok {
 		c.Header("WWW-Authenticate", `Bearer realm="loxilb"`)
-		s.fail(c, errUnauthorized)
-		c.Abort()
+		s.refuse(c, rejectUnauthorized, errUnauthorized)
 		return
 	}
 	if subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(s.cfg.Token)) != 1 {
-		s.fail(c, errForbidden)
-		c.Abort()
+		s.refuse(c, rejectForbidden, errForbidden)
 	}
+}
+
+// limitBody refuses a declared body over MaxBodyBytes before reading it,
+// and caps what an undeclared (chunked) body may deliver.
+func (s *Server) limitBody(c *gin.Context) {
+	if c.Request.ContentLength > s.cfg.MaxBodyBytes {
+		s.refuse(c, rejectBodyTooLarge, fmt.Errorf("%w: %d bytes declared, the limit is %d (--api-max-body)", errBodyTooLarge, c.Request.ContentLength, s.cfg.MaxBodyBytes))
+		return
+	}
+	c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, s.cfg.MaxBodyBytes)
+}
+
+// refuse answers err, counts and logs (rate-limited) the refusal, and
+// closes the connection without reading what is left of the request.
+func (s *Server) refuse(c *gin.Context, reason string, err error) {
+	s.m.rejected.WithLabelValues(reason).Inc()
+	s.rlog.warn(reason, "api: request refused", "remote", c.Request.RemoteAddr, "path", c.Request.URL.Path, "err", err)
+	stopReading(c.Writer)
+	s.fail(c, err)
+	c.Abort()
+}
+
+// readBody reads a request body already capped by limitBody, turning the
+// cap and the read timeout into their own statuses.
+func (s *Server) readBody(c *gin.Context) ([]byte, error) {
+	body, err := io.ReadAll(c.Request.Body)
+	if err == nil {
+		return body, nil
+	}
+	var tooBig *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case errors.As(err, &tooBig):
+		s.m.rejected.WithLabelValues(rejectBodyTooLarge).Inc()
+		s.rlog.warn(rejectBodyTooLarge, "api: request refused", "remote", c.Request.RemoteAddr, "path", c.Request.URL.Path)
+		stopReading(c.Writer)
+		return nil, fmt.Errorf("%w: the limit is %d bytes (--api-max-body)", errBodyTooLarge, s.cfg.MaxBodyBytes)
+	case errors.As(err, &ne) && ne.Timeout():
+		s.m.rejected.WithLabelValues(rejectBodyTimeout).Inc()
+		s.rlog.warn(rejectBodyTimeout, "api: request body too slow", "remote", c.Request.RemoteAddr, "path", c.Request.URL.Path)
+		c.Header("Connection", "close")
+		return nil, fmt.Errorf("%w: the body did not arrive within %v (--api-read-timeout)", errBodyTimeout, s.cfg.ReadTimeout)
+	}
+	return nil, fmt.Errorf("%w: read body: %v", errBadRequest, err)
 }
 
 func (s *Server) fail(c *gin.Context, err error) {
 	b := errorBody(err)
+	reason := b.ReasonCode
+	if reason == "" {
+		reason = "none"
+	}
+	s.m.errors.WithLabelValues(strconv.Itoa(b.Code), reason).Inc()
 	if b.Code >= 500 {
 		s.deps.Logger.Error("api request failed", "path", c.Request.URL.Path, "err", err)
 	}
@@ -208,9 +333,9 @@ func (s *Server) fail(c *gin.Context, err error) {
 }
 
 func (s *Server) createLB(c *gin.Context) {
-	body, err := io.ReadAll(io.LimitReader(c.Request.Body, lbrule.MaxBodyBytes+1))
+	body, err := s.readBody(c)
 	if err != nil {
-		s.fail(c, fmt.Errorf("%w: read body: %v", errBadRequest, err))
+		s.fail(c, err)
 		return
 	}
 	svc, created, err := s.deps.Rules.Create(c.Request.Context(), body)

@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -230,7 +231,17 @@ func TestNonLoopbackNeedsToken(t *testing.T) {
 	if err == nil {
 		t.Fatal("non-loopback bind without token accepted")
 	}
-	if _, err := api.New(api.Config{Addr: "0.0.0.0:11111", Token: "x"}, api.Deps{Rules: control.New(st, nil, nil)}); err != nil {
+	// A token in cleartext off loopback is refused unless accepted explicitly.
+	if _, err := api.New(api.Config{Addr: "0.0.0.0:11111", Token: "x"}, api.Deps{Rules: control.New(st, nil, nil)}); !errors.Is(err, api.ErrCleartextToken) {
+		t.Fatalf("want ErrCleartextToken, got %v", err)
+	}
+	if _, err := api.New(api.Config{Addr: "0.0.0.0:11111", Token: "x", AllowCleartext: true}, api.Deps{Rules: control.New(st, nil, nil)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := (api.Config{Addr: "[::]:11111", Token: "x", TLSCert: "c.pem", TLSKey: "k.pem"}).Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := (api.Config{Addr: "127.0.0.1:11111", Token: "x"}).Validate(); err != nil {
 		t.Fatal(err)
 	}
 }

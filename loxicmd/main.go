@@ -5,8 +5,8 @@
 //
 // Exit codes are stable so scripts can branch on them: 0 success, 2 invalid
 // command-line input, 3 authentication (401/403), 4 precondition (404, 409,
-// 412), 5 daemon unavailable (transport error, 429, 503), 6 request rejected
-// as invalid by the daemon (400), 7 any other failure.
+// 412), 5 daemon unavailable (transport error, 408, 429, 503), 6 request
+// rejected as invalid by the daemon (400, 413), 7 any other failure.
 package main
 
 import (
@@ -47,7 +47,7 @@ func exitCode(err error) int {
 			return exitAuth
 		case ae.Status == 404 || ae.Status == 409 || ae.Status == 412:
 			return exitPrecondition
-		case ae.Status == 429 || ae.Status == 503:
+		case ae.Status == 408 || ae.Status == 429 || ae.Status == 503:
 			return exitUnavailable
 		case ae.Status == 400 || ae.Status == 413 || ae.Status == 422:
 			return exitInvalid

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/loxilb-llm/loxilb/api"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 )
 
@@ -19,6 +22,7 @@ type config struct {
 	apiAddr        string
 	apiTokenFile   string
 	apiToken       string
+	api            apiLimits
 	tlsCert        string
 	tlsKey         string
 	stateDir       string
@@ -42,6 +46,17 @@ type config struct {
 	showVersion    bool
 }
 
+// apiLimits bound the management API's connections (see api.Config).
+type apiLimits struct {
+	readHeaderTimeout time.Duration
+	readTimeout       time.Duration
+	writeTimeout      time.Duration
+	idleTimeout       time.Duration
+	maxBody           int64
+	maxConns          int
+	allowCleartext    bool
+}
+
 func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("loxilb", flag.ContinueOnError)
@@ -55,6 +70,13 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	var ifaces, level, format, receipts string
 	fs.StringVar(&c.apiAddr, "api-addr", getenv("LOXILB_API_ADDR", "127.0.0.1:11111"), "management API listen address (a non-loopback address requires a token)")
 	fs.StringVar(&c.apiTokenFile, "api-token-file", getenv("LOXILB_API_TOKEN_FILE", ""), "file holding the bearer token required on every API route (env LOXILB_API_TOKEN_FILE)")
+	fs.DurationVar(&c.api.readHeaderTimeout, "api-read-header-timeout", api.DefaultReadHeaderTimeout, "management API: time a client has to send a request's headers (100ms..5m)")
+	fs.DurationVar(&c.api.readTimeout, "api-read-timeout", api.DefaultReadTimeout, "management API: time a client has to send a whole request, body included; slower bodies get 408 (100ms..1h)")
+	fs.DurationVar(&c.api.writeTimeout, "api-write-timeout", api.DefaultWriteTimeout, "management API: time to write a response to a client (1s..1h)")
+	fs.DurationVar(&c.api.idleTimeout, "api-idle-timeout", api.DefaultIdleTimeout, "management API: how long an idle keep-alive connection is kept (1s..1h)")
+	fs.Int64Var(&c.api.maxBody, "api-max-body", api.DefaultMaxBodyBytes, "management API: largest request body in bytes; larger ones get 413 unread (1024..1048576)")
+	fs.IntVar(&c.api.maxConns, "api-max-conns", api.DefaultMaxConns, "management API: connections open at once; more are closed at accept (1..65536)")
+	fs.BoolVar(&c.api.allowCleartext, "api-allow-cleartext", false, "accept a bearer token over plain HTTP on a non-loopback --api-addr (otherwise --tls-cert is required there)")
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "serve the API over HTTPS with this certificate (PEM)")
 	fs.StringVar(&c.tlsKey, "tls-key", "", "private key (PEM) for --tls-cert")
 	fs.StringVar(&c.stateDir, "state-dir", getenv("LOXILB_STATE_DIR", "/var/lib/loxilb"), "directory of the embedded rule store")
@@ -81,6 +103,21 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if err := c.api.validate(); err != nil {
+		return nil, err
+	}
+	// Certificates are loaded once here, so a bad file stops the daemon
+	// naming the flag instead of failing every TLS rule (or the API) later.
+	for _, kp := range [][4]string{{"--tls-cert", c.tlsCert, "--tls-key", c.tlsKey}, {"--proxy-tls-cert", c.proxyCert, "--proxy-tls-key", c.proxyKey}} {
+		if (kp[1] == "") != (kp[3] == "") {
+			return nil, fmt.Errorf("%s and %s go together", kp[0], kp[2])
+		}
+		if kp[1] != "" {
+			if _, err := tls.LoadX509KeyPair(kp[1], kp[3]); err != nil {
+				return nil, fmt.Errorf("%s %s / %s %s: %w", kp[0], kp[1], kp[2], kp[3], err)
+			}
+		}
 	}
 	if err := c.logLevel.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
@@ -139,4 +176,36 @@ func (c *config) logger(w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func (a apiLimits) validate() error {
+	for _, d := range []struct {
+		flag   string
+		v      time.Duration
+		lo, hi time.Duration
+	}{
+		{"--api-read-header-timeout", a.readHeaderTimeout, 100 * time.Millisecond, 5 * time.Minute},
+		{"--api-read-timeout", a.readTimeout, 100 * time.Millisecond, time.Hour},
+		{"--api-write-timeout", a.writeTimeout, time.Second, time.Hour},
+		{"--api-idle-timeout", a.idleTimeout, time.Second, time.Hour},
+	} {
+		if d.v < d.lo || d.v > d.hi {
+			return fmt.Errorf("%s %v: want a duration in %v..%v", d.flag, d.v, d.lo, d.hi)
+		}
+	}
+	if a.maxBody < 1024 || a.maxBody > lbrule.MaxBodyBytes {
+		return fmt.Errorf("--api-max-body %d: want 1024..%d bytes (no rule body is larger)", a.maxBody, lbrule.MaxBodyBytes)
+	}
+	if a.maxConns < 1 || a.maxConns > 65536 {
+		return fmt.Errorf("--api-max-conns %d: want 1..65536", a.maxConns)
+	}
+	return nil
+}
+
+// apiConfig is the management server's configuration.
+func (c *config) apiConfig() api.Config {
+	return api.Config{Addr: c.apiAddr, Token: c.apiToken, TLSCert: c.tlsCert, TLSKey: c.tlsKey, AllowCleartext: c.api.allowCleartext,
+		MetricsEnabled: c.metrics, Version: version,
+		ReadHeaderTimeout: c.api.readHeaderTimeout, ReadTimeout: c.api.readTimeout, WriteTimeout: c.api.writeTimeout,
+		IdleTimeout: c.api.idleTimeout, MaxBodyBytes: c.api.maxBody, MaxConns: c.api.maxConns}
 }

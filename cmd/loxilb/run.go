@@ -46,6 +46,12 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		fmt.Println(version)
 		return nil
 	}
+	// The management API's exposure is checked before anything is opened
+	// or bound: a refused configuration leaves no trace.
+	apiCfg := cfg.apiConfig()
+	if err := apiCfg.Validate(); err != nil {
+		return err
+	}
 	logger := cfg.logger(os.Stderr)
 	getenv := func(k string) string { v, _ := env(k); return v }
 	reg := prometheus.NewRegistry()
@@ -53,7 +59,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 
 	st, err := store.OpenBolt(cfg.stateDir)
 	if err != nil {
-		return fmt.Errorf("rule store: %w", err)
+		return err // names the file, what is wrong and what to do
 	}
 	defer st.Close()
 
@@ -185,9 +191,8 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		logger.Error("some stored rules were not applied", "err", err)
 	}
 
-	srv, err := api.New(api.Config{Addr: cfg.apiAddr, Token: cfg.apiToken, TLSCert: cfg.tlsCert, TLSKey: cfg.tlsKey,
-		MetricsEnabled: cfg.metrics, Version: version},
-		api.Deps{Rules: ctl, Capabilities: caps.list, Gatherer: reg, Logger: logger,
+	srv, err := api.New(apiCfg,
+		api.Deps{Rules: ctl, Capabilities: caps.list, Gatherer: reg, Registerer: reg, Logger: logger,
 			KV:     inspector{index: index, events: events},
 			States: gateway.EndpointState(prober, ctl.Get)})
 	if err != nil {
@@ -199,6 +204,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	}
 	logger.Info("loxilb started", "version", version, "api", ln.Addr().String(), "state_dir", cfg.stateDir,
 		"tokenizer_dir", cfg.tokenizerDir, "rules", len(ctl.List()), "auth", cfg.apiToken != "", "tls", cfg.tlsCert != "",
+		"api_read_timeout", cfg.api.readTimeout, "api_max_body", cfg.api.maxBody, "api_max_conns", cfg.api.maxConns,
 		"coalesce_wait", max(coalesceWait, 0), "prefill_slots", prefillSlots, "prefill_queue_wait", prefillWait,
 		"proxy_receipts", cfg.receipts.String(), "tokenize_max_bytes", cfg.tokMaxBytes, "tokenize_max_tokens", cfg.tokMaxTokens,
 		"tokenize_concurrency", cfg.tokConcurrency)

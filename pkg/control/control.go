@@ -131,6 +131,11 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 		svc.ID = id
 	}
 
+	if other, ok := c.listenerTakenLocked(svc.ID, r); ok {
+		return Service{}, false, &lbrule.RuleError{Class: lbrule.ErrConflict, Field: "serviceArguments.block",
+			Msg: fmt.Sprintf("mode-4 rule %d (%s) already listens on %s:%d: the proxy tells rules apart by address, not by block mark; use another VIP or port",
+				other.ID, other.Rule.Key(), r.Service.ExternalIP, r.Service.Port)}
+	}
 	c.services[svc.ID] = svc
 	if err := c.reconcileLocked(ctx); err != nil {
 		// Roll back to the previous table so stages and store agree again.
@@ -159,6 +164,22 @@ func sameRule(a, b *lbrule.Rule) bool {
 	x, _ := lbrule.Encode(a)
 	y, _ := lbrule.Encode(b)
 	return bytes.Equal(x, y)
+}
+
+// listenerTakenLocked finds another mode-4 rule on the same VIP:port (they
+// differ by block mark only): the proxy has one listener per VIP:port, so
+// the second could never be served.
+func (c *Controller) listenerTakenLocked(id uint32, r *lbrule.Rule) (Service, bool) {
+	if r.Service.Mode != lbrule.ModeFullProxy {
+		return Service{}, false
+	}
+	for _, s := range c.services {
+		o := s.Rule.Service
+		if s.ID != id && o.Mode == lbrule.ModeFullProxy && o.Port == r.Service.Port && s.Rule.Key().IP == r.Key().IP {
+			return s, true
+		}
+	}
+	return Service{}, false
 }
 
 func (c *Controller) findLocked(k lbrule.Key) (Service, bool) {

@@ -96,3 +96,26 @@ func TestLifecycle(t *testing.T) {
 		t.Fatal("reconciler still has the rule")
 	}
 }
+
+// TestSecondListenerOnVIPPortIsConflict: two mode-4 rules that differ only
+// by block mark would need the same listener; the second is a 409, not a
+// proxy configuration error (500).
+func TestSecondListenerOnVIPPortIsConflict(t *testing.T) {
+	ctx := context.Background()
+	c, _, st := newCtl(t, t.TempDir())
+	defer st.Close()
+	if _, _, err := c.Create(ctx, []byte(body)); err != nil {
+		t.Fatal(err)
+	}
+	marked := strings.Replace(body, `"name":"chat"`, `"name":"chat","block":7`, 1)
+	_, _, err := c.Create(ctx, []byte(marked))
+	var re *lbrule.RuleError
+	if !errors.As(err, &re) || !errors.Is(err, lbrule.ErrConflict) || re.Field != "serviceArguments.block" {
+		t.Fatalf("want 409 on serviceArguments.block, got %v", err)
+	}
+	// An update of the same rule is not a conflict with itself.
+	updated := strings.Replace(body, `"sel":8`, `"sel":0`, 1)
+	if _, created, err := c.Create(ctx, []byte(updated)); err != nil || created {
+		t.Fatalf("update: %v %v", created, err)
+	}
+}

@@ -307,7 +307,8 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 		ps := proxy.Service{ID: cs.ID, Listen: netip.AddrPortFrom(vip, uint16(r.Service.Port)), Security: proxy.Security(r.Service.Security),
 			CertFile: g.cfg.CertFile, KeyFile: g.cfg.KeyFile, CAFile: g.cfg.CAFile, Receipts: g.cfg.Receipts}
 		if ps.Security != proxy.SecurityPlain && (ps.CertFile == "" || ps.KeyFile == "") {
-			return fmt.Errorf("rule %d: security %d needs the daemon started with --proxy-tls-cert and --proxy-tls-key", cs.ID, r.Service.Security)
+			return &lbrule.RuleError{Class: lbrule.ErrPrecondition, Field: "serviceArguments.security", Reason: lbrule.ReasonProxyTLSUnset,
+				Msg: fmt.Sprintf("rule %d: security %d needs the daemon started with --proxy-tls-cert and --proxy-tls-key", cs.ID, r.Service.Security)}
 		}
 		pcfg.Services = append(pcfg.Services, ps)
 	}

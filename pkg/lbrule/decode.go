@@ -6,14 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
 )
 
 // MaxBodyBytes bounds a rule body; a rule is a few hundred bytes.
 const MaxBodyBytes = 1 << 20
 
-// Decode parses a rule body strictly: unknown fields, wrong types, trailing
-// data and empty bodies are rejected with an error naming the field. It does
+// Decode parses a rule body strictly: unknown fields, keys spelled in
+// another case than loxilb's (encoding/json would match them), duplicate
+// keys (encoding/json would keep the last), wrong types, trailing data and
+// empty bodies are rejected with an error naming the field. It does
 // not validate semantics; call Validate for that.
 func Decode(body []byte) (*Rule, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
@@ -21,6 +24,9 @@ func Decode(body []byte) (*Rule, error) {
 	}
 	if len(body) > MaxBodyBytes {
 		return nil, invalid("", "body of %d bytes exceeds the %d-byte limit", len(body), MaxBodyBytes)
+	}
+	if err := checkKeys(body); err != nil {
+		return nil, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -32,6 +38,116 @@ func Decode(body []byte) (*Rule, error) {
 		return nil, invalid("", "unexpected data after the JSON object")
 	}
 	return &r, nil
+}
+
+// maxDepth bounds the nesting of a rule body; a rule nests three levels.
+const maxDepth = 16
+
+// shape is the key set a JSON value must use: the exact json tag names of
+// an object's fields, or the shape of an array's elements.
+type shape struct {
+	fields map[string]*shape
+	elem   *shape
+}
+
+func shapeOf(t reflect.Type) *shape {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		s := &shape{fields: map[string]*shape{}}
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "-" || !f.IsExported() {
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			s.fields[name] = shapeOf(f.Type)
+		}
+		return s
+	case reflect.Slice, reflect.Array:
+		return &shape{elem: shapeOf(t.Elem())}
+	}
+	return nil
+}
+
+// checkKeys walks the body's tokens and rejects a key that appears twice
+// in one object, or that matches a field only case-insensitively: loxilb's
+// names mix camelCase and snake_case (kvExactMode, pd_disagg_mode) and are
+// matched exactly as written. Unknown keys and wrong types are left to the
+// decoder, which names them.
+func checkKeys(body []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	return walkKeys(dec, shapeOf(reflect.TypeOf(Rule{})), "", 0)
+}
+
+func walkKeys(dec *json.Decoder, sh *shape, path string, depth int) error {
+	if depth > maxDepth {
+		return invalid(path, "nested deeper than %d levels", maxDepth)
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return jsonError(err)
+	}
+	d, ok := tok.(json.Delim)
+	if !ok {
+		return nil
+	}
+	switch d {
+	case '{':
+		seen := map[string]bool{}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				return jsonError(err)
+			}
+			key, _ := tok.(string)
+			field := joinPath(path, key)
+			if seen[key] {
+				return invalid(field, "duplicate key: each key may appear once in an object")
+			}
+			seen[key] = true
+			var child *shape
+			if sh != nil && sh.fields != nil {
+				var known bool
+				if child, known = sh.fields[key]; !known {
+					for name := range sh.fields {
+						if strings.EqualFold(name, key) {
+							return invalid(field, "unknown field: keys are case-sensitive, write %q", name)
+						}
+					}
+				}
+			}
+			if err := walkKeys(dec, child, field, depth+1); err != nil {
+				return err
+			}
+		}
+	case '[':
+		var elem *shape
+		if sh != nil {
+			elem = sh.elem
+		}
+		for i := 0; dec.More(); i++ {
+			if err := walkKeys(dec, elem, fmt.Sprintf("%s[%d]", path, i), depth+1); err != nil {
+				return err
+			}
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing delimiter
+		return jsonError(err)
+	}
+	return nil
+}
+
+func joinPath(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
 }
 
 func jsonError(err error) *RuleError {

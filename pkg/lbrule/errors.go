@@ -23,6 +23,10 @@ var (
 const (
 	ReasonSeedUnset   = "KV_EXACT_SEED_UNSET"
 	ReasonSeedTooLong = "KV_EXACT_SEED_TOO_LONG"
+	ReasonSeedInvalid = "KV_EXACT_SEED_INVALID"
+	// ReasonProxyTLSUnset: a rule asks for TLS (security 1 or 2) but the
+	// daemon was started without --proxy-tls-cert and --proxy-tls-key.
+	ReasonProxyTLSUnset = "PROXY_TLS_CERT_UNSET"
 )
 
 // RuleError is a rejected rule: which field, what is wrong and how to fix it.

@@ -61,6 +61,11 @@ const (
 	MaxEndpoints      = 32
 	MaxInactiveTimout = 86400
 	MaxBlockSize      = 65536
+	MaxNameLen        = 128   // name and session_header_name, in bytes
+	MaxModelNameLen   = 256   // model_name, in bytes
+	MaxProbeTextLen   = 1024  // probereq and proberesp, in bytes
+	MaxProbeTimeout   = 86400 // probeTimeout, seconds
+	MaxProbeRetries   = 100
 )
 
 // ServiceArgs is serviceArguments; JSON keys are spelled exactly as loxilb's API
@@ -156,7 +161,7 @@ func (r *Rule) Key() Key {
 
 func canonicalIP(s string) string {
 	if a, err := netip.ParseAddr(s); err == nil {
-		return a.String()
+		return a.Unmap().String()
 	}
 	return s
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/loxilb-llm/loxilb/pkg/engine"
 )
@@ -23,6 +25,10 @@ func SeedPrecondition(env LookupEnv) *RuleError {
 	if !ok || seed == "" {
 		return &RuleError{Class: ErrPrecondition, Reason: ReasonSeedUnset,
 			Msg: "vllm kvExactMode requires non-empty Gateway " + SeedEnv + " matching engine PYTHONHASHSEED (set it in the daemon's environment and restart; the rule body cannot satisfy this)"}
+	}
+	if !utf8.ValidString(seed) {
+		return &RuleError{Class: ErrPrecondition, Reason: ReasonSeedInvalid,
+			Msg: SeedEnv + " is not valid UTF-8: vLLM hashes it as a text string, so no engine can match it (set it to the engine's PYTHONHASHSEED and restart)"}
 	}
 	if len(seed) > engine.MaxVLLMSeedLen {
 		return &RuleError{Class: ErrPrecondition, Reason: ReasonSeedTooLong,
@@ -57,13 +63,16 @@ func Prepare(in *Rule, env LookupEnv) (*Rule, error) {
 func validateService(r *Rule) error {
 	s := &r.Service
 	ip, err := netip.ParseAddr(strings.TrimSpace(s.ExternalIP))
+	ip = ip.Unmap()
 	if s.ExternalIP == "" {
 		return invalid(svcField("externalIP"), "is required (the VIP, e.g. 192.0.2.10)")
 	}
 	if err != nil {
 		return invalid(svcField("externalIP"), "%q is not an IP address", s.ExternalIP)
 	}
-	s.ExternalIP = ip.String()
+	// One textual form per address: an IPv4-mapped VIP (::ffff:a.b.c.d) is
+	// the IPv4 VIP, so it is found, deleted and conflicted as that.
+	s.ExternalIP = ip.Unmap().String()
 	s.Protocol = strings.ToLower(s.Protocol)
 	switch s.Protocol {
 	case "tcp", "udp", "sctp":
@@ -125,11 +134,36 @@ func validateService(r *Rule) error {
 	if s.ProbePort < 0 || s.ProbePort > 65535 {
 		return invalid(svcField("probeport"), "%d is out of range 0..65535", s.ProbePort)
 	}
-	if s.ProbeTimeout < 0 {
-		return invalid(svcField("probeTimeout"), "must not be negative")
+	switch s.ProbeType {
+	case "udp", "sctp":
+		return invalid(svcField("probetype"), "%s probes are not supported by this gateway: use tcp, http, https, ping or none", s.ProbeType)
 	}
-	if s.ProbeRetries < 0 {
-		return invalid(svcField("probeRetries"), "must not be negative")
+	if s.ProbeTimeout < 0 || s.ProbeTimeout > MaxProbeTimeout {
+		return invalid(svcField("probeTimeout"), "%d is out of range 0..%d seconds", s.ProbeTimeout, MaxProbeTimeout)
+	}
+	if s.ProbeRetries < 0 || s.ProbeRetries > MaxProbeRetries {
+		return invalid(svcField("probeRetries"), "%d is out of range 0..%d", s.ProbeRetries, MaxProbeRetries)
+	}
+	switch s.ProbeType {
+	case "tcp", "http", "https":
+		if s.Protocol == "icmp" && s.ProbePort == 0 {
+			return invalid(svcField("probeport"), "is required for a %s probe of an icmp rule (its endpoints have no target port)", s.ProbeType)
+		}
+	}
+	if err := checkProbeReq(s); err != nil {
+		return err
+	}
+	if len(s.ProbeResp) > MaxProbeTextLen || hasControl(s.ProbeResp) {
+		return invalid(svcField("proberesp"), "must be at most %d bytes without control characters", MaxProbeTextLen)
+	}
+	if err := checkName(s.Name); err != nil {
+		return err
+	}
+	if len(s.ModelName) > MaxModelNameLen || hasControl(s.ModelName) {
+		return invalid(svcField("model_name"), "must be at most %d bytes without control characters", MaxModelNameLen)
+	}
+	if s.SessionHeaderName != "" && !isHeaderToken(s.SessionHeaderName) {
+		return invalid(svcField("session_header_name"), "%q is not an HTTP header name (at most %d letters, digits and !#$%%&'*+-.^_`|~)", s.SessionHeaderName, MaxNameLen)
 	}
 	if s.InactiveTimeOut < 0 || s.InactiveTimeOut > MaxInactiveTimout {
 		return invalid(svcField("inactiveTimeOut"), "%d is out of range 0..%d seconds", s.InactiveTimeOut, MaxInactiveTimout)
@@ -141,6 +175,53 @@ func validateService(r *Rule) error {
 		return invalid(svcField("session_header_name"), "requires mode=fullproxy (4)")
 	}
 	return nil
+}
+
+// checkProbeReq: for http and https probes probereq is the URL path the
+// probe requests, for the others an opaque payload; either is bounded.
+func checkProbeReq(s *ServiceArgs) error {
+	if len(s.ProbeReq) > MaxProbeTextLen {
+		return invalid(svcField("probereq"), "%d bytes exceed the limit of %d", len(s.ProbeReq), MaxProbeTextLen)
+	}
+	if s.ProbeType != "http" && s.ProbeType != "https" || s.ProbeReq == "" {
+		if hasControl(s.ProbeReq) {
+			return invalid(svcField("probereq"), "must not hold control characters")
+		}
+		return nil
+	}
+	if !strings.HasPrefix(s.ProbeReq, "/") || strings.ContainsFunc(s.ProbeReq, func(c rune) bool { return c <= ' ' || c == 0x7f }) {
+		return invalid(svcField("probereq"), "%q is not a URL path: an %s probe requests a path such as /health (no spaces or control characters)", s.ProbeReq, s.ProbeType)
+	}
+	return nil
+}
+
+// checkName: a rule name is a path segment of the delete-by-name API and a
+// log field, so it is bounded and has no '/' and no control characters.
+func checkName(n string) error {
+	switch {
+	case len(n) > MaxNameLen:
+		return invalid(svcField("name"), "%d bytes exceed the limit of %d", len(n), MaxNameLen)
+	case strings.ContainsRune(n, '/'):
+		return invalid(svcField("name"), "%q must not contain '/' (it is a path segment of DELETE .../name/<name>)", n)
+	case hasControl(n) || !utf8.ValidString(n):
+		return invalid(svcField("name"), "must be valid UTF-8 without control characters")
+	}
+	return nil
+}
+
+func hasControl(s string) bool { return strings.ContainsFunc(s, unicode.IsControl) }
+
+func isHeaderToken(s string) bool {
+	if len(s) > MaxNameLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 func validateEndpoints(r *Rule) error {
@@ -158,7 +239,7 @@ func validateEndpoints(r *Rule) error {
 		if err != nil {
 			return invalid(epField(i, "endpointIP"), "%q is not an IP address", ep.IP)
 		}
-		ep.IP = a.String()
+		ep.IP = a.Unmap().String()
 		if r.Service.Protocol == "icmp" {
 			if ep.Port != 0 {
 				return invalid(epField(i, "targetPort"), "must be 0 for icmp")

@@ -40,6 +40,9 @@ var (
 	// ErrClientCanceled means the client went away before the response
 	// was complete.
 	ErrClientCanceled = errors.New("client canceled")
+	// ErrListen means a rule's VIP:port listener could not be opened; the
+	// cause (EADDRINUSE, EADDRNOTAVAIL, EACCES) is wrapped with it.
+	ErrListen = errors.New("cannot listen on the rule's address")
 )
 
 // StatusClientClosed is the status recorded (never sent) for requests

@@ -407,7 +407,7 @@ func (s *Server) bindMissingLocked(t *table) ([]*ownedListener, error) {
 				_ = ol.ln.Close()
 				delete(s.owned, normAddrPort(addrPortOf(ol.ln.Addr())))
 			}
-			return nil, fmt.Errorf("service %d: listen on %s: %w", svc.cfg.ID, ap, err)
+			return nil, fmt.Errorf("%w: service %d: listen on %s: %w", ErrListen, svc.cfg.ID, ap, err)
 		}
 		ol := &ownedListener{ln: ln}
 		s.owned[ap] = ol

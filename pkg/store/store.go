@@ -11,8 +11,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -49,6 +51,20 @@ type Store interface {
 // daemon refuses to start rather than run with silently lost rules.
 var ErrCorrupt = errors.New("rule store is corrupt")
 
+// CorruptError names the damaged file, what is wrong with it and what the
+// operator can do. It matches ErrCorrupt with errors.Is.
+type CorruptError struct {
+	Path   string
+	Reason string
+}
+
+func (e *CorruptError) Error() string {
+	return "rule store " + e.Path + " is corrupt: " + e.Reason + "; move it aside to start empty, or restore a backup"
+}
+
+// Is makes errors.Is(err, ErrCorrupt) hold.
+func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
+
 var (
 	bucketRules = []byte("rules")
 	bucketMeta  = []byte("meta")
@@ -67,29 +83,122 @@ var _ Store = (*Bolt)(nil)
 
 // OpenBolt opens (creating if needed) dir/rules.db. It fails with a clear
 // error when the directory is unwritable, another daemon holds the lock, or
-// the file or any record in it is corrupt.
+// the file or any record in it is corrupt (a *CorruptError): an existing
+// file is verified page by page before bbolt maps it, so a damaged file is
+// reported, never trusted, never replaced by an empty store, and never a
+// panic. Only a missing file starts a new store; an empty one is corrupt.
 func OpenBolt(dir string) (*Bolt, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("create state dir %s: %w", dir, err)
 	}
 	path := filepath.Join(dir, "rules.db")
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	if err := verifyExisting(path); err != nil {
+		return nil, err
+	}
+	var db *bolt.DB
+	err := guard(path, func() (err error) {
+		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+		return err
+	})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		var ce *CorruptError
+		switch {
+		case errors.As(err, &ce):
+			return nil, err
+		case errors.Is(err, bolt.ErrTimeout):
 			return nil, fmt.Errorf("open %s: locked by another process (is another daemon running with the same --state-dir?)", path)
+		case errors.Is(err, fs.ErrPermission):
+			return nil, fmt.Errorf("open %s: %w", path, err)
 		}
-		return nil, fmt.Errorf("open %s: %w: %v", path, ErrCorrupt, err)
+		return nil, &CorruptError{Path: path, Reason: err.Error()}
 	}
 	b := &Bolt{db: db}
-	if err := b.init(); err != nil {
+	err = guard(path, func() error {
+		if err := b.init(); err != nil {
+			return err
+		}
+		if err := b.check(); err != nil {
+			return err
+		}
+		_, err := b.List()
+		return err
+	})
+	if err != nil {
 		db.Close()
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
-	if _, err := b.List(); err != nil {
-		db.Close()
+		var ce *CorruptError
+		if !errors.As(err, &ce) && errors.Is(err, ErrCorrupt) {
+			err = &CorruptError{Path: path, Reason: err.Error()}
+		}
+		if errors.As(err, &ce) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	return b, nil
+}
+
+// verifyExisting checks an existing store file before bbolt maps it. It
+// holds the file's lock while reading, so a store another daemon is
+// writing is reported as locked rather than as corrupt.
+func verifyExisting(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("stat %s: %w", path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return &CorruptError{Path: path, Reason: "not a regular file"}
+	}
+	unlock, err := lockFile(f, 2*time.Second)
+	if err != nil {
+		return fmt.Errorf("open %s: locked by another process (is another daemon running with the same --state-dir?)", path)
+	}
+	defer unlock()
+	if err := verifyBoltFile(f, fi.Size()); err != nil {
+		if reason, ok := asVerifyError(err); ok {
+			return &CorruptError{Path: path, Reason: reason}
+		}
+		return fmt.Errorf("verify %s: %w", path, err)
+	}
+	return nil
+}
+
+// guard runs f, turning a panic, or a memory fault that the runtime turns
+// into one, into a *CorruptError: bbolt asserts on what it reads and must
+// not take the daemon down with it.
+func guard(path string, f func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = &CorruptError{Path: path, Reason: fmt.Sprintf("bbolt failed reading it: %v", r)}
+		}
+	}()
+	return f()
+}
+
+// check runs bbolt's own consistency check, a second opinion after
+// verifyBoltFile (it also checks key order). Its panics are recovered by
+// bbolt and arrive as errors.
+func (b *Bolt) check() error {
+	return b.db.View(func(tx *bolt.Tx) error {
+		var errs []error
+		for err := range tx.Check() {
+			if len(errs) < 5 {
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) > 0 {
+			return fmt.Errorf("%w: consistency check: %w", ErrCorrupt, errors.Join(errs...))
+		}
+		return nil
+	})
 }
 
 func (b *Bolt) init() error {
