@@ -132,6 +132,45 @@ type Batch struct {
 // it and drop the batch; it is never fatal to a subscription.
 var ErrBadPayload = errors.New("bad KV event payload")
 
+// ErrBatchLimit wraps (with ErrBadPayload) the refusal of a batch that
+// announces more events, block hashes or token ids than DecodeLimits
+// allow. It is checked against each container's announced length before
+// the container is decoded, so a small payload cannot make the decoder
+// allocate far more than its own size.
+var ErrBatchLimit = errors.New("KV event batch over a decode limit")
+
+// DecodeLimits caps one decoded batch. Zero fields take the defaults
+// (DefaultMaxBatchEvents, DefaultMaxBatchHashes, DefaultMaxBatchTokens).
+type DecodeLimits struct {
+	// Events caps the events of one batch.
+	Events int
+	// Hashes caps the block hashes of one batch, all events together.
+	Hashes int
+	// Tokens caps the token ids of one batch, all events together.
+	Tokens int
+}
+
+func (l DecodeLimits) withDefaults() DecodeLimits {
+	if l.Events <= 0 {
+		l.Events = DefaultMaxBatchEvents
+	}
+	if l.Hashes <= 0 {
+		l.Hashes = DefaultMaxBatchHashes
+	}
+	if l.Tokens <= 0 {
+		l.Tokens = DefaultMaxBatchTokens
+	}
+	return l
+}
+
+// overLimit reports a container that would take a batch past a cap.
+func overLimit(what string, have, n, limit int) error {
+	if n > limit-have {
+		return fmt.Errorf("%w: %d more %s after %d, limit %d per batch", ErrBatchLimit, n, what, have, limit)
+	}
+	return nil
+}
+
 // maxTokenID bounds token ids: anything above 2^32-1 cannot be a vocabulary
 // index and is flagged instead of truncated.
 const maxTokenID = 1<<32 - 1
@@ -144,11 +183,21 @@ const maxTokenID = 1<<32 - 1
 // safe for concurrent use; use one per subscription goroutine.
 type Decoder struct {
 	order KeyOrder
+	lim   DecodeLimits
 	r     mpReader
 }
 
-// NewDecoder returns a Decoder mapping digest bytes to keys with order.
-func NewDecoder(order KeyOrder) *Decoder { return &Decoder{order: order} }
+// NewDecoder returns a Decoder mapping digest bytes to keys with order,
+// with the default DecodeLimits.
+func NewDecoder(order KeyOrder) *Decoder {
+	return &Decoder{order: order, lim: DecodeLimits{}.withDefaults()}
+}
+
+// WithLimits sets the caps of one batch and returns d.
+func (d *Decoder) WithLimits(l DecodeLimits) *Decoder {
+	d.lim = l.withDefaults()
+	return d
+}
 
 // Decode parses payload into b, replacing its previous content. On error b
 // holds no events and the error wraps ErrBadPayload.
@@ -265,6 +314,9 @@ func (d *Decoder) decodeEvents(b *Batch) error {
 	}
 	if !ok {
 		return d.r.errAt("events is not an array")
+	}
+	if err := overLimit("events", len(b.Events), n, d.lim.Events); err != nil {
+		return err
 	}
 	for i := 0; i < n; i++ {
 		if len(b.Events) < cap(b.Events) {
@@ -471,6 +523,9 @@ func (d *Decoder) hashList(b *Batch, e *Event) error {
 	if !ok {
 		return d.r.errAt("block_hashes is not an array")
 	}
+	if err := overLimit("block hashes", len(b.hashes), n, d.lim.Hashes); err != nil {
+		return err
+	}
 	e.hashLo = len(b.hashes)
 	r := &d.r
 	for i := 0; i < n; i++ {
@@ -513,6 +568,9 @@ func (d *Decoder) tokenList(b *Batch, e *Event) error {
 	}
 	if !ok {
 		return r.errAt("token_ids is not an array")
+	}
+	if err := overLimit("token ids", len(b.tokens), n, d.lim.Tokens); err != nil {
+		return err
 	}
 	e.tokLo = len(b.tokens)
 	for i := 0; i < n; i++ {

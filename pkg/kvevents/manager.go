@@ -200,8 +200,22 @@ type Config struct {
 	TRTAdmissionRetry, TRTAdmissionRecheck time.Duration
 	// TRTHTTPTimeout bounds one HTTP exchange (default 30s).
 	TRTHTTPTimeout time.Duration
-	// TRTMaxBody caps one drain body (default 64 MiB).
+	// MaxMessageBytes caps one ZMQ message, all frames together
+	// (LOXILB_KV_MAX_MESSAGE_BYTES, default 16 MiB). A peer announcing
+	// more is dropped before anything is sized from the announcement.
+	MaxMessageBytes int
+	// MaxMessageFrames caps the frames of one ZMQ message (default 16).
+	MaxMessageFrames int
+	// MaxBatchEvents, MaxBatchHashes and MaxBatchTokens cap one decoded
+	// batch: its events, and its block hashes and token ids over all
+	// events (defaults 65536, 1<<20, 1<<22). A batch over a cap is
+	// refused whole, before its elements are decoded.
+	MaxBatchEvents, MaxBatchHashes, MaxBatchTokens int
+	// TRTMaxBody caps one drain body (default MaxMessageBytes).
 	TRTMaxBody int64
+	// TRTMaxHeaderBytes caps the response headers of one TensorRT-LLM
+	// exchange (default 64 KiB); it applies to the private client only.
+	TRTMaxHeaderBytes int
 	// TRTMaxChain caps the engine-hash -> key map per rank (default 1<<20).
 	TRTMaxChain int
 	// ParityMaxDigests caps the digests kept per endpoint for attesting
@@ -241,8 +255,19 @@ func (c Config) withDefaults() Config {
 	if len(c.Media) == 0 {
 		c.Media = []string{"GPU"}
 	}
+	defInt := func(d *int, v int) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	defInt(&c.MaxMessageBytes, DefaultMaxMessageBytes)
+	defInt(&c.MaxMessageFrames, DefaultMaxMessageFrames)
+	defInt(&c.MaxBatchEvents, DefaultMaxBatchEvents)
+	defInt(&c.MaxBatchHashes, DefaultMaxBatchHashes)
+	defInt(&c.MaxBatchTokens, DefaultMaxBatchTokens)
+	defInt(&c.TRTMaxHeaderBytes, DefaultTRTMaxHeaderB)
 	if c.TRTMaxBody <= 0 {
-		c.TRTMaxBody = 64 << 20
+		c.TRTMaxBody = int64(c.MaxMessageBytes)
 	}
 	if c.TRTMaxChain <= 0 {
 		c.TRTMaxChain = 1 << 20
@@ -251,9 +276,15 @@ func (c Config) withDefaults() Config {
 		c.ParityMaxDigests = 16384
 	}
 	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{Timeout: c.TRTHTTPTimeout}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxResponseHeaderBytes = int64(c.TRTMaxHeaderBytes)
+		c.HTTPClient = &http.Client{Timeout: c.TRTHTTPTimeout, Transport: tr}
 	}
 	return c
+}
+
+func (c *Config) decodeLimits() DecodeLimits {
+	return DecodeLimits{Events: c.MaxBatchEvents, Hashes: c.MaxBatchHashes, Tokens: c.MaxBatchTokens}
 }
 
 type subKey struct {

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -35,6 +36,10 @@ type RankStatus struct {
 	Reconnects     uint64    `json:"reconnects"`
 	RecvErrors     uint64    `json:"recv_errors"`
 	DecodeErrors   uint64    `json:"decode_errors"`
+	// Rejected counts input refused by a limit or for bad framing.
+	Rejected uint64 `json:"rejected"`
+	// Panics counts recovered subscriber panics.
+	Panics   uint64    `json:"panics"`
 	LastRecv       time.Time `json:"last_recv,omitzero"`
 	LastError      string    `json:"last_error,omitempty"`
 }
@@ -83,6 +88,8 @@ type EndpointStatus struct {
 	Resets         uint64 `json:"resets"`
 	Reconnects     uint64 `json:"reconnects"`
 	RecvErrors     uint64 `json:"recv_errors"`
+	Rejected       uint64 `json:"rejected"`
+	Panics         uint64 `json:"panics"`
 
 	Parity    ParityStatus `json:"parity"`
 	Admission *Admission   `json:"admission,omitempty"`
@@ -132,6 +139,9 @@ type subscription struct {
 	done      chan struct{}
 	started   bool
 	lastError string
+	// logged is when a repeatable warning (by key) was last logged: a peer
+	// that repeats bad input must not flood the log.
+	logged map[string]time.Time
 }
 
 func newSubscription(m *Manager, spec Spec) *subscription {
@@ -143,7 +153,8 @@ func newSubscription(m *Manager, spec Spec) *subscription {
 			Service: spec.Service, ServiceName: spec.ServiceName, EPIdx: spec.EPIdx, Engine: spec.Engine,
 			HashAlgo: string(spec.algo()), BlockSize: spec.BlockSize,
 		},
-		media: make(map[string]bool),
+		media:  make(map[string]bool),
+		logged: make(map[string]time.Time),
 	}
 	for _, md := range m.cfg.Media {
 		s.media[md] = true
@@ -298,6 +309,54 @@ func (s *subscription) decodeError(rs *rankState, err error) {
 	}
 }
 
+// logEvery is the least interval between two log lines of one kind of
+// repeatable bad input from one endpoint.
+const logEvery = time.Minute
+
+// warnLimited logs msg at warning level unless a line of the same key was
+// logged for this subscription less than logEvery ago.
+func (s *subscription) warnLimited(key, msg string, args ...any) {
+	now := time.Now()
+	s.mu.Lock()
+	last, seen := s.logged[key]
+	if seen && now.Sub(last) < logEvery {
+		s.mu.Unlock()
+		return
+	}
+	s.logged[key] = now
+	s.mu.Unlock()
+	s.m.log.Warn(msg, append([]any{"service", s.spec.Service, "ep", s.spec.EPIdx}, args...)...)
+}
+
+// reject counts input refused by a limit or for bad framing.
+func (s *subscription) reject(rs *rankState, reason string, err error) {
+	s.mu.Lock()
+	rs.st.Rejected++
+	s.st.Rejected++
+	rs.st.LastError = err.Error()
+	s.mu.Unlock()
+	s.met.reject[reason].Inc()
+	s.warnLimited("reject:"+reason, "kv event input refused", "rank", rs.st.Rank, "endpoint", rs.st.Endpoint,
+		"reason", reason, "err", err)
+}
+
+// recovered handles a panic of a subscriber goroutine: it is counted and
+// logged (once a minute per endpoint), and the publisher's blocks are
+// cleared, since the batch it was applying may be half applied.
+func (s *subscription) recovered(rs *rankState, sinkRank int, v any) {
+	err := fmt.Errorf("subscriber panic: %v", v)
+	s.mu.Lock()
+	rs.st.Panics++
+	s.st.Panics++
+	rs.st.LastError = err.Error()
+	s.mu.Unlock()
+	s.met.panics.Inc()
+	s.m.log.Debug("kv subscriber panic stack", "service", s.spec.Service, "ep", s.spec.EPIdx, "stack", string(debug.Stack()))
+	s.warnLimited("panic", "kv event subscriber recovered from a panic; connection dropped, publisher's blocks cleared",
+		"rank", rs.st.Rank, "endpoint", rs.st.Endpoint, "panic", fmt.Sprint(v))
+	s.reset(rs, sinkRank, resetPanic)
+}
+
 // reset clears one publisher's blocks (engine restart or lost events).
 func (s *subscription) reset(rs *rankState, sinkRank int, reason string) {
 	s.m.sink.ClearRank(s.spec.Service, s.spec.EPIdx, sinkRank)
@@ -436,6 +495,11 @@ func (s *subscription) applyBatch(rs *rankState, b *Batch, c *applyCounts) {
 			c.skip(skipUnknownType, 1)
 		}
 	}
+}
+
+// newDecoder returns a decoder with the configured batch limits.
+func (s *subscription) newDecoder(order KeyOrder) *Decoder {
+	return NewDecoder(order).WithLimits(s.m.cfg.decodeLimits())
 }
 
 // newHasher builds the rule's contract hasher.
