@@ -26,22 +26,22 @@ type RankStatus struct {
 	// Degraded is set when events were lost and could not be replayed; it
 	// clears when the publisher's cache is reset (AllBlocksCleared or an
 	// engine restart), which makes the inventory exact again.
-	Degraded       bool      `json:"degraded"`
-	DegradedReason string    `json:"degraded_reason,omitempty"`
-	Batches        uint64    `json:"batches"`
-	Gaps           uint64    `json:"seq_gaps"`
-	Replays        uint64    `json:"replays"`
-	ReplayFailures uint64    `json:"replay_failures"`
-	Resets         uint64    `json:"resets"`
-	Reconnects     uint64    `json:"reconnects"`
-	RecvErrors     uint64    `json:"recv_errors"`
-	DecodeErrors   uint64    `json:"decode_errors"`
+	Degraded       bool   `json:"degraded"`
+	DegradedReason string `json:"degraded_reason,omitempty"`
+	Batches        uint64 `json:"batches"`
+	Gaps           uint64 `json:"seq_gaps"`
+	Replays        uint64 `json:"replays"`
+	ReplayFailures uint64 `json:"replay_failures"`
+	Resets         uint64 `json:"resets"`
+	Reconnects     uint64 `json:"reconnects"`
+	RecvErrors     uint64 `json:"recv_errors"`
+	DecodeErrors   uint64 `json:"decode_errors"`
 	// Rejected counts input refused by a limit or for bad framing.
 	Rejected uint64 `json:"rejected"`
 	// Panics counts recovered subscriber panics.
-	Panics   uint64    `json:"panics"`
-	LastRecv       time.Time `json:"last_recv,omitzero"`
-	LastError      string    `json:"last_error,omitempty"`
+	Panics    uint64    `json:"panics"`
+	LastRecv  time.Time `json:"last_recv,omitzero"`
+	LastError string    `json:"last_error,omitempty"`
 }
 
 // ParityStatus is the hash-contract attestation of one endpoint.
