@@ -128,6 +128,43 @@ type Batch struct {
 	tokens []uint32
 }
 
+// Capacities a Batch keeps between decodes; a rare larger batch is not
+// held for the life of the subscription.
+const (
+	keepEvents = 4096
+	keepHashes = 1 << 16
+	keepTokens = 1 << 18
+)
+
+// Trim releases buffers a large batch left behind. Call it once the
+// batch's events are no longer used.
+func (b *Batch) Trim() {
+	if cap(b.Events) > keepEvents {
+		b.Events = nil
+	}
+	if cap(b.hashes) > keepHashes {
+		b.hashes = nil
+	}
+	if cap(b.tokens) > keepTokens {
+		b.tokens = nil
+	}
+}
+
+// growExact makes room for n more elements (n already checked against
+// limit) in one allocation: doubling, as append does, but never past the
+// batch limit, and never rounded up past it (append's size classes and
+// its 1.25 growth would allocate several times the final size for a
+// batch that is large from the start).
+func growExact[E any](s []E, n, limit int) []E {
+	if n <= cap(s)-len(s) {
+		return s
+	}
+	c := max(len(s)+n, min(2*cap(s), limit))
+	ns := make([]E, len(s), c)
+	copy(ns, s)
+	return ns
+}
+
 // ErrBadPayload wraps every decode failure of an event payload. Callers count
 // it and drop the batch; it is never fatal to a subscription.
 var ErrBadPayload = errors.New("bad KV event payload")
@@ -318,6 +355,9 @@ func (d *Decoder) decodeEvents(b *Batch) error {
 	if err := overLimit("events", len(b.Events), n, d.lim.Events); err != nil {
 		return err
 	}
+	// n is bounded by the cap and the bytes left: size the slice once
+	// rather than through append's growth steps.
+	b.Events = growExact(b.Events, n, d.lim.Events)
 	for i := 0; i < n; i++ {
 		if len(b.Events) < cap(b.Events) {
 			b.Events = b.Events[:len(b.Events)+1]
@@ -526,6 +566,7 @@ func (d *Decoder) hashList(b *Batch, e *Event) error {
 	if err := overLimit("block hashes", len(b.hashes), n, d.lim.Hashes); err != nil {
 		return err
 	}
+	b.hashes = growExact(b.hashes, n, d.lim.Hashes)
 	e.hashLo = len(b.hashes)
 	r := &d.r
 	for i := 0; i < n; i++ {
@@ -572,6 +613,7 @@ func (d *Decoder) tokenList(b *Batch, e *Event) error {
 	if err := overLimit("token ids", len(b.tokens), n, d.lim.Tokens); err != nil {
 		return err
 	}
+	b.tokens = growExact(b.tokens, n, d.lim.Tokens)
 	e.tokLo = len(b.tokens)
 	for i := 0; i < n; i++ {
 		// Fast path for the encodings token ids actually use (positive

@@ -357,6 +357,15 @@ func (s *subscription) recovered(rs *rankState, sinkRank int, v any) {
 	s.reset(rs, sinkRank, resetPanic)
 }
 
+// countDecodeErrors counts n more undecodable events without logging them.
+func (s *subscription) countDecodeErrors(rs *rankState, n uint64) {
+	s.mu.Lock()
+	rs.st.DecodeErrors += n
+	s.st.DecodeErrors += n
+	s.mu.Unlock()
+	s.met.decErr.Add(float64(n))
+}
+
 // reset clears one publisher's blocks (engine restart or lost events).
 func (s *subscription) reset(rs *rankState, sinkRank int, reason string) {
 	s.m.sink.ClearRank(s.spec.Service, s.spec.EPIdx, sinkRank)

@@ -34,6 +34,38 @@ type trtEntry struct {
 // adaptive interval until ctx ends. A failing drain sends it back through
 // admission: the engine may have been relaunched with other geometry.
 func (s *subscription) runTRT(ctx context.Context, rs *rankState) {
+	backoff := s.m.cfg.ReconnectMin
+	for ctx.Err() == nil {
+		if !s.runTRTOnce(ctx, rs) {
+			return
+		}
+		// Recovered from a panic: start over from admission, with fresh
+		// chains, after a growing pause.
+		if !sleepCtx(ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, s.m.cfg.ReconnectMax)
+	}
+}
+
+// runTRTOnce is runTRT until ctx ends (false) or a panic, which it
+// recovers and counts (true): no engine response can take the process down.
+func (s *subscription) runTRTOnce(ctx context.Context, rs *rankState) (panicked bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.recovered(rs, 0, v)
+			// And the attention-DP ranks named in the events: the drain
+			// is this endpoint's only writer.
+			s.m.sink.ClearEndpoint(s.spec.Service, s.spec.EPIdx)
+			s.setConnected(rs, false, false)
+			panicked = true
+		}
+	}()
+	s.runTRTLoop(ctx, rs)
+	return false
+}
+
+func (s *subscription) runTRTLoop(ctx context.Context, rs *rankState) {
 	h, err := newHasher(s.spec, s.spec.algo())
 	if err != nil {
 		s.mu.Lock()
@@ -57,7 +89,12 @@ func (s *subscription) runTRT(ctx context.Context, rs *rankState) {
 				if ctx.Err() != nil {
 					return
 				}
-				s.recvError(rs, err)
+				if errors.Is(err, ErrInputTooLarge) {
+					s.reject(rs, rejectBodyTooLarge, err)
+					s.setDegraded(rs, "a drain body over the size limit was refused: "+err.Error())
+				} else {
+					s.recvError(rs, err)
+				}
 				s.setConnected(rs, false, false)
 				if !sleepCtx(ctx, backoff) {
 					return
@@ -110,7 +147,7 @@ func (s *subscription) drainTRT(ctx context.Context, rs *rankState) ([]byte, err
 	}
 	if int64(len(body)) > cfg.TRTMaxBody {
 		// The events are gone from the engine either way; say so.
-		return nil, fmt.Errorf("drain %s: body larger than %d bytes dropped", rs.st.Endpoint, cfg.TRTMaxBody)
+		return nil, fmt.Errorf("drain %s: %w: body larger than %d bytes dropped", rs.st.Endpoint, ErrInputTooLarge, cfg.TRTMaxBody)
 	}
 	return body, nil
 }
@@ -118,13 +155,22 @@ func (s *subscription) drainTRT(ctx context.Context, rs *rankState) ([]byte, err
 // applyTRTBody decodes and applies one drain and returns the number of
 // events it held.
 func (s *subscription) applyTRTBody(rs *rankState, h *blockhash.Hasher, chains map[int]*trtChain, body []byte) int {
-	events, errs, err := DecodeTRTLLMBody(body)
+	events, errs, bad, err := DecodeTRTLLMBodyLimits(body, s.m.cfg.decodeLimits())
 	if err != nil {
+		if errors.Is(err, ErrBatchLimit) {
+			// The drain took the events from the engine: they are lost.
+			s.reject(rs, rejectBatchLimit, err)
+			s.setDegraded(rs, "a drain over the batch limits was refused: "+err.Error())
+			return 0
+		}
 		s.decodeError(rs, err)
 		return 0
 	}
 	for _, e := range errs {
 		s.decodeError(rs, e)
+	}
+	if more := bad - len(errs); more > 0 {
+		s.countDecodeErrors(rs, uint64(more))
 	}
 	var c applyCounts
 	var keys []uint64

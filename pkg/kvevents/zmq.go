@@ -112,7 +112,7 @@ func (z *zmqRank) session(ctx context.Context, reconnect bool) (connected, healt
 // whether the input was refused.
 func (z *zmqRank) inputError(err error) bool {
 	switch {
-	case errors.Is(err, ErrMessageTooLarge):
+	case errors.Is(err, ErrInputTooLarge):
 		z.s.reject(z.rs, rejectMessageTooLarge, err)
 		return true
 	case errors.Is(err, ErrBadFraming):
@@ -253,6 +253,7 @@ func (z *zmqRank) apply(seq uint64, payload []byte) {
 	if err := z.dec.Decode(payload, &z.b); err != nil {
 		// The batch is consumed: replaying it would return the same bytes.
 		// Nothing of it was applied (decoding finishes before applying).
+		z.b.Trim()
 		if errors.Is(err, ErrBatchLimit) {
 			s.reject(rs, rejectBatchLimit, fmt.Errorf("seq %d: %w", seq, err))
 			z.lost(1, fmt.Sprintf("batch seq %d refused: %v", seq, err))
@@ -266,6 +267,7 @@ func (z *zmqRank) apply(seq uint64, payload []byte) {
 		return
 	}
 	s.applyBatch(rs, &z.b, &z.c)
+	z.b.Trim()
 	rs.lastSum = xxh3.Hash(payload)
 	z.flush(seq, true)
 }
@@ -402,7 +404,7 @@ func (s *subscription) countReplay(rs *rankState, result string, err error) {
 // bad framing; other failures are counted by the replay result.
 func (z *zmqRank) replayInputError(err error) {
 	switch {
-	case errors.Is(err, ErrMessageTooLarge):
+	case errors.Is(err, ErrInputTooLarge):
 		z.s.reject(z.rs, rejectMessageTooLarge, err)
 	case errors.Is(err, ErrBadFraming):
 		z.s.reject(z.rs, rejectBadFraming, err)

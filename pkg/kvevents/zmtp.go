@@ -14,11 +14,12 @@ import (
 	"github.com/go-zeromq/zmq4"
 )
 
-// ErrMessageTooLarge is returned (wrapped) when a ZMQ peer announces a frame
+// ErrInputTooLarge is returned (wrapped) when a ZMQ peer announces a frame
 // or message larger than Config.MaxMessageBytes, or more frames in one
-// message than Config.MaxMessageFrames. The connection is dropped before
-// anything is sized from the announcement.
-var ErrMessageTooLarge = errors.New("ZMTP message over the size limit")
+// message than Config.MaxMessageFrames, and when a TensorRT-LLM drain body
+// exceeds Config.TRTMaxBody. The connection is dropped before anything is
+// sized from the announcement.
+var ErrInputTooLarge = errors.New("KV event input over the size limit")
 
 // ErrBadFraming is returned (wrapped) when a ZMQ peer sends bytes that are
 // not ZMTP 3 framing (reserved flag bits, a command split over frames, a
@@ -128,11 +129,11 @@ func (z *zmtpScanner) header() error {
 	case cmd && z.msgFrames > 0:
 		return fmt.Errorf("%w: command frame inside a multi-frame message", ErrBadFraming)
 	case cmd && size > zmtpMaxCommand:
-		return fmt.Errorf("%w: command frame of %d bytes, limit %d", ErrMessageTooLarge, size, zmtpMaxCommand)
+		return fmt.Errorf("%w: command frame of %d bytes, limit %d", ErrInputTooLarge, size, zmtpMaxCommand)
 	case size > z.lim.maxMessage-z.msgBytes:
-		return fmt.Errorf("%w: frame of %d bytes after %d in the message, limit %d", ErrMessageTooLarge, size, z.msgBytes, z.lim.maxMessage)
+		return fmt.Errorf("%w: frame of %d bytes after %d in the message, limit %d", ErrInputTooLarge, size, z.msgBytes, z.lim.maxMessage)
 	case z.msgFrames+1 > z.lim.maxFrames:
-		return fmt.Errorf("%w: more than %d frames in one message", ErrMessageTooLarge, z.lim.maxFrames)
+		return fmt.Errorf("%w: more than %d frames in one message", ErrInputTooLarge, z.lim.maxFrames)
 	}
 	z.msgBytes += size
 	z.msgFrames++
