@@ -175,6 +175,18 @@ func TestMalformedReadyRefused(t *testing.T) {
 	waitFor(t, "refusal", func() bool { return h.metric("loxilb_kv_rejected_total", l) >= 1 })
 }
 
+// TestUnknownPeerSocketTypeRefused: zmq4 panics on a READY naming a
+// socket type it does not know (found by FuzzZMTPPeer).
+func TestUnknownPeerSocketTypeRefused(t *testing.T) {
+	for _, typ := range []string{"", "BOGUS", "PULL"} {
+		hp := newHostilePeer(t, append(zmtpGreeting(), zmtpReady(typ)...))
+		h := startManager(t, fastConfig(), vllmSpec(hp.port))
+		l := map[string]string{"service": "svc7", "ep": "2", "reason": rejectBadFraming}
+		waitFor(t, "refusal of "+typ, func() bool { return h.metric("loxilb_kv_rejected_total", l) >= 1 })
+		h.stop()
+	}
+}
+
 // panicSink panics on the first Store.
 type panicSink struct {
 	*fakeSink

@@ -198,7 +198,27 @@ func (zmtpNull) Handshake(conn *zmq4.Conn, _ bool) error {
 	if cmd.Name != zmq4.CmdReady {
 		return fmt.Errorf("%w: peer sent %q instead of READY", ErrBadFraming, cmd.Name)
 	}
-	return parseZMTPMetadata(cmd.Body, conn.Peer.Meta)
+	if err := parseZMTPMetadata(cmd.Body, conn.Peer.Meta); err != nil {
+		return err
+	}
+	// zmq4 panics on a socket type it does not know; only the peers this
+	// package talks to are let through.
+	ours, peer := conn.Meta["Socket-Type"], conn.Peer.Meta["Socket-Type"]
+	if !zmtpPeerOK(ours, peer) {
+		return fmt.Errorf("%w: peer socket type %q cannot serve a %s", ErrBadFraming, peer, ours)
+	}
+	return nil
+}
+
+// zmtpPeerOK reports whether a peer of type peer may serve our socket type.
+func zmtpPeerOK(ours, peer string) bool {
+	switch zmq4.SocketType(ours) {
+	case zmq4.Sub:
+		return peer == string(zmq4.Pub) || peer == string(zmq4.XPub)
+	case zmq4.Dealer:
+		return peer == string(zmq4.Router) || peer == string(zmq4.Dealer) || peer == string(zmq4.Rep)
+	}
+	return false
 }
 
 func (zmtpNull) Encrypt(w io.Writer, data []byte) (int, error) { return w.Write(data) }
