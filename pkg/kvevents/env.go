@@ -17,6 +17,7 @@ const (
 	EnvMaxBatchHashes   = "LOXILB_KV_MAX_BATCH_HASHES"
 	EnvMaxBatchTokens   = "LOXILB_KV_MAX_BATCH_TOKENS"
 	EnvTRTMaxHeaderB    = "LOXILB_KV_TRTLLM_MAX_HEADER_BYTES"
+	EnvQuarantineVerify = "LOXILB_KV_QUARANTINE_VERIFY_BLOCKS"
 )
 
 // Defaults and ranges of the input limits. A ZMQ message or a TensorRT-LLM
@@ -31,6 +32,10 @@ const (
 	DefaultMaxBatchHashes   = 1 << 20
 	DefaultMaxBatchTokens   = 1 << 22
 	DefaultTRTMaxHeaderB    = 64 << 10
+	// DefaultQuarantineVerifyBlocks is how many consecutive verified
+	// blocks lift the quarantine of an endpoint whose publisher sent
+	// blocks that fail attestation.
+	DefaultQuarantineVerifyBlocks = 64
 )
 
 // ConfigFromEnv builds a Config from the daemon's environment, read through
@@ -52,6 +57,8 @@ const (
 //   - LOXILB_KV_TRTLLM_MAX_HEADER_BYTES: 1024..1048576, default 64 KiB: the
 //     response headers of one TensorRT-LLM /kv_cache_events or
 //     /server_info exchange.
+//   - LOXILB_KV_QUARANTINE_VERIFY_BLOCKS: 1..1048576, default 64:
+//     consecutive verified blocks that lift an endpoint's quarantine.
 //
 // An unparsable or out-of-range value is an error naming the variable, so a
 // typo does not silently fall back to a default.
@@ -59,7 +66,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	cfg := Config{ReplayPortOffset: DefaultReplayPortOffset, TRTPollMin: 5 * time.Millisecond, TRTPollMax: 20 * time.Millisecond,
 		MaxMessageBytes: DefaultMaxMessageBytes, MaxMessageFrames: DefaultMaxMessageFrames,
 		MaxBatchEvents: DefaultMaxBatchEvents, MaxBatchHashes: DefaultMaxBatchHashes, MaxBatchTokens: DefaultMaxBatchTokens,
-		TRTMaxHeaderBytes: DefaultTRTMaxHeaderB}
+		TRTMaxHeaderBytes: DefaultTRTMaxHeaderB, QuarantineVerifyBlocks: DefaultQuarantineVerifyBlocks}
 	num := func(name string, lo, hi int, dst func(int)) error {
 		v := getenv(name)
 		if v == "" {
@@ -92,6 +99,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		{EnvMaxBatchHashes, 1, 1 << 28, &cfg.MaxBatchHashes},
 		{EnvMaxBatchTokens, 1, 1 << 28, &cfg.MaxBatchTokens},
 		{EnvTRTMaxHeaderB, 1024, 1 << 20, &cfg.TRTMaxHeaderBytes},
+		{EnvQuarantineVerify, 1, 1 << 20, &cfg.QuarantineVerifyBlocks},
 	}
 	for _, l := range limits {
 		if err := num(l.name, l.lo, l.hi, func(n int) { *l.dst = n }); err != nil {

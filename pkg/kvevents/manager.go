@@ -218,6 +218,10 @@ type Config struct {
 	TRTMaxHeaderBytes int
 	// TRTMaxChain caps the engine-hash -> key map per rank (default 1<<20).
 	TRTMaxChain int
+	// QuarantineVerifyBlocks is how many consecutive blocks of a
+	// quarantined endpoint must verify before it leaves quarantine
+	// (LOXILB_KV_QUARANTINE_VERIFY_BLOCKS, default 64).
+	QuarantineVerifyBlocks int
 	// ParityMaxDigests caps the digests kept per endpoint for attesting
 	// child blocks (default 16384).
 	ParityMaxDigests int
@@ -266,6 +270,7 @@ func (c Config) withDefaults() Config {
 	defInt(&c.MaxBatchHashes, DefaultMaxBatchHashes)
 	defInt(&c.MaxBatchTokens, DefaultMaxBatchTokens)
 	defInt(&c.TRTMaxHeaderBytes, DefaultTRTMaxHeaderB)
+	defInt(&c.QuarantineVerifyBlocks, DefaultQuarantineVerifyBlocks)
 	if c.TRTMaxBody <= 0 {
 		c.TRTMaxBody = int64(c.MaxMessageBytes)
 	}
@@ -457,6 +462,11 @@ type ParityReport struct {
 	BlockSize   int    `json:"block_size"`
 	Verdict     string `json:"verdict"`
 	Reason      string `json:"reason,omitempty"`
+	// Quarantined is true while the endpoint gets no KV-hit credit
+	// because its publisher sent blocks that fail attestation;
+	// QuarantineReason says why and what lifts it.
+	Quarantined      bool   `json:"quarantined,omitempty"`
+	QuarantineReason string `json:"quarantine_reason,omitempty"`
 }
 
 // Parity reports every endpoint's parity verdict, ordered by service then
@@ -466,7 +476,8 @@ func (m *Manager) Parity() []ParityReport {
 	out := make([]ParityReport, len(st))
 	for i, s := range st {
 		out[i] = ParityReport{Service: s.Service, ServiceName: s.ServiceName, EPIdx: s.EPIdx, Engine: s.Engine,
-			HashAlgo: s.HashAlgo, BlockSize: s.BlockSize, Verdict: s.Parity.Verdict, Reason: s.Parity.Reason}
+			HashAlgo: s.HashAlgo, BlockSize: s.BlockSize, Verdict: s.Parity.Verdict, Reason: s.Parity.Reason,
+			Quarantined: s.Parity.Quarantine.Quarantined, QuarantineReason: s.Parity.Quarantine.Reason}
 	}
 	return out
 }

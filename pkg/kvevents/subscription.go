@@ -54,6 +54,9 @@ type ParityStatus struct {
 	VerifiedBlocks     uint64 `json:"verified_blocks"`
 	MismatchedBlocks   uint64 `json:"mismatched_blocks"`
 	UnverifiableEvents uint64 `json:"unverifiable_events"`
+	// Quarantine is set when the publisher sent blocks that fail
+	// attestation (see quarantine.go).
+	Quarantine QuarantineStatus `json:"quarantine"`
 }
 
 // Admission is a TensorRT-LLM endpoint's /server_info check.
@@ -130,6 +133,7 @@ type subscription struct {
 	met  *subMetrics
 
 	parity *parityTracker
+	quar   quarantine
 
 	mu        sync.Mutex
 	st        EndpointStatus // aggregate counters; Ranks filled on read
@@ -245,6 +249,7 @@ func (s *subscription) status() EndpointStatus {
 		out.Admission = &a
 	}
 	out.Parity = s.parity.status()
+	out.Parity.Quarantine = s.quar.status()
 	return out
 }
 
@@ -484,9 +489,11 @@ func (s *subscription) applyBatch(rs *rankState, b *Batch, c *applyCounts) {
 				continue
 			}
 			if e.Kind == KindStored {
-				sink.Store(svc, ep, rank, e.Hashes)
+				if !s.storeAttested(rank, e) {
+					c.skip(skipQuarantined, 1)
+					continue
+				}
 				c.stored += uint64(len(e.Hashes))
-				s.parity.observe(e)
 			} else {
 				sink.Remove(svc, ep, rank, e.Hashes)
 				c.removed += uint64(len(e.Hashes))
