@@ -1,14 +1,19 @@
 package hostile
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,7 +21,9 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/testbed/daemontest"
+	"github.com/loxilb-llm/loxilb/testbed/enginesim"
 )
 
 // Attacks on the KV event plane of the real daemon: whoever answers on an
@@ -183,7 +190,7 @@ func TestKVAmplifyingBatch(t *testing.T) {
 	}
 	zmqPort := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
-	pub := zmq4.NewPub(context.Background(), zmq4.WithLogger(nil))
+	pub := zmq4.NewPub(context.Background(), zmq4.WithLogger(log.New(io.Discard, "", 0)))
 	if err := pub.Listen("tcp://127.0.0.94:" + strconv.Itoa(zmqPort)); err != nil {
 		t.Fatal(err)
 	}
@@ -254,4 +261,203 @@ func TestKVTRTLLMHugeDrain(t *testing.T) {
 		t.Fatal("endpoint not marked degraded after a refused drain")
 	}
 	t.Logf("RSS %d KiB after %d drains of %d bytes", rssKiB(t, d.PID()), drains.Load(), len(body))
+}
+
+// kvStartEngine runs one engine emulator until the test ends.
+func kvStartEngine(t *testing.T, cfg enginesim.Config) *enginesim.Engine {
+	t.Helper()
+	tok, err := enginesim.LoadTokenizer(filepath.Join(tokenizerDir(), "Qwen__Qwen3-0.6B"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Model = kvModel
+	e, err := enginesim.New(cfg, enginesim.Deps{Tokenizer: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = e.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return e
+}
+
+const kvModel = "Qwen/Qwen3-0.6B"
+
+// kvPrompt is a prompt of several hundred tokens.
+func kvPrompt() string {
+	var b strings.Builder
+	for i := 0; i < 40; i++ {
+		fmt.Fprintf(&b, "Paragraph %d of the payroll export lists the accounts of the finance team. ", i)
+	}
+	return b.String()
+}
+
+// kvComplete posts a completion of prompt to base and returns the route
+// receipt (zero when none).
+func kvComplete(t *testing.T, base, prompt string) router.Receipt {
+	t.Helper()
+	b, _ := json.Marshal(map[string]any{"model": kvModel, "prompt": prompt, "max_tokens": 4})
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Loxilb-Receipt", "1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("completion at %s: %d %s", base, resp.StatusCode, body)
+	}
+	rc, _ := router.ParseReceipt(resp.Header.Get("X-Loxilb-Route"))
+	return rc
+}
+
+// kvChain returns an engine's resident block keys root first (one prompt's
+// chain).
+func kvChain(t *testing.T, e *enginesim.Engine) []uint64 {
+	t.Helper()
+	blocks := e.Cache().Ranks[0].Blocks
+	child := map[uint64]uint64{}
+	var root uint64
+	roots := 0
+	for _, b := range blocks {
+		if b.Parent == nil {
+			root, roots = b.Hash, roots+1
+		} else {
+			child[*b.Parent] = b.Hash
+		}
+	}
+	if roots != 1 {
+		t.Fatalf("engine holds %d chains, want 1", roots)
+	}
+	chain := []uint64{root}
+	for k, ok := child[root]; ok; k, ok = child[k] {
+		chain = append(chain, k)
+	}
+	return chain
+}
+
+// kvForgedStored is an SGLang EventBatch [ts, [BlockStored]] claiming keys
+// (root-anchored) for 16 tokens each that are not the tokens they hash.
+func kvForgedStored(keys []uint64) []byte {
+	b := []byte{0x92, 0x00, 0x91, 0x95, 0xab}
+	b = append(b, "BlockStored"...)
+	b = append(b, 0xdc, byte(len(keys)>>8), byte(len(keys)))
+	for _, k := range keys {
+		b = binary.BigEndian.AppendUint64(append(b, 0xcf), k)
+	}
+	b = append(b, 0xc0) // parent: none
+	n := 16 * len(keys)
+	b = append(b, 0xdc, byte(n>>8), byte(n))
+	for i := 0; i < n; i++ {
+		b = append(b, 7)
+	}
+	return append(b, 16) // block_size
+}
+
+// TestKVForgedPublisherQuarantined: an attacker who can answer on an
+// engine's ZMQ port learns the block keys of a chosen prompt (from an
+// engine of its own) and publishes them for its endpoint, with token ids
+// they do not hash from, to steer that prompt to itself. The gateway
+// attests the blocks, quarantines the endpoint (inventory cleared, nothing
+// stored), shows it in the capabilities and the inventory API, and the
+// prompt gets no Tier-1.5 credit there.
+func TestKVForgedPublisherQuarantined(t *testing.T) {
+	const zmqPort = 25557
+	sim := func(host, zmqHost string) enginesim.Config {
+		return enginesim.Config{Engine: "sglang", Listen: host + ":28000", ZMQBind: zmqHost, ZMQPort: zmqPort,
+			TimeScale: 0, TimeScaleSet: true}
+	}
+	kvStartEngine(t, sim("127.0.97.11", "127.0.97.11"))
+	// The victim endpoint serves requests, but its publisher port is the
+	// attacker's: the emulator publishes on another address.
+	kvStartEngine(t, sim("127.0.97.12", "127.0.97.13"))
+	forger := zmq4.NewPub(context.Background(), zmq4.WithLogger(log.New(io.Discard, "", 0)))
+	if err := forger.Listen(fmt.Sprintf("tcp://127.0.97.12:%d", zmqPort)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { forger.Close() })
+
+	// The attacker's own engine tells it the keys of the prompt.
+	scout := kvStartEngine(t, sim("127.0.97.20", "127.0.97.20"))
+	prompt := kvPrompt()
+	kvComplete(t, "http://127.0.97.20:28000", prompt)
+	keys := kvChain(t, scout)
+
+	d := startDaemon(t, []string{"LLB_KV_MIN_MATCH_TOKENS=16"})
+	createRule(t, d, `{"serviceArguments":{"externalIP":"127.0.97.1","port":28080,"protocol":"tcp","mode":4,"sel":0,
+		"kvExactMode":3,"kvEngineType":"sglang","kvZmqPort":25557,"kvBlockSize":16,"model_name":"Qwen/Qwen3-0.6B"},
+		"endpoints":[{"endpointIP":"127.0.97.11","targetPort":28000,"weight":1},{"endpointIP":"127.0.97.12","targetPort":28000,"weight":1}]}`)
+	waitFor(t, 15*time.Second, "subscribers connected", func() bool {
+		return metricSum(t, d, "loxilb_kv_subscriber_connected") == 2
+	})
+
+	// A SUB receives only what is published after its subscription
+	// arrived: publish (bounded) until the daemon has seen the batch.
+	forged := kvForgedStored(keys)
+	seq := make([]byte, 8)
+	for i := 0; i < 50 && metricSum(t, d, "loxilb_kv_quarantined", `ep="1"`) == 0; i++ {
+		binary.BigEndian.PutUint64(seq, uint64(i))
+		if err := forger.SendMulti(zmq4.NewMsgFrom([]byte("kv"), seq, forged)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if metricSum(t, d, "loxilb_kv_quarantined", `ep="1"`) != 1 {
+		t.Fatalf("forged endpoint not quarantined:\n%s", d.Logs())
+	}
+	if metricSum(t, d, "loxilb_kv_quarantines_total", `ep="1"`) < 1 || metricSum(t, d, "loxilb_kv_events_skipped_total", `ep="1"`, `reason="quarantined"`) < 1 {
+		t.Fatal("quarantine or its skipped events not counted")
+	}
+
+	var inv struct {
+		Total      int
+		Subscriber struct {
+			Parity struct {
+				Verdict    string
+				Quarantine struct {
+					Quarantined bool
+					Reason      string `json:"quarantine_reason"`
+				}
+			}
+		}
+	}
+	code, body := apiDo(t, d, http.MethodGet, "/config/ai/kv/inventory?service_id=1&ep_idx=1", "")
+	if code != http.StatusOK || json.Unmarshal(body, &inv) != nil {
+		t.Fatalf("inventory: %d %s", code, body)
+	}
+	if inv.Total != 0 || !inv.Subscriber.Parity.Quarantine.Quarantined || inv.Subscriber.Parity.Verdict != "hash_mismatch" ||
+		inv.Subscriber.Parity.Quarantine.Reason == "" {
+		t.Fatalf("forged endpoint inventory: %s", body)
+	}
+	code, body = apiDo(t, d, http.MethodGet, "/status/capabilities", "")
+	var caps struct {
+		Capabilities []struct {
+			Name       string
+			Ready      bool
+			ReasonCode string `json:"reason_code"`
+			Reason     string
+		}
+	}
+	if code != http.StatusOK || json.Unmarshal(body, &caps) != nil {
+		t.Fatalf("capabilities: %d %s", code, body)
+	}
+	found := false
+	for _, c := range caps.Capabilities {
+		if c.Name == "kv_quarantine:1/1" && !c.Ready && c.ReasonCode == "quarantined" && strings.Contains(c.Reason, "do not hash") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no kv_quarantine capability for the forged endpoint: %s", body)
+	}
+
+	// The chosen prompt is not steered by the forged blocks.
+	if rc := kvComplete(t, "http://127.0.97.1:28080", prompt); rc.Tier == router.TierKV {
+		t.Fatalf("forged blocks earned Tier-1.5 credit: %+v", rc)
+	}
+	requireAlive(t, d)
+	requireRSSBelow(t, d, 200)
 }
