@@ -18,6 +18,7 @@ const (
 	EnvMaxBatchTokens   = "LOXILB_KV_MAX_BATCH_TOKENS"
 	EnvTRTMaxHeaderB    = "LOXILB_KV_TRTLLM_MAX_HEADER_BYTES"
 	EnvQuarantineVerify = "LOXILB_KV_QUARANTINE_VERIFY_BLOCKS"
+	EnvReplayMaxBatches = "LOXILB_KV_REPLAY_MAX_BATCHES"
 )
 
 // Defaults and ranges of the input limits. A ZMQ message or a TensorRT-LLM
@@ -36,6 +37,8 @@ const (
 	// blocks lift the quarantine of an endpoint whose publisher sent
 	// blocks that fail attestation.
 	DefaultQuarantineVerifyBlocks = 64
+	// DefaultReplayMaxBatches bounds the batches of one replay exchange.
+	DefaultReplayMaxBatches = 1 << 16
 )
 
 // ConfigFromEnv builds a Config from the daemon's environment, read through
@@ -59,6 +62,8 @@ const (
 //     /server_info exchange.
 //   - LOXILB_KV_QUARANTINE_VERIFY_BLOCKS: 1..1048576, default 64:
 //     consecutive verified blocks that lift an endpoint's quarantine.
+//   - LOXILB_KV_REPLAY_MAX_BATCHES: 1..16777216, default 65536: batches one
+//     replay exchange may return.
 //
 // An unparsable or out-of-range value is an error naming the variable, so a
 // typo does not silently fall back to a default.
@@ -66,7 +71,8 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	cfg := Config{ReplayPortOffset: DefaultReplayPortOffset, TRTPollMin: 5 * time.Millisecond, TRTPollMax: 20 * time.Millisecond,
 		MaxMessageBytes: DefaultMaxMessageBytes, MaxMessageFrames: DefaultMaxMessageFrames,
 		MaxBatchEvents: DefaultMaxBatchEvents, MaxBatchHashes: DefaultMaxBatchHashes, MaxBatchTokens: DefaultMaxBatchTokens,
-		TRTMaxHeaderBytes: DefaultTRTMaxHeaderB, QuarantineVerifyBlocks: DefaultQuarantineVerifyBlocks}
+		TRTMaxHeaderBytes: DefaultTRTMaxHeaderB, QuarantineVerifyBlocks: DefaultQuarantineVerifyBlocks,
+		ReplayMaxBatches: DefaultReplayMaxBatches}
 	num := func(name string, lo, hi int, dst func(int)) error {
 		v := getenv(name)
 		if v == "" {
@@ -100,6 +106,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		{EnvMaxBatchTokens, 1, 1 << 28, &cfg.MaxBatchTokens},
 		{EnvTRTMaxHeaderB, 1024, 1 << 20, &cfg.TRTMaxHeaderBytes},
 		{EnvQuarantineVerify, 1, 1 << 20, &cfg.QuarantineVerifyBlocks},
+		{EnvReplayMaxBatches, 1, 1 << 24, &cfg.ReplayMaxBatches},
 	}
 	for _, l := range limits {
 		if err := num(l.name, l.lo, l.hi, func(n int) { *l.dst = n }); err != nil {

@@ -17,7 +17,8 @@ func TestConfigFromEnv(t *testing.T) {
 		t.Fatalf("overrides = %+v %v", cfg, err)
 	}
 	if cfg.MaxMessageBytes != DefaultMaxMessageBytes || cfg.MaxMessageFrames != DefaultMaxMessageFrames || cfg.MaxBatchEvents != DefaultMaxBatchEvents ||
-		cfg.MaxBatchHashes != DefaultMaxBatchHashes || cfg.MaxBatchTokens != DefaultMaxBatchTokens || cfg.TRTMaxHeaderBytes != DefaultTRTMaxHeaderB {
+		cfg.MaxBatchHashes != DefaultMaxBatchHashes || cfg.MaxBatchTokens != DefaultMaxBatchTokens || cfg.TRTMaxHeaderBytes != DefaultTRTMaxHeaderB ||
+		cfg.QuarantineVerifyBlocks != DefaultQuarantineVerifyBlocks || cfg.ReplayMaxBatches != DefaultReplayMaxBatches {
 		t.Fatalf("limit defaults = %+v", cfg)
 	}
 	cfg, err = ConfigFromEnv(env(map[string]string{EnvMaxMessageBytes: "1048576", EnvMaxMessageFrames: "8", EnvMaxBatchEvents: "100",
@@ -28,7 +29,8 @@ func TestConfigFromEnv(t *testing.T) {
 	}
 	for _, bad := range []map[string]string{{EnvReplayPortOffset: "-1"}, {EnvTRTPollMinMS: "0"}, {EnvTRTPollMaxMS: "fast"},
 		{EnvMaxMessageBytes: "100"}, {EnvMaxMessageBytes: "2147483648"}, {EnvMaxMessageFrames: "3"}, {EnvMaxBatchEvents: "0"},
-		{EnvMaxBatchHashes: "x"}, {EnvMaxBatchTokens: "-5"}, {EnvTRTMaxHeaderB: "10"}} {
+		{EnvMaxBatchHashes: "x"}, {EnvMaxBatchTokens: "-5"}, {EnvTRTMaxHeaderB: "10"}, {EnvQuarantineVerify: "0"},
+		{EnvReplayMaxBatches: "99999999"}} {
 		var name string
 		for k := range bad {
 			name = k

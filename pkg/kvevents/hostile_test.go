@@ -397,3 +397,24 @@ func runManager(t *testing.T, m *Manager, sink *fakeSink, reg *prometheus.Regist
 	t.Cleanup(h.stop)
 	return h
 }
+
+// TestReplayTooLongRefused: a replay ROUTER streaming more batches than
+// ReplayMaxBatches is cut off (each one would be remembered in the
+// duplicate window until live traffic passes it).
+func TestReplayTooLongRefused(t *testing.T) {
+	p := newPublisher(t)
+	rsrv := newReplayServer(t, true)
+	for s := uint64(0); s < 50; s++ {
+		rsrv.put(s, storedBatch(100+s))
+	}
+	spec := vllmSpec(p.port)
+	spec.ReplayEndpoint = "tcp://127.0.0.1:" + strconv.Itoa(rsrv.port)
+	cfg := fastConfig()
+	cfg.ReplayMaxBatches = 10
+	h := startManager(t, cfg, spec)
+	l := map[string]string{"service": "svc7", "ep": "2", "reason": rejectReplayTooLong}
+	waitFor(t, "refusal", func() bool { return h.metric("loxilb_kv_rejected_total", l) >= 1 })
+	if got := len(h.sink.keys(7, 2, 0)); got > 10 {
+		t.Fatalf("%d replayed batches applied, cap 10", got)
+	}
+}

@@ -180,6 +180,9 @@ type Config struct {
 	// a publisher on port P is at P+offset. 0 disables replay unless a
 	// Spec names a ReplayEndpoint.
 	ReplayPortOffset int
+	// ReplayMaxBatches bounds the batches one replay exchange may return
+	// (LOXILB_KV_REPLAY_MAX_BATCHES, default 65536; vLLM buffers 10000).
+	ReplayMaxBatches int
 	// ReplayTimeout bounds one replay exchange (default 2s).
 	ReplayTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the redial backoff (500ms, 5s).
@@ -271,6 +274,7 @@ func (c Config) withDefaults() Config {
 	defInt(&c.MaxBatchTokens, DefaultMaxBatchTokens)
 	defInt(&c.TRTMaxHeaderBytes, DefaultTRTMaxHeaderB)
 	defInt(&c.QuarantineVerifyBlocks, DefaultQuarantineVerifyBlocks)
+	defInt(&c.ReplayMaxBatches, DefaultReplayMaxBatches)
 	if c.TRTMaxBody <= 0 {
 		c.TRTMaxBody = int64(c.MaxMessageBytes)
 	}

@@ -54,9 +54,10 @@ const (
 	rejectBadFraming      = "bad_framing"
 	rejectBatchLimit      = "batch_limit"
 	rejectBodyTooLarge    = "body_too_large"
+	rejectReplayTooLong   = "replay_too_long"
 )
 
-var allRejectReasons = []string{rejectMessageTooLarge, rejectBadFraming, rejectBatchLimit, rejectBodyTooLarge}
+var allRejectReasons = []string{rejectMessageTooLarge, rejectBadFraming, rejectBatchLimit, rejectBodyTooLarge, rejectReplayTooLong}
 
 // Reset reasons (label reason of loxilb_kv_resets_total).
 const (

@@ -471,6 +471,14 @@ func (z *zmqRank) fetchReplay(ctx context.Context, from uint64, fn func(seq uint
 		if seq == ^uint64(0) && len(f[1]) == 0 {
 			return n, replayOK, nil
 		}
+		if n >= cfg.ReplayMaxBatches {
+			// Each applied batch is remembered until live traffic passes
+			// it (the duplicate window): a peer streaming batches for the
+			// whole timeout must not grow it without bound.
+			err := fmt.Errorf("%w: replay from %s sent more than %d batches", ErrInputTooLarge, rs.replay, cfg.ReplayMaxBatches)
+			s.reject(rs, rejectReplayTooLong, err)
+			return n, replayIncomplete, err
+		}
 		n++
 		if !fn(seq, f[1]) {
 			return n, replayOK, nil
