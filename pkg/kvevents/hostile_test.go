@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -416,5 +417,28 @@ func TestReplayTooLongRefused(t *testing.T) {
 	waitFor(t, "refusal", func() bool { return h.metric("loxilb_kv_rejected_total", l) >= 1 })
 	if got := len(h.sink.keys(7, 2, 0)); got > 10 {
 		t.Fatalf("%d replayed batches applied, cap 10", got)
+	}
+}
+
+// TestTRTRankOutOfRangeSkipped: events naming attention-DP ranks past
+// MaxRanks are skipped and counted rather than each growing a chain map.
+func TestTRTRankOutOfRangeSkipped(t *testing.T) {
+	ts := newTRTServer(t, "")
+	var b strings.Builder
+	b.WriteString("[")
+	for r := 0; r < 100; r++ {
+		if r > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, `{"event_id":%d,"attention_dp_rank":%d,"data":{"type":"stored","parent_hash":null,"blocks":[{"type":"stored_block","block_hash":%d,"tokens":%s}]}}`,
+			r, 8+r, r, tokensJSON(r, 4))
+	}
+	b.WriteString("]")
+	ts.push(b.String())
+	h := startManager(t, fastConfig(), trtSpec(ts.port(t), 4))
+	l := map[string]string{"service": "4", "ep": "1", "reason": skipRank}
+	waitFor(t, "skipped", func() bool { return h.metric("loxilb_kv_events_skipped_total", l) == 100 })
+	if n := len(h.sink.keys(4, 1, -1)); n != 0 {
+		t.Fatalf("%d keys stored for out-of-range ranks", n)
 	}
 }

@@ -42,9 +42,10 @@ const (
 	skipDuplicate     = "duplicate"
 	skipUnknownHandle = "unknown_handle"
 	skipQuarantined   = "quarantined"
+	skipRank          = "rank_out_of_range"
 )
 
-var allSkipReasons = []string{skipUnknownType, skipMedium, skipGroup, skipWindow, skipUnknownParent, skipNonPlain, skipBlockSize, skipDuplicate, skipUnknownHandle, skipQuarantined}
+var allSkipReasons = []string{skipUnknownType, skipMedium, skipGroup, skipWindow, skipUnknownParent, skipNonPlain, skipBlockSize, skipDuplicate, skipUnknownHandle, skipQuarantined, skipRank}
 
 // Rejection reasons (label reason of loxilb_kv_rejected_total): input
 // refused because it breaks a limit or the framing, before it is buffered

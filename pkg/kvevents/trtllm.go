@@ -178,6 +178,13 @@ func (s *subscription) applyTRTBody(rs *rankState, h *blockhash.Hasher, chains m
 	for i := range events {
 		ev := &events[i]
 		rank := max(ev.Rank, 0)
+		if rank >= MaxRanks {
+			// The inventory holds MaxRanks ranks per endpoint, and each
+			// rank keeps a chain map: an engine naming any rank must not
+			// make the gateway keep thousands of them.
+			c.skip(skipRank, 1)
+			continue
+		}
 		ch := chains[rank]
 		if ch == nil {
 			ch = &trtChain{m: make(map[uint64]trtEntry)}
