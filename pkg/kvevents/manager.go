@@ -325,13 +325,19 @@ func New(cfg Config, sink Sink, logger *slog.Logger, reg prometheus.Registerer) 
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	return &Manager{
+	m := &Manager{
 		cfg:     cfg.withDefaults(),
 		sink:    sink,
 		log:     logger.With("component", "kvevents"),
 		metrics: newMetrics(reg),
 		subs:    make(map[subKey]*subscription),
 	}
+	c := &m.cfg
+	m.log.Info("kv event input limits", "max_message_bytes", c.MaxMessageBytes, "max_message_frames", c.MaxMessageFrames,
+		"max_batch_events", c.MaxBatchEvents, "max_batch_hashes", c.MaxBatchHashes, "max_batch_tokens", c.MaxBatchTokens,
+		"trtllm_max_body", c.TRTMaxBody, "trtllm_max_header_bytes", c.TRTMaxHeaderBytes,
+		"replay_max_batches", c.ReplayMaxBatches, "quarantine_verify_blocks", c.QuarantineVerifyBlocks)
+	return m
 }
 
 // Run starts the subscriptions Sync asked for and keeps them running until
