@@ -442,3 +442,24 @@ func TestTRTRankOutOfRangeSkipped(t *testing.T) {
 		t.Fatalf("%d keys stored for out-of-range ranks", n)
 	}
 }
+
+// TestTRTAnnouncedBodyOverLimitRefused: a drain whose Content-Length
+// announces more than the limit is refused before any of it is read.
+func TestTRTAnnouncedBodyOverLimitRefused(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/server_info" {
+			w.WriteHeader(http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(1<<30))
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(srv.Close)
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	h := startManager(t, fastConfig(), trtSpec(port, 4))
+	l := map[string]string{"service": "4", "ep": "1", "reason": rejectBodyTooLarge}
+	waitFor(t, "refusal", func() bool { return h.metric("loxilb_kv_rejected_total", l) >= 1 })
+	if st := h.status(4, 1); !strings.Contains(st.Ranks[0].LastError, "announced") {
+		t.Fatalf("status = %+v", st)
+	}
+}

@@ -138,6 +138,10 @@ func (s *subscription) drainTRT(ctx context.Context, rs *rankState) ([]byte, err
 		return nil, fmt.Errorf("drain %s: %w", rs.st.Endpoint, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK && resp.ContentLength > cfg.TRTMaxBody {
+		// Announced too large: refused without reading it.
+		return nil, fmt.Errorf("drain %s: %w: body of %d bytes announced, limit %d", rs.st.Endpoint, ErrInputTooLarge, resp.ContentLength, cfg.TRTMaxBody)
+	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, cfg.TRTMaxBody+1))
 	if err != nil {
 		return nil, fmt.Errorf("drain %s: read body: %w", rs.st.Endpoint, err)
