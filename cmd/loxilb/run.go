@@ -334,8 +334,13 @@ func tokenizerCaps(r *tokenizer.Registry) []api.Capability {
 func parityCaps(m *kvevents.Manager) []api.Capability {
 	var out []api.Capability
 	for _, p := range m.Parity() {
-		c := api.Capability{Name: fmt.Sprintf("kv_parity:%d/%d", p.Service, p.EPIdx), Ready: p.Verdict == "ok", ReasonCode: p.Verdict, Reason: p.Reason}
+		c := api.Capability{Name: fmt.Sprintf("kv_parity:%d/%d", p.Service, p.EPIdx), Ready: p.Verdict == "ok" && !p.Quarantined, ReasonCode: p.Verdict, Reason: p.Reason}
 		out = append(out, c)
+		if p.Quarantined {
+			// Tier 1.5 is off for the endpoint: its inventory is empty.
+			out = append(out, api.Capability{Name: fmt.Sprintf("kv_quarantine:%d/%d", p.Service, p.EPIdx),
+				ReasonCode: "quarantined", Reason: p.QuarantineReason})
+		}
 	}
 	return out
 }

@@ -80,6 +80,32 @@
 // contract), or unverified. A change is logged once and exported as
 // loxilb_kv_parity_verdict.
 //
+// # Untrusted input
+//
+// Every byte a publisher, a replay ROUTER or a TensorRT-LLM drain sends is
+// untrusted. ZMQ peers are dialled by the package itself and read through
+// zmq4's Conn on the dialling goroutine (no zmq4 Socket, whose per-connection
+// reader goroutines are out of reach of a recover), over a net.Conn that
+// follows the ZMTP framing and fails the read of any frame header that would
+// take a message over Config.MaxMessageBytes or Config.MaxMessageFrames:
+// zmq4 sizes each frame body from its header, so the check must come first.
+// The READY metadata is parsed with bounds checks and only peer socket types
+// that can serve ours are accepted (zmq4 panics on unknown ones). A
+// connection that ends in refused input is dropped and redialled with
+// backoff; a panic in a subscriber is recovered per connection, counted, and
+// the publisher's blocks cleared.
+//
+// Decoding is bounded by Config.MaxBatchEvents, MaxBatchHashes and
+// MaxBatchTokens, checked on each container's announced length before it is
+// decoded; a refused batch applies nothing (decoding finishes before
+// applying) and marks the publisher degraded. TensorRT-LLM bodies are cut at
+// TRTMaxBody and walked one element at a time.
+//
+// Anyone who can answer on a publisher port can also publish blocks. An
+// endpoint whose publisher sends blocks that do not hash from their tokens
+// is quarantined (see quarantine.go): its inventory is cleared and stays
+// empty until Config.QuarantineVerifyBlocks consecutive blocks verify.
+//
 // # Metrics
 //
 // All carry labels service (Spec.ServiceName, else the rule number) and ep
@@ -89,8 +115,10 @@
 // loxilb_kv_events_applied_total{type}, loxilb_kv_block_events_applied_total{op},
 // loxilb_kv_events_skipped_total{reason}, loxilb_kv_decode_errors_total,
 // loxilb_kv_seq_gaps_total, loxilb_kv_replays_total{result},
-// loxilb_kv_resets_total{reason}, loxilb_kv_parity_verdict{verdict} and
-// loxilb_kv_trtllm_admission{verdict}.
+// loxilb_kv_resets_total{reason}, loxilb_kv_parity_verdict{verdict},
+// loxilb_kv_trtllm_admission{verdict}, loxilb_kv_rejected_total{reason},
+// loxilb_kv_subscriber_panics_total, loxilb_kv_quarantined and
+// loxilb_kv_quarantines_total.
 //
 // Neighbours: pkg/control builds the Specs; pkg/kvindex is the Sink;
 // pkg/blockhash provides the contracts; api serves Status and Parity.

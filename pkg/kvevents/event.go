@@ -128,9 +128,85 @@ type Batch struct {
 	tokens []uint32
 }
 
+// Capacities a Batch keeps between decodes; a rare larger batch is not
+// held for the life of the subscription.
+const (
+	keepEvents = 4096
+	keepHashes = 1 << 16
+	keepTokens = 1 << 18
+)
+
+// Trim releases buffers a large batch left behind. Call it once the
+// batch's events are no longer used.
+func (b *Batch) Trim() {
+	if cap(b.Events) > keepEvents {
+		b.Events = nil
+	}
+	if cap(b.hashes) > keepHashes {
+		b.hashes = nil
+	}
+	if cap(b.tokens) > keepTokens {
+		b.tokens = nil
+	}
+}
+
+// growExact makes room for n more elements (n already checked against
+// limit) in one allocation: doubling, as append does, but never past the
+// batch limit, and never rounded up past it (append's size classes and
+// its 1.25 growth would allocate several times the final size for a
+// batch that is large from the start).
+func growExact[E any](s []E, n, limit int) []E {
+	if n <= cap(s)-len(s) {
+		return s
+	}
+	c := max(len(s)+n, min(2*cap(s), limit))
+	ns := make([]E, len(s), c)
+	copy(ns, s)
+	return ns
+}
+
 // ErrBadPayload wraps every decode failure of an event payload. Callers count
 // it and drop the batch; it is never fatal to a subscription.
 var ErrBadPayload = errors.New("bad KV event payload")
+
+// ErrBatchLimit wraps (with ErrBadPayload) the refusal of a batch that
+// announces more events, block hashes or token ids than DecodeLimits
+// allow. It is checked against each container's announced length before
+// the container is decoded, so a small payload cannot make the decoder
+// allocate far more than its own size.
+var ErrBatchLimit = errors.New("KV event batch over a decode limit")
+
+// DecodeLimits caps one decoded batch. Zero fields take the defaults
+// (DefaultMaxBatchEvents, DefaultMaxBatchHashes, DefaultMaxBatchTokens).
+type DecodeLimits struct {
+	// Events caps the events of one batch.
+	Events int
+	// Hashes caps the block hashes of one batch, all events together.
+	Hashes int
+	// Tokens caps the token ids of one batch, all events together.
+	Tokens int
+}
+
+func (l DecodeLimits) withDefaults() DecodeLimits {
+	if l.Events <= 0 {
+		l.Events = DefaultMaxBatchEvents
+	}
+	if l.Hashes <= 0 {
+		l.Hashes = DefaultMaxBatchHashes
+	}
+	if l.Tokens <= 0 {
+		l.Tokens = DefaultMaxBatchTokens
+	}
+	return l
+}
+
+// overLimit reports a container that would take a batch past a cap.
+func overLimit(what string, have, n, limit int) error {
+	if n > limit-have {
+		return fmt.Errorf("%w: %d more %s after %d, limit %d per batch", ErrBatchLimit, n, what, have, limit)
+	}
+	return nil
+}
 
 // maxTokenID bounds token ids: anything above 2^32-1 cannot be a vocabulary
 // index and is flagged instead of truncated.
@@ -144,11 +220,21 @@ const maxTokenID = 1<<32 - 1
 // safe for concurrent use; use one per subscription goroutine.
 type Decoder struct {
 	order KeyOrder
+	lim   DecodeLimits
 	r     mpReader
 }
 
-// NewDecoder returns a Decoder mapping digest bytes to keys with order.
-func NewDecoder(order KeyOrder) *Decoder { return &Decoder{order: order} }
+// NewDecoder returns a Decoder mapping digest bytes to keys with order,
+// with the default DecodeLimits.
+func NewDecoder(order KeyOrder) *Decoder {
+	return &Decoder{order: order, lim: DecodeLimits{}.withDefaults()}
+}
+
+// WithLimits sets the caps of one batch and returns d.
+func (d *Decoder) WithLimits(l DecodeLimits) *Decoder {
+	d.lim = l.withDefaults()
+	return d
+}
 
 // Decode parses payload into b, replacing its previous content. On error b
 // holds no events and the error wraps ErrBadPayload.
@@ -266,6 +352,12 @@ func (d *Decoder) decodeEvents(b *Batch) error {
 	if !ok {
 		return d.r.errAt("events is not an array")
 	}
+	if err := overLimit("events", len(b.Events), n, d.lim.Events); err != nil {
+		return err
+	}
+	// n is bounded by the cap and the bytes left: size the slice once
+	// rather than through append's growth steps.
+	b.Events = growExact(b.Events, n, d.lim.Events)
 	for i := 0; i < n; i++ {
 		if len(b.Events) < cap(b.Events) {
 			b.Events = b.Events[:len(b.Events)+1]
@@ -471,6 +563,10 @@ func (d *Decoder) hashList(b *Batch, e *Event) error {
 	if !ok {
 		return d.r.errAt("block_hashes is not an array")
 	}
+	if err := overLimit("block hashes", len(b.hashes), n, d.lim.Hashes); err != nil {
+		return err
+	}
+	b.hashes = growExact(b.hashes, n, d.lim.Hashes)
 	e.hashLo = len(b.hashes)
 	r := &d.r
 	for i := 0; i < n; i++ {
@@ -514,6 +610,10 @@ func (d *Decoder) tokenList(b *Batch, e *Event) error {
 	if !ok {
 		return r.errAt("token_ids is not an array")
 	}
+	if err := overLimit("token ids", len(b.tokens), n, d.lim.Tokens); err != nil {
+		return err
+	}
+	b.tokens = growExact(b.tokens, n, d.lim.Tokens)
 	e.tokLo = len(b.tokens)
 	for i := 0; i < n; i++ {
 		// Fast path for the encodings token ids actually use (positive

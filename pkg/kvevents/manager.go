@@ -180,6 +180,9 @@ type Config struct {
 	// a publisher on port P is at P+offset. 0 disables replay unless a
 	// Spec names a ReplayEndpoint.
 	ReplayPortOffset int
+	// ReplayMaxBatches bounds the batches one replay exchange may return
+	// (LOXILB_KV_REPLAY_MAX_BATCHES, default 65536; vLLM buffers 10000).
+	ReplayMaxBatches int
 	// ReplayTimeout bounds one replay exchange (default 2s).
 	ReplayTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the redial backoff (500ms, 5s).
@@ -200,10 +203,28 @@ type Config struct {
 	TRTAdmissionRetry, TRTAdmissionRecheck time.Duration
 	// TRTHTTPTimeout bounds one HTTP exchange (default 30s).
 	TRTHTTPTimeout time.Duration
-	// TRTMaxBody caps one drain body (default 64 MiB).
+	// MaxMessageBytes caps one ZMQ message, all frames together
+	// (LOXILB_KV_MAX_MESSAGE_BYTES, default 16 MiB). A peer announcing
+	// more is dropped before anything is sized from the announcement.
+	MaxMessageBytes int
+	// MaxMessageFrames caps the frames of one ZMQ message (default 16).
+	MaxMessageFrames int
+	// MaxBatchEvents, MaxBatchHashes and MaxBatchTokens cap one decoded
+	// batch: its events, and its block hashes and token ids over all
+	// events (defaults 65536, 1<<20, 1<<22). A batch over a cap is
+	// refused whole, before its elements are decoded.
+	MaxBatchEvents, MaxBatchHashes, MaxBatchTokens int
+	// TRTMaxBody caps one drain body (default MaxMessageBytes).
 	TRTMaxBody int64
+	// TRTMaxHeaderBytes caps the response headers of one TensorRT-LLM
+	// exchange (default 64 KiB); it applies to the private client only.
+	TRTMaxHeaderBytes int
 	// TRTMaxChain caps the engine-hash -> key map per rank (default 1<<20).
 	TRTMaxChain int
+	// QuarantineVerifyBlocks is how many consecutive blocks of a
+	// quarantined endpoint must verify before it leaves quarantine
+	// (LOXILB_KV_QUARANTINE_VERIFY_BLOCKS, default 64).
+	QuarantineVerifyBlocks int
 	// ParityMaxDigests caps the digests kept per endpoint for attesting
 	// child blocks (default 16384).
 	ParityMaxDigests int
@@ -241,8 +262,21 @@ func (c Config) withDefaults() Config {
 	if len(c.Media) == 0 {
 		c.Media = []string{"GPU"}
 	}
+	defInt := func(d *int, v int) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	defInt(&c.MaxMessageBytes, DefaultMaxMessageBytes)
+	defInt(&c.MaxMessageFrames, DefaultMaxMessageFrames)
+	defInt(&c.MaxBatchEvents, DefaultMaxBatchEvents)
+	defInt(&c.MaxBatchHashes, DefaultMaxBatchHashes)
+	defInt(&c.MaxBatchTokens, DefaultMaxBatchTokens)
+	defInt(&c.TRTMaxHeaderBytes, DefaultTRTMaxHeaderB)
+	defInt(&c.QuarantineVerifyBlocks, DefaultQuarantineVerifyBlocks)
+	defInt(&c.ReplayMaxBatches, DefaultReplayMaxBatches)
 	if c.TRTMaxBody <= 0 {
-		c.TRTMaxBody = 64 << 20
+		c.TRTMaxBody = int64(c.MaxMessageBytes)
 	}
 	if c.TRTMaxChain <= 0 {
 		c.TRTMaxChain = 1 << 20
@@ -251,9 +285,15 @@ func (c Config) withDefaults() Config {
 		c.ParityMaxDigests = 16384
 	}
 	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{Timeout: c.TRTHTTPTimeout}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxResponseHeaderBytes = int64(c.TRTMaxHeaderBytes)
+		c.HTTPClient = &http.Client{Timeout: c.TRTHTTPTimeout, Transport: tr}
 	}
 	return c
+}
+
+func (c *Config) decodeLimits() DecodeLimits {
+	return DecodeLimits{Events: c.MaxBatchEvents, Hashes: c.MaxBatchHashes, Tokens: c.MaxBatchTokens}
 }
 
 type subKey struct {
@@ -285,13 +325,19 @@ func New(cfg Config, sink Sink, logger *slog.Logger, reg prometheus.Registerer) 
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	return &Manager{
+	m := &Manager{
 		cfg:     cfg.withDefaults(),
 		sink:    sink,
 		log:     logger.With("component", "kvevents"),
 		metrics: newMetrics(reg),
 		subs:    make(map[subKey]*subscription),
 	}
+	c := &m.cfg
+	m.log.Info("kv event input limits", "max_message_bytes", c.MaxMessageBytes, "max_message_frames", c.MaxMessageFrames,
+		"max_batch_events", c.MaxBatchEvents, "max_batch_hashes", c.MaxBatchHashes, "max_batch_tokens", c.MaxBatchTokens,
+		"trtllm_max_body", c.TRTMaxBody, "trtllm_max_header_bytes", c.TRTMaxHeaderBytes,
+		"replay_max_batches", c.ReplayMaxBatches, "quarantine_verify_blocks", c.QuarantineVerifyBlocks)
+	return m
 }
 
 // Run starts the subscriptions Sync asked for and keeps them running until
@@ -426,6 +472,11 @@ type ParityReport struct {
 	BlockSize   int    `json:"block_size"`
 	Verdict     string `json:"verdict"`
 	Reason      string `json:"reason,omitempty"`
+	// Quarantined is true while the endpoint gets no KV-hit credit
+	// because its publisher sent blocks that fail attestation;
+	// QuarantineReason says why and what lifts it.
+	Quarantined      bool   `json:"quarantined,omitempty"`
+	QuarantineReason string `json:"quarantine_reason,omitempty"`
 }
 
 // Parity reports every endpoint's parity verdict, ordered by service then
@@ -435,7 +486,8 @@ func (m *Manager) Parity() []ParityReport {
 	out := make([]ParityReport, len(st))
 	for i, s := range st {
 		out[i] = ParityReport{Service: s.Service, ServiceName: s.ServiceName, EPIdx: s.EPIdx, Engine: s.Engine,
-			HashAlgo: s.HashAlgo, BlockSize: s.BlockSize, Verdict: s.Parity.Verdict, Reason: s.Parity.Reason}
+			HashAlgo: s.HashAlgo, BlockSize: s.BlockSize, Verdict: s.Parity.Verdict, Reason: s.Parity.Reason,
+			Quarantined: s.Parity.Quarantine.Quarantined, QuarantineReason: s.Parity.Quarantine.Reason}
 	}
 	return out
 }

@@ -41,9 +41,24 @@ const (
 	skipBlockSize     = "block_size"
 	skipDuplicate     = "duplicate"
 	skipUnknownHandle = "unknown_handle"
+	skipQuarantined   = "quarantined"
+	skipRank          = "rank_out_of_range"
 )
 
-var allSkipReasons = []string{skipUnknownType, skipMedium, skipGroup, skipWindow, skipUnknownParent, skipNonPlain, skipBlockSize, skipDuplicate, skipUnknownHandle}
+var allSkipReasons = []string{skipUnknownType, skipMedium, skipGroup, skipWindow, skipUnknownParent, skipNonPlain, skipBlockSize, skipDuplicate, skipUnknownHandle, skipQuarantined, skipRank}
+
+// Rejection reasons (label reason of loxilb_kv_rejected_total): input
+// refused because it breaks a limit or the framing, before it is buffered
+// or decoded.
+const (
+	rejectMessageTooLarge = "message_too_large"
+	rejectBadFraming      = "bad_framing"
+	rejectBatchLimit      = "batch_limit"
+	rejectBodyTooLarge    = "body_too_large"
+	rejectReplayTooLong   = "replay_too_long"
+)
+
+var allRejectReasons = []string{rejectMessageTooLarge, rejectBadFraming, rejectBatchLimit, rejectBodyTooLarge, rejectReplayTooLong}
 
 // Reset reasons (label reason of loxilb_kv_resets_total).
 const (
@@ -52,6 +67,8 @@ const (
 	resetGap          = "unrecovered_gap"
 	resetCreated      = "engine_created"
 	resetChainFull    = "chain_map_full"
+	resetPanic        = "subscriber_panic"
+	resetQuarantine   = "quarantine"
 )
 
 // Replay results (label result of loxilb_kv_replays_total).
@@ -77,6 +94,10 @@ type metrics struct {
 	degraded      *prometheus.GaugeVec
 	parity        *prometheus.GaugeVec
 	admission     *prometheus.GaugeVec
+	rejected      *prometheus.CounterVec
+	panics        *prometheus.CounterVec
+	quarantined   *prometheus.GaugeVec
+	quarantines   *prometheus.CounterVec
 
 	vecs []interface {
 		DeletePartialMatch(prometheus.Labels) int
@@ -138,9 +159,26 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "loxilb_kv_trtllm_admission",
 			Help: "TensorRT-LLM /server_info admission verdict: 1 for the current verdict, 0 for the others.",
 		}, append(se, "verdict")),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_rejected_total",
+			Help: "KV event input refused before it was buffered or decoded (over a size limit, bad framing), by reason.",
+		}, append(se, "reason")),
+		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_subscriber_panics_total",
+			Help: "Panics recovered in a KV event subscriber; the connection is dropped and the publisher's blocks cleared.",
+		}, se),
+		quarantined: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "loxilb_kv_quarantined",
+			Help: "1 while the endpoint's inventory is quarantined: its publisher sent blocks whose keys do not hash from their tokens.",
+		}, se),
+		quarantines: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_quarantines_total",
+			Help: "Times the endpoint's inventory was quarantined after blocks failed attestation.",
+		}, se),
 	}
 	cs := []prometheus.Collector{m.connected, m.reconnects, m.recvErrors, m.eventsApplied, m.blockEvents, m.skipped,
-		m.decodeErrors, m.seqGaps, m.replays, m.resets, m.degraded, m.parity, m.admission}
+		m.decodeErrors, m.seqGaps, m.replays, m.resets, m.degraded, m.parity, m.admission,
+		m.rejected, m.panics, m.quarantined, m.quarantines}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			// Two Managers on one registerer share the series of the first.
@@ -163,10 +201,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.degraded = cs[10].(*prometheus.GaugeVec)
 	m.parity = cs[11].(*prometheus.GaugeVec)
 	m.admission = cs[12].(*prometheus.GaugeVec)
+	m.rejected = cs[13].(*prometheus.CounterVec)
+	m.panics = cs[14].(*prometheus.CounterVec)
+	m.quarantined = cs[15].(*prometheus.GaugeVec)
+	m.quarantines = cs[16].(*prometheus.CounterVec)
 	m.vecs = []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{m.connected, m.reconnects, m.recvErrors, m.eventsApplied, m.blockEvents, m.skipped,
-		m.decodeErrors, m.seqGaps, m.replays, m.resets, m.degraded, m.parity, m.admission}
+		m.decodeErrors, m.seqGaps, m.replays, m.resets, m.degraded, m.parity, m.admission,
+		m.rejected, m.panics, m.quarantined, m.quarantines}
 	return m
 }
 
@@ -187,6 +230,10 @@ type subMetrics struct {
 	replays map[string]prometheus.Counter
 	resets  map[string]prometheus.Counter
 	degr    prometheus.Gauge
+	reject  map[string]prometheus.Counter
+	panics  prometheus.Counter
+	quar    prometheus.Gauge
+	quars   prometheus.Counter
 }
 
 func (m *metrics) forSub(service, ep string) *subMetrics {
@@ -205,6 +252,13 @@ func (m *metrics) forSub(service, ep string) *subMetrics {
 		replays: make(map[string]prometheus.Counter),
 		resets:  make(map[string]prometheus.Counter),
 		degr:    m.degraded.With(l),
+		reject:  make(map[string]prometheus.Counter),
+		panics:  m.panics.With(l),
+		quar:    m.quarantined.With(l),
+		quars:   m.quarantines.With(l),
+	}
+	for _, r := range allRejectReasons {
+		s.reject[r] = m.rejected.WithLabelValues(service, ep, r)
 	}
 	for _, k := range []EventKind{KindUnknown, KindStored, KindRemoved, KindCleared} {
 		s.applied[k] = m.eventsApplied.WithLabelValues(service, ep, k.String())
@@ -215,11 +269,12 @@ func (m *metrics) forSub(service, ep string) *subMetrics {
 	for _, r := range []string{replayOK, replayIncomplete, replayUnavailable} {
 		s.replays[r] = m.replays.WithLabelValues(service, ep, r)
 	}
-	for _, r := range []string{resetSeqBackwards, resetRestart, resetGap, resetCreated, resetChainFull} {
+	for _, r := range []string{resetSeqBackwards, resetRestart, resetGap, resetCreated, resetChainFull, resetPanic, resetQuarantine} {
 		s.resets[r] = m.resets.WithLabelValues(service, ep, r)
 	}
 	s.conn.Set(0)
 	s.degr.Set(0)
+	s.quar.Set(0)
 	s.setParity(VerdictUnverified)
 	return s
 }

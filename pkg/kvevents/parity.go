@@ -119,21 +119,37 @@ func (p *parityTracker) remember(key uint64, e parityEntry) {
 	p.digests[key] = e
 }
 
+// attestation is what one observed event proved.
+type attestation uint8
+
+const (
+	// attestNone: the event was not checked (sampled out, unverifiable,
+	// or a geometry or algorithm mismatch, which is configuration rather
+	// than forgery).
+	attestNone attestation = iota
+	// attestVerified: every key of the event recomputed from its tokens.
+	attestVerified
+	// attestForged: a key does not hash from its tokens under the rule's
+	// contract (nor under the other vLLM algorithm).
+	attestForged
+)
+
 // observe attests one BlockStored event of a vLLM or SGLang publisher.
-func (p *parityTracker) observe(e *Event) {
+// every disables sampling (a quarantined endpoint has every event checked).
+func (p *parityTracker) observe(e *Event, every bool) attestation {
 	if p.h == nil {
-		return
+		return attestNone
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.events++
-	if p.st.VerifiedBlocks+p.st.MismatchedBlocks >= paritySampleAfter && p.events%paritySampleEvery != 0 {
-		return
+	if !every && p.st.VerifiedBlocks+p.st.MismatchedBlocks >= paritySampleAfter && p.events%paritySampleEvery != 0 {
+		return attestNone
 	}
 	n := len(e.Hashes)
 	if n == 0 || len(e.Tokens) == 0 || !e.Plain() || len(e.Tokens)%n != 0 {
 		p.st.UnverifiableEvents++
-		return
+		return attestNone
 	}
 	tpb := len(e.Tokens) / n
 	short := false
@@ -143,7 +159,7 @@ func (p *parityTracker) observe(e *Event) {
 		p.set(VerdictBlockSizeMismatch, func() string {
 			return fmt.Sprintf("engine blocks hold %d tokens but the rule's kvBlockSize is %d", tpb, p.bs)
 		})
-		return
+		return attestNone
 	case tpb < p.bs:
 		// SGLang publishes a trailing partial page; it never has children.
 		// A short page that is the parent of another page means the
@@ -154,7 +170,7 @@ func (p *parityTracker) observe(e *Event) {
 				p.set(VerdictBlockSizeMismatch, func() string {
 					return fmt.Sprintf("engine pages hold %d tokens but the rule's kvBlockSize is %d", tpb, p.bs)
 				})
-				return
+				return attestNone
 			}
 		}
 		short = true
@@ -164,7 +180,7 @@ func (p *parityTracker) observe(e *Event) {
 		pe, ok := p.digests[e.Parent]
 		if !ok {
 			p.st.UnverifiableEvents++
-			return
+			return attestNone
 		}
 		parent = pe.d
 	}
@@ -174,23 +190,29 @@ func (p *parityTracker) observe(e *Event) {
 		d, k = p.h.Next(d, e.Tokens[i*tpb:(i+1)*tpb])
 		if k != e.Hashes[i] {
 			p.st.MismatchedBlocks += uint64(n - i)
-			p.mismatch(e, tpb, i, k)
-			return
+			if p.mismatch(e, tpb, i, k) {
+				return attestNone
+			}
+			return attestForged
 		}
 		p.remember(k, parentEntry(d, short))
 	}
 	if short {
-		// A partial page verifies the hash function but not the geometry.
-		return
+		// A partial page verifies the hash function but not the geometry;
+		// its keys are still proven.
+		return attestVerified
 	}
 	p.st.VerifiedBlocks += uint64(n)
 	p.set(VerdictOK, func() string { return fmt.Sprintf("recomputed %s keys match the keys the engine publishes", p.algo) })
+	return attestVerified
 }
 
 func parentEntry(d blockhash.Digest, short bool) parityEntry { return parityEntry{d: d, short: short} }
 
-// mismatch classifies a key that did not reproduce.
-func (p *parityTracker) mismatch(e *Event, tpb, i int, got uint64) {
+// mismatch classifies a key that did not reproduce. It reports whether the
+// keys match the other vLLM algorithm (a configuration mismatch, not a
+// forgery).
+func (p *parityTracker) mismatch(e *Event, tpb, i int, got uint64) (otherAlgo bool) {
 	if p.alt != nil && !e.HasParent && i == 0 {
 		var d blockhash.Digest
 		all := true
@@ -206,10 +228,11 @@ func (p *parityTracker) mismatch(e *Event, tpb, i int, got uint64) {
 			p.set(VerdictHashAlgoMismatch, func() string {
 				return fmt.Sprintf("engine keys match %s, but the rule's kvHashAlgo is %s", p.altAlgo, p.algo)
 			})
-			return
+			return true
 		}
 	}
 	p.set(VerdictHashMismatch, func() string { return p.mismatchReason(e, i, got) })
+	return false
 }
 
 func (p *parityTracker) mismatchReason(e *Event, i int, got uint64) string {

@@ -51,7 +51,7 @@ func TestParityVerdicts(t *testing.T) {
 			var changes []string
 			p := newParityTracker(tc.spec, 1024, func(old, v, r string) { changes = append(changes, v) })
 			for i := range tc.events {
-				p.observe(&tc.events[i])
+				p.observe(&tc.events[i], false)
 			}
 			st := p.status()
 			if st.Verdict != tc.verdict || !strings.Contains(st.Reason, tc.reason) {
@@ -80,7 +80,7 @@ func TestParitySGLangSmallPages(t *testing.T) {
 		var k uint64
 		d, k = h.Next(d, tok)
 		e := Event{Kind: KindStored, Hashes: []uint64{k}, Tokens: tok, Parent: parent, HasParent: i > 0, BlockSize: 1}
-		p.observe(&e)
+		p.observe(&e, false)
 		parent = k
 	}
 	if st := p.status(); st.Verdict != VerdictBlockSizeMismatch {
@@ -94,8 +94,8 @@ func TestParitySGLangSmallPages(t *testing.T) {
 	_, k1 := h16.Next(d0, seqTokens(17, 5))
 	full := Event{Kind: KindStored, Hashes: []uint64{k0}, Tokens: seqTokens(1, 16)}
 	part := Event{Kind: KindStored, Hashes: []uint64{k1}, Tokens: seqTokens(17, 5), Parent: k0, HasParent: true}
-	p.observe(&full)
-	p.observe(&part)
+	p.observe(&full, false)
+	p.observe(&part, false)
 	if st := p.status(); st.Verdict != VerdictOK || st.VerifiedBlocks != 1 {
 		t.Fatalf("verdict = %+v", st)
 	}
@@ -107,26 +107,26 @@ func TestParitySGLangSmallPages(t *testing.T) {
 func TestParityChildChains(t *testing.T) {
 	vllm := vectorStoredEvents(t, "vllm_event_vectors.json", "vllm_map_events_int_hashes", KeyLast8)
 	p := newParityTracker(Spec{Engine: EngineVLLM, BlockSize: 16, Seed: "42"}, 1024, nil)
-	p.observe(&vllm[1]) // child first: parent digest unknown
+	p.observe(&vllm[1], false) // child first: parent digest unknown
 	if st := p.status(); st.Verdict != VerdictUnverified || st.UnverifiableEvents != 1 {
 		t.Fatalf("orphan = %+v", st)
 	}
-	p.observe(&vllm[0])
-	p.observe(&vllm[1])
+	p.observe(&vllm[0], false)
+	p.observe(&vllm[1], false)
 	if st := p.status(); st.Verdict != VerdictOK || st.VerifiedBlocks != 4 {
 		t.Fatalf("chain = %+v", st)
 	}
 	salted := vllm[0]
 	salted.HasExtraKeys = true
 	salted.Hashes = []uint64{1, 2, 3}
-	p.observe(&salted)
+	p.observe(&salted, false)
 	if st := p.status(); st.Verdict != VerdictOK || st.UnverifiableEvents != 2 {
 		t.Fatalf("non-plain = %+v", st)
 	}
 	// A wrong child key flips the verdict.
 	bad := vllm[1]
 	bad.Hashes = []uint64{12345}
-	p.observe(&bad)
+	p.observe(&bad, false)
 	if st := p.status(); st.Verdict != VerdictHashMismatch || !strings.Contains(st.Reason, "child") {
 		t.Fatalf("bad child = %+v", st)
 	}

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -25,18 +26,22 @@ type RankStatus struct {
 	// Degraded is set when events were lost and could not be replayed; it
 	// clears when the publisher's cache is reset (AllBlocksCleared or an
 	// engine restart), which makes the inventory exact again.
-	Degraded       bool      `json:"degraded"`
-	DegradedReason string    `json:"degraded_reason,omitempty"`
-	Batches        uint64    `json:"batches"`
-	Gaps           uint64    `json:"seq_gaps"`
-	Replays        uint64    `json:"replays"`
-	ReplayFailures uint64    `json:"replay_failures"`
-	Resets         uint64    `json:"resets"`
-	Reconnects     uint64    `json:"reconnects"`
-	RecvErrors     uint64    `json:"recv_errors"`
-	DecodeErrors   uint64    `json:"decode_errors"`
-	LastRecv       time.Time `json:"last_recv,omitzero"`
-	LastError      string    `json:"last_error,omitempty"`
+	Degraded       bool   `json:"degraded"`
+	DegradedReason string `json:"degraded_reason,omitempty"`
+	Batches        uint64 `json:"batches"`
+	Gaps           uint64 `json:"seq_gaps"`
+	Replays        uint64 `json:"replays"`
+	ReplayFailures uint64 `json:"replay_failures"`
+	Resets         uint64 `json:"resets"`
+	Reconnects     uint64 `json:"reconnects"`
+	RecvErrors     uint64 `json:"recv_errors"`
+	DecodeErrors   uint64 `json:"decode_errors"`
+	// Rejected counts input refused by a limit or for bad framing.
+	Rejected uint64 `json:"rejected"`
+	// Panics counts recovered subscriber panics.
+	Panics    uint64    `json:"panics"`
+	LastRecv  time.Time `json:"last_recv,omitzero"`
+	LastError string    `json:"last_error,omitempty"`
 }
 
 // ParityStatus is the hash-contract attestation of one endpoint.
@@ -49,6 +54,9 @@ type ParityStatus struct {
 	VerifiedBlocks     uint64 `json:"verified_blocks"`
 	MismatchedBlocks   uint64 `json:"mismatched_blocks"`
 	UnverifiableEvents uint64 `json:"unverifiable_events"`
+	// Quarantine is set when the publisher sent blocks that fail
+	// attestation (see quarantine.go).
+	Quarantine QuarantineStatus `json:"quarantine"`
 }
 
 // Admission is a TensorRT-LLM endpoint's /server_info check.
@@ -83,6 +91,8 @@ type EndpointStatus struct {
 	Resets         uint64 `json:"resets"`
 	Reconnects     uint64 `json:"reconnects"`
 	RecvErrors     uint64 `json:"recv_errors"`
+	Rejected       uint64 `json:"rejected"`
+	Panics         uint64 `json:"panics"`
 
 	Parity    ParityStatus `json:"parity"`
 	Admission *Admission   `json:"admission,omitempty"`
@@ -123,6 +133,7 @@ type subscription struct {
 	met  *subMetrics
 
 	parity *parityTracker
+	quar   quarantine
 
 	mu        sync.Mutex
 	st        EndpointStatus // aggregate counters; Ranks filled on read
@@ -132,6 +143,9 @@ type subscription struct {
 	done      chan struct{}
 	started   bool
 	lastError string
+	// logged is when a repeatable warning (by key) was last logged: a peer
+	// that repeats bad input must not flood the log.
+	logged map[string]time.Time
 }
 
 func newSubscription(m *Manager, spec Spec) *subscription {
@@ -143,7 +157,8 @@ func newSubscription(m *Manager, spec Spec) *subscription {
 			Service: spec.Service, ServiceName: spec.ServiceName, EPIdx: spec.EPIdx, Engine: spec.Engine,
 			HashAlgo: string(spec.algo()), BlockSize: spec.BlockSize,
 		},
-		media: make(map[string]bool),
+		media:  make(map[string]bool),
+		logged: make(map[string]time.Time),
 	}
 	for _, md := range m.cfg.Media {
 		s.media[md] = true
@@ -234,6 +249,7 @@ func (s *subscription) status() EndpointStatus {
 		out.Admission = &a
 	}
 	out.Parity = s.parity.status()
+	out.Parity.Quarantine = s.quar.status()
 	return out
 }
 
@@ -296,6 +312,63 @@ func (s *subscription) decodeError(rs *rankState, err error) {
 		s.m.log.Warn("kv event message dropped: cannot decode", "service", s.spec.Service, "ep", s.spec.EPIdx,
 			"rank", rs.st.Rank, "err", err)
 	}
+}
+
+// logEvery is the least interval between two log lines of one kind of
+// repeatable bad input from one endpoint.
+const logEvery = time.Minute
+
+// warnLimited logs msg at warning level unless a line of the same key was
+// logged for this subscription less than logEvery ago.
+func (s *subscription) warnLimited(key, msg string, args ...any) {
+	now := time.Now()
+	s.mu.Lock()
+	last, seen := s.logged[key]
+	if seen && now.Sub(last) < logEvery {
+		s.mu.Unlock()
+		return
+	}
+	s.logged[key] = now
+	s.mu.Unlock()
+	s.m.log.Warn(msg, append([]any{"service", s.spec.Service, "ep", s.spec.EPIdx}, args...)...)
+}
+
+// reject counts input refused by a limit or for bad framing.
+func (s *subscription) reject(rs *rankState, reason string, err error) {
+	s.mu.Lock()
+	rs.st.Rejected++
+	s.st.Rejected++
+	rs.st.LastError = err.Error()
+	s.mu.Unlock()
+	s.met.reject[reason].Inc()
+	s.warnLimited("reject:"+reason, "kv event input refused", "rank", rs.st.Rank, "endpoint", rs.st.Endpoint,
+		"reason", reason, "err", err)
+}
+
+// recovered handles a panic of a subscriber goroutine: it is counted and
+// logged (once a minute per endpoint), and the publisher's blocks are
+// cleared, since the batch it was applying may be half applied.
+func (s *subscription) recovered(rs *rankState, sinkRank int, v any) {
+	err := fmt.Errorf("subscriber panic: %v", v)
+	s.mu.Lock()
+	rs.st.Panics++
+	s.st.Panics++
+	rs.st.LastError = err.Error()
+	s.mu.Unlock()
+	s.met.panics.Inc()
+	s.m.log.Debug("kv subscriber panic stack", "service", s.spec.Service, "ep", s.spec.EPIdx, "stack", string(debug.Stack()))
+	s.warnLimited("panic", "kv event subscriber recovered from a panic; connection dropped, publisher's blocks cleared",
+		"rank", rs.st.Rank, "endpoint", rs.st.Endpoint, "panic", fmt.Sprint(v))
+	s.reset(rs, sinkRank, resetPanic)
+}
+
+// countDecodeErrors counts n more undecodable events without logging them.
+func (s *subscription) countDecodeErrors(rs *rankState, n uint64) {
+	s.mu.Lock()
+	rs.st.DecodeErrors += n
+	s.st.DecodeErrors += n
+	s.mu.Unlock()
+	s.met.decErr.Add(float64(n))
 }
 
 // reset clears one publisher's blocks (engine restart or lost events).
@@ -416,9 +489,11 @@ func (s *subscription) applyBatch(rs *rankState, b *Batch, c *applyCounts) {
 				continue
 			}
 			if e.Kind == KindStored {
-				sink.Store(svc, ep, rank, e.Hashes)
+				if !s.storeAttested(rank, e) {
+					c.skip(skipQuarantined, 1)
+					continue
+				}
 				c.stored += uint64(len(e.Hashes))
-				s.parity.observe(e)
 			} else {
 				sink.Remove(svc, ep, rank, e.Hashes)
 				c.removed += uint64(len(e.Hashes))
@@ -436,6 +511,11 @@ func (s *subscription) applyBatch(rs *rankState, b *Batch, c *applyCounts) {
 			c.skip(skipUnknownType, 1)
 		}
 	}
+}
+
+// newDecoder returns a decoder with the configured batch limits.
+func (s *subscription) newDecoder(order KeyOrder) *Decoder {
+	return NewDecoder(order).WithLimits(s.m.cfg.decodeLimits())
 }
 
 // newHasher builds the rule's contract hasher.

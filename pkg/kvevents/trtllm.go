@@ -34,6 +34,38 @@ type trtEntry struct {
 // adaptive interval until ctx ends. A failing drain sends it back through
 // admission: the engine may have been relaunched with other geometry.
 func (s *subscription) runTRT(ctx context.Context, rs *rankState) {
+	backoff := s.m.cfg.ReconnectMin
+	for ctx.Err() == nil {
+		if !s.runTRTOnce(ctx, rs) {
+			return
+		}
+		// Recovered from a panic: start over from admission, with fresh
+		// chains, after a growing pause.
+		if !sleepCtx(ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, s.m.cfg.ReconnectMax)
+	}
+}
+
+// runTRTOnce is runTRT until ctx ends (false) or a panic, which it
+// recovers and counts (true): no engine response can take the process down.
+func (s *subscription) runTRTOnce(ctx context.Context, rs *rankState) (panicked bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.recovered(rs, 0, v)
+			// And the attention-DP ranks named in the events: the drain
+			// is this endpoint's only writer.
+			s.m.sink.ClearEndpoint(s.spec.Service, s.spec.EPIdx)
+			s.setConnected(rs, false, false)
+			panicked = true
+		}
+	}()
+	s.runTRTLoop(ctx, rs)
+	return false
+}
+
+func (s *subscription) runTRTLoop(ctx context.Context, rs *rankState) {
 	h, err := newHasher(s.spec, s.spec.algo())
 	if err != nil {
 		s.mu.Lock()
@@ -57,7 +89,12 @@ func (s *subscription) runTRT(ctx context.Context, rs *rankState) {
 				if ctx.Err() != nil {
 					return
 				}
-				s.recvError(rs, err)
+				if errors.Is(err, ErrInputTooLarge) {
+					s.reject(rs, rejectBodyTooLarge, err)
+					s.setDegraded(rs, "a drain body over the size limit was refused: "+err.Error())
+				} else {
+					s.recvError(rs, err)
+				}
 				s.setConnected(rs, false, false)
 				if !sleepCtx(ctx, backoff) {
 					return
@@ -101,6 +138,10 @@ func (s *subscription) drainTRT(ctx context.Context, rs *rankState) ([]byte, err
 		return nil, fmt.Errorf("drain %s: %w", rs.st.Endpoint, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK && resp.ContentLength > cfg.TRTMaxBody {
+		// Announced too large: refused without reading it.
+		return nil, fmt.Errorf("drain %s: %w: body of %d bytes announced, limit %d", rs.st.Endpoint, ErrInputTooLarge, resp.ContentLength, cfg.TRTMaxBody)
+	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, cfg.TRTMaxBody+1))
 	if err != nil {
 		return nil, fmt.Errorf("drain %s: read body: %w", rs.st.Endpoint, err)
@@ -110,7 +151,7 @@ func (s *subscription) drainTRT(ctx context.Context, rs *rankState) ([]byte, err
 	}
 	if int64(len(body)) > cfg.TRTMaxBody {
 		// The events are gone from the engine either way; say so.
-		return nil, fmt.Errorf("drain %s: body larger than %d bytes dropped", rs.st.Endpoint, cfg.TRTMaxBody)
+		return nil, fmt.Errorf("drain %s: %w: body larger than %d bytes dropped", rs.st.Endpoint, ErrInputTooLarge, cfg.TRTMaxBody)
 	}
 	return body, nil
 }
@@ -118,13 +159,22 @@ func (s *subscription) drainTRT(ctx context.Context, rs *rankState) ([]byte, err
 // applyTRTBody decodes and applies one drain and returns the number of
 // events it held.
 func (s *subscription) applyTRTBody(rs *rankState, h *blockhash.Hasher, chains map[int]*trtChain, body []byte) int {
-	events, errs, err := DecodeTRTLLMBody(body)
+	events, errs, bad, err := DecodeTRTLLMBodyLimits(body, s.m.cfg.decodeLimits())
 	if err != nil {
+		if errors.Is(err, ErrBatchLimit) {
+			// The drain took the events from the engine: they are lost.
+			s.reject(rs, rejectBatchLimit, err)
+			s.setDegraded(rs, "a drain over the batch limits was refused: "+err.Error())
+			return 0
+		}
 		s.decodeError(rs, err)
 		return 0
 	}
 	for _, e := range errs {
 		s.decodeError(rs, e)
+	}
+	if more := bad - len(errs); more > 0 {
+		s.countDecodeErrors(rs, uint64(more))
 	}
 	var c applyCounts
 	var keys []uint64
@@ -132,6 +182,13 @@ func (s *subscription) applyTRTBody(rs *rankState, h *blockhash.Hasher, chains m
 	for i := range events {
 		ev := &events[i]
 		rank := max(ev.Rank, 0)
+		if rank >= MaxRanks {
+			// The inventory holds MaxRanks ranks per endpoint, and each
+			// rank keeps a chain map: an engine naming any rank must not
+			// make the gateway keep thousands of them.
+			c.skip(skipRank, 1)
+			continue
+		}
 		ch := chains[rank]
 		if ch == nil {
 			ch = &trtChain{m: make(map[uint64]trtEntry)}

@@ -126,37 +126,104 @@ func isJSONNullish(raw json.RawMessage) bool {
 	return false
 }
 
+// maxTRTErrs is how many per-event decode errors DecodeTRTLLMBody keeps;
+// the rest are only counted (TRTBody.BadEvents).
+const maxTRTErrs = 8
+
 // DecodeTRTLLMBody splits a /kv_cache_events body into events and decodes
-// each. The body must be a JSON array; an element that fails to decode is
-// reported in errs (one entry per bad element) and skipped, so one bad event
-// does not lose the rest of a destructive drain.
+// each, with the default DecodeLimits. See DecodeTRTLLMBodyLimits.
 func DecodeTRTLLMBody(body []byte) (events []TRTEvent, errs []error, err error) {
+	events, errs, _, err = DecodeTRTLLMBodyLimits(body, DecodeLimits{})
+	return events, errs, err
+}
+
+// DecodeTRTLLMBodyLimits splits a /kv_cache_events body into events and
+// decodes each. The body must be a JSON array; an element that fails to
+// decode is counted in bad, reported in errs (at most maxTRTErrs of them)
+// and skipped, so one bad event does not lose the rest of a destructive
+// drain. The array is walked one element at a time, and a body with more
+// elements than lim.Events, or more stored tokens or block hashes than
+// lim.Tokens and lim.Hashes, is refused whole (an error wrapping
+// ErrBatchLimit): a body of tiny elements cannot make the decoder hold many
+// times its size.
+func DecodeTRTLLMBodyLimits(body []byte, lim DecodeLimits) (events []TRTEvent, errs []error, bad int, err error) {
+	lim = lim.withDefaults()
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
-	var raw []json.RawMessage
-	if err := dec.Decode(&raw); err != nil {
-		return nil, nil, fmt.Errorf("%w: kv_cache_events body is not a JSON array: %w", ErrBadPayload, err)
+	notArray := func(err error) ([]TRTEvent, []error, int, error) {
+		return nil, nil, 0, fmt.Errorf("%w: kv_cache_events body is not a JSON array: %w", ErrBadPayload, err)
 	}
-	events = make([]TRTEvent, 0, len(raw))
-	for i, r := range raw {
-		ev, err := DecodeTRTLLMEvent(r)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("event %d: %w", i, err))
+	tok, err := dec.Token()
+	if err != nil {
+		return notArray(err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '[' {
+		if tok == nil {
+			// null decodes as an empty array, as json.Unmarshal into a slice does.
+			return nil, nil, 0, nil
+		}
+		return notArray(fmt.Errorf("got %v", tok))
+	}
+	tokens, hashes := 0, 0
+	for i := 0; dec.More(); i++ {
+		if i >= lim.Events {
+			return nil, nil, 0, fmt.Errorf("%w: %w: more than %d events in one drain", ErrBadPayload, ErrBatchLimit, lim.Events)
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return notArray(err)
+		}
+		var ev TRTEvent
+		if err := trtObject(raw); err != nil {
+			// Cheap refusal of the common garbage: no decoder, no
+			// formatted error beyond the few that are kept.
+			bad++
+			if len(errs) < maxTRTErrs {
+				errs = append(errs, fmt.Errorf("event %d: %w", i, err))
+			}
 			continue
+		}
+		ev, err := DecodeTRTLLMEvent(raw)
+		if err != nil {
+			bad++
+			if len(errs) < maxTRTErrs {
+				errs = append(errs, fmt.Errorf("event %d: %w", i, err))
+			}
+			continue
+		}
+		hashes += len(ev.Removed) + len(ev.Blocks)
+		for _, b := range ev.Blocks {
+			tokens += len(b.Tokens)
+		}
+		if hashes > lim.Hashes || tokens > lim.Tokens {
+			return nil, nil, 0, fmt.Errorf("%w: %w: more than %d block hashes or %d tokens in one drain", ErrBadPayload, ErrBatchLimit, lim.Hashes, lim.Tokens)
 		}
 		events = append(events, ev)
 	}
-	return events, errs, nil
+	if _, err := dec.Token(); err != nil {
+		return notArray(err)
+	}
+	return events, errs, bad, nil
+}
+
+// errNotObject is the refusal of a body element that is not a JSON object.
+var errNotObject = fmt.Errorf("%w: event is not a JSON object", ErrBadPayload)
+
+func trtObject(raw []byte) error {
+	if len(raw) == 0 || raw[0] != '{' {
+		return errNotObject
+	}
+	return nil
 }
 
 // DecodeTRTLLMEvent decodes one element of a /kv_cache_events body. Unknown
 // keys are ignored; unknown data types decode with Kind TRTUnknown.
 func DecodeTRTLLMEvent(raw []byte) (TRTEvent, error) {
 	ev := TRTEvent{Rank: -1}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
+	// Every number lands in a json.Number field, so Unmarshal keeps them
+	// exact without a Decoder (and its buffer) per element.
 	var env trtEnvelope
-	if err := dec.Decode(&env); err != nil {
+	if err := json.Unmarshal(raw, &env); err != nil {
 		return ev, fmt.Errorf("%w: %w", ErrBadPayload, err)
 	}
 	var err error
@@ -179,10 +246,8 @@ func DecodeTRTLLMEvent(raw []byte) (TRTEvent, error) {
 	if isJSONNullish(env.Data) {
 		return ev, fmt.Errorf("%w: event %d has no data", ErrBadPayload, ev.EventID)
 	}
-	dd := json.NewDecoder(bytes.NewReader(env.Data))
-	dd.UseNumber()
 	var data trtData
-	if err := dd.Decode(&data); err != nil {
+	if err := json.Unmarshal(env.Data, &data); err != nil {
 		return ev, fmt.Errorf("%w: event %d data: %w", ErrBadPayload, ev.EventID, err)
 	}
 	ev.Type = data.Type

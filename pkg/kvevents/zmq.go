@@ -6,8 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log"
-	"log/slog"
 	"net"
 	"slices"
 	"strconv"
@@ -17,11 +15,6 @@ import (
 )
 
 func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
-
-// zmqLogger routes zmq4's own log lines into slog at debug level.
-func (s *subscription) zmqLogger() *log.Logger {
-	return slog.NewLogLogger(s.m.log.Handler(), slog.LevelDebug)
-}
 
 // zmqRank is the per-goroutine state of one ZMQ publisher: the decoder and
 // batch buffers it reuses.
@@ -34,58 +27,100 @@ type zmqRank struct {
 }
 
 // runZMQ subscribes to one publisher until ctx ends: dial with backoff,
-// replay what the engine buffered, then apply live batches in seq order.
+// replay what the engine buffered, then apply live batches in seq order. A
+// connection that ends in refused input or a panic is redialled with the
+// same growing backoff as a failed dial, so a hostile peer costs one
+// attempt per ReconnectMax at most.
 func (s *subscription) runZMQ(ctx context.Context, rs *rankState) {
 	order := KeyLast8
 	if s.spec.Engine == EngineSGLang {
 		order = KeyFirst8
 	}
-	z := &zmqRank{s: s, rs: rs, dec: NewDecoder(order)}
+	z := &zmqRank{s: s, rs: rs, dec: s.newDecoder(order)}
 	cfg := &s.m.cfg
 	backoff := cfg.ReconnectMin
 	everConnected := false
 	for ctx.Err() == nil {
-		sctx, cancel := context.WithCancel(ctx)
-		sock := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(cfg.DialTimeout),
-			zmq4.WithLogger(s.zmqLogger()))
-		// zmq4 records the subscription and sends it on every new
-		// connection; an empty topic matches every publisher topic.
-		if err := sock.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-			s.recvError(rs, fmt.Errorf("subscribe: %w", err))
-		}
-		if err := sock.Dial(rs.st.Endpoint); err != nil {
-			sock.Close()
-			cancel()
-			s.recvError(rs, fmt.Errorf("dial %s: %w", rs.st.Endpoint, err))
-			if !sleepCtx(ctx, backoff) {
-				return
-			}
+		connected, healthy := z.session(ctx, everConnected)
+		everConnected = everConnected || connected
+		wait := cfg.ReconnectMin
+		if connected && healthy {
+			backoff = cfg.ReconnectMin
+		} else {
+			wait = backoff
 			backoff = min(2*backoff, cfg.ReconnectMax)
-			continue
 		}
-		backoff = cfg.ReconnectMin
-		s.setConnected(rs, true, everConnected)
-		everConnected = true
-		if rs.replay != "" {
-			z.replayOnConnect(ctx)
-		}
-		for {
-			msg, err := sock.Recv()
-			if err != nil {
-				if ctx.Err() == nil {
-					s.recvError(rs, fmt.Errorf("receive from %s: %w", rs.st.Endpoint, err))
-				}
-				break
-			}
-			z.handleFrames(ctx, msg.Frames)
-		}
-		sock.Close()
-		cancel()
-		s.setConnected(rs, false, false)
-		if !sleepCtx(ctx, cfg.ReconnectMin) {
+		if !sleepCtx(ctx, wait) {
 			return
 		}
 	}
+}
+
+// session runs one connection to the publisher: dial, replay, then live
+// batches until the connection fails. healthy is false when it ended in
+// refused input or a panic. A panic anywhere in the connection (framing,
+// decoding, applying) is recovered here: no peer can take the process
+// down.
+func (z *zmqRank) session(ctx context.Context, reconnect bool) (connected, healthy bool) {
+	s, rs := z.s, z.rs
+	defer func() {
+		if v := recover(); v != nil {
+			s.recovered(rs, rs.st.Rank, v)
+			z.forgetSeq()
+			if connected {
+				s.setConnected(rs, false, false)
+			}
+			healthy = false
+		}
+	}()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	peer, err := dialZMTP(sctx, rs.st.Endpoint, zmq4.Sub, &s.m.cfg)
+	if err != nil {
+		return false, !z.inputError(err)
+	}
+	defer peer.close()
+	// An empty topic subscribes to every publisher topic.
+	if err := peer.send([]byte{1}); err != nil {
+		s.recvError(rs, fmt.Errorf("subscribe to %s: %w", rs.st.Endpoint, err))
+		return false, true
+	}
+	connected = true
+	s.setConnected(rs, true, reconnect)
+	defer func() {
+		if connected {
+			s.setConnected(rs, false, false)
+		}
+	}()
+	if rs.replay != "" {
+		z.replayOnConnect(ctx)
+	}
+	for {
+		frames, err := peer.recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return true, true
+			}
+			return true, !z.inputError(fmt.Errorf("receive from %s: %w", rs.st.Endpoint, err))
+		}
+		z.handleFrames(ctx, frames)
+	}
+}
+
+// inputError counts a failed dial or receive: as refused input when the
+// peer broke a limit or the framing, else as a receive error. It reports
+// whether the input was refused.
+func (z *zmqRank) inputError(err error) bool {
+	switch {
+	case errors.Is(err, ErrInputTooLarge):
+		z.s.reject(z.rs, rejectMessageTooLarge, err)
+		return true
+	case errors.Is(err, ErrBadFraming):
+		z.s.reject(z.rs, rejectBadFraming, err)
+		return true
+	}
+	z.s.recvError(z.rs, err)
+	return false
 }
 
 // handleFrames validates one live message: [topic, seq(8 bytes BE), payload].
@@ -217,7 +252,14 @@ func (z *zmqRank) apply(seq uint64, payload []byte) {
 	s, rs := z.s, z.rs
 	if err := z.dec.Decode(payload, &z.b); err != nil {
 		// The batch is consumed: replaying it would return the same bytes.
-		s.decodeError(rs, fmt.Errorf("seq %d: %w", seq, err))
+		// Nothing of it was applied (decoding finishes before applying).
+		z.b.Trim()
+		if errors.Is(err, ErrBatchLimit) {
+			s.reject(rs, rejectBatchLimit, fmt.Errorf("seq %d: %w", seq, err))
+			z.lost(1, fmt.Sprintf("batch seq %d refused: %v", seq, err))
+		} else {
+			s.decodeError(rs, fmt.Errorf("seq %d: %w", seq, err))
+		}
 		s.mu.Lock()
 		rs.st.LastSeq, rs.st.HasSeq = seq, true
 		s.mu.Unlock()
@@ -225,6 +267,7 @@ func (z *zmqRank) apply(seq uint64, payload []byte) {
 		return
 	}
 	s.applyBatch(rs, &z.b, &z.c)
+	z.b.Trim()
 	rs.lastSum = xxh3.Hash(payload)
 	z.flush(seq, true)
 }
@@ -357,6 +400,17 @@ func (s *subscription) countReplay(rs *rankState, result string, err error) {
 	s.met.replays[result].Inc()
 }
 
+// replayInputError counts a replay exchange the peer broke by a limit or
+// bad framing; other failures are counted by the replay result.
+func (z *zmqRank) replayInputError(err error) {
+	switch {
+	case errors.Is(err, ErrInputTooLarge):
+		z.s.reject(z.rs, rejectMessageTooLarge, err)
+	case errors.Is(err, ErrBadFraming):
+		z.s.reject(z.rs, rejectBadFraming, err)
+	}
+}
+
 // errReplayTimeout is reported when the replay endpoint does not finish in
 // Config.ReplayTimeout.
 var errReplayTimeout = errors.New("replay timed out")
@@ -376,32 +430,33 @@ func (z *zmqRank) fetchReplay(ctx context.Context, from uint64, fn func(seq uint
 	cfg := &s.m.cfg
 	rctx, cancel := context.WithTimeout(ctx, cfg.ReplayTimeout)
 	defer cancel()
-	sock := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(cfg.DialTimeout),
-		zmq4.WithLogger(s.zmqLogger()))
-	defer sock.Close()
-
-	if err := sock.Dial(rs.replay); err != nil {
+	peer, err := dialZMTP(rctx, rs.replay, zmq4.Dealer, cfg)
+	if err != nil {
+		z.replayInputError(err)
 		return 0, replayUnavailable, fmt.Errorf("replay dial %s: %w", rs.replay, err)
 	}
+	defer peer.close()
+
 	var seq8 [8]byte
 	binary.BigEndian.PutUint64(seq8[:], from)
-	if err := sock.SendMulti(zmq4.NewMsgFrom([]byte{}, seq8[:])); err != nil {
+	if err := peer.send([]byte{}, seq8[:]); err != nil {
 		return 0, replayUnavailable, fmt.Errorf("replay request to %s: %w", rs.replay, err)
 	}
 	n := 0
 	for {
-		msg, err := sock.Recv()
+		frames, err := peer.recv()
 		if err != nil {
 			if rctx.Err() != nil && ctx.Err() == nil {
 				err = errReplayTimeout
 			}
+			z.replayInputError(err)
 			result := replayIncomplete
 			if n == 0 {
 				result = replayUnavailable
 			}
 			return n, result, fmt.Errorf("replay from %s after %d batches: %w", rs.replay, n, err)
 		}
-		f := msg.Frames
+		f := frames
 		if len(f) > 0 && len(f[0]) == 0 {
 			f = f[1:] // the envelope delimiter
 		}
@@ -409,12 +464,20 @@ func (z *zmqRank) fetchReplay(ctx context.Context, from uint64, fn func(seq uint
 			f = f[1:] // the topic (current vLLM)
 		}
 		if len(f) != 2 || len(f[0]) != 8 {
-			s.decodeError(rs, fmt.Errorf("replay reply with %d frames", len(msg.Frames)))
+			s.decodeError(rs, fmt.Errorf("replay reply with %d frames", len(frames)))
 			continue
 		}
 		seq := binary.BigEndian.Uint64(f[0])
 		if seq == ^uint64(0) && len(f[1]) == 0 {
 			return n, replayOK, nil
+		}
+		if n >= cfg.ReplayMaxBatches {
+			// Each applied batch is remembered until live traffic passes
+			// it (the duplicate window): a peer streaming batches for the
+			// whole timeout must not grow it without bound.
+			err := fmt.Errorf("%w: replay from %s sent more than %d batches", ErrInputTooLarge, rs.replay, cfg.ReplayMaxBatches)
+			s.reject(rs, rejectReplayTooLong, err)
+			return n, replayIncomplete, err
 		}
 		n++
 		if !fn(seq, f[1]) {
