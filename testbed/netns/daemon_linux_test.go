@@ -140,6 +140,67 @@ func TestDaemonRestarts(t *testing.T) {
 		}
 	})
 
+	t.Run("DroppedInterfaceDetached", func(t *testing.T) {
+		pin, state := daemonPin(t), t.TempDir()
+		d := startDaemon(t, bins, state, pin, "--interfaces", ifaces)
+		vip := VIP(6)
+		if code, body := postRule(t, d, mode0Rule(vip, 0, 1, 2)); code != http.StatusOK {
+			t.Fatalf("create: %d %s", code, body)
+		}
+		curl(t, lab, vip, 80)
+		d.Stop()
+		// Without the client-side interface the VIP is no longer balanced.
+		rest := strings.Join(lab.LBIfaces[1:], ",")
+		d = startDaemon(t, bins, state, pin, "--interfaces", rest)
+		if out, err := Exec(lab.Client, "curl", "-sS", "--max-time", "2", fmt.Sprintf("http://%s:80/", vip)); err == nil {
+			t.Fatalf("VIP still balanced on %s, dropped from --interfaces: %q", lab.LBIfaces[0], out)
+		}
+		var caps struct {
+			Capabilities []struct {
+				Name   string `json:"name"`
+				Ready  bool   `json:"ready"`
+				Reason string `json:"reason"`
+			} `json:"capabilities"`
+		}
+		getDaemonJSON(t, d, "/status/capabilities", &caps)
+		for _, c := range caps.Capabilities {
+			if c.Name == "ebpf_dataplane" && (!c.Ready || strings.Contains(c.Reason, lab.LBIfaces[0]+",") || !strings.Contains(c.Reason, lab.LBIfaces[1])) {
+				t.Fatalf("capability after dropping %s: %+v", lab.LBIfaces[0], c)
+			}
+		}
+		d.Stop()
+		d = startDaemon(t, bins, state, pin, "--interfaces", ifaces)
+		curl(t, lab, vip, 80)
+	})
+
+	t.Run("Mode4RouteRemovedAfterRestart", func(t *testing.T) {
+		pin, state := daemonPin(t), t.TempDir()
+		d := startDaemon(t, bins, state, pin, "--interfaces", ifaces)
+		vip := VIP(7)
+		rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":80,"protocol":"tcp","mode":4,"sel":0},`+
+			`"endpoints":[{"endpointIP":%q,"targetPort":8080,"weight":1}]}`, vip, BackendAddr(0))
+		if code, body := postRule(t, d, rule); code != http.StatusOK {
+			t.Fatalf("create mode 4: %d %s", code, body)
+		}
+		if !vipLocal(t, vip) {
+			t.Fatalf("mode-4 VIP %v not made local", vip)
+		}
+		d.Stop()
+		d = startDaemon(t, bins, state, pin, "--interfaces", ifaces)
+		req, _ := http.NewRequest(http.MethodDelete, d.URL(fmt.Sprintf("/config/loadbalancer/externalipaddress/%s/port/80/protocol/tcp", vip)), nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("delete: %d", resp.StatusCode)
+		}
+		if vipLocal(t, vip) {
+			t.Fatalf("VIP %v still local after its rule was deleted", vip)
+		}
+	})
+
 	t.Run("NoInterfacesRefusesL4", func(t *testing.T) {
 		d := startDaemon(t, bins, t.TempDir(), daemonPin(t))
 		code, body := postRule(t, d, mode0Rule(VIP(4), 0))
@@ -168,6 +229,17 @@ func TestDaemonRestarts(t *testing.T) {
 			t.Fatalf("refused rule listed: %v", rules)
 		}
 	})
+}
+
+// vipLocal reports whether vip has a route in the local table (this
+// process runs in the LB namespace).
+func vipLocal(t *testing.T, vip netip.Addr) bool {
+	t.Helper()
+	out, err := exec.Command("ip", "-4", "route", "show", "table", "local", vip.String()).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip route: %v: %s", err, out)
+	}
+	return strings.Contains(string(out), "local "+vip.String())
 }
 
 func daemonPin(t *testing.T) string {
