@@ -50,6 +50,9 @@ func TestStageErrorsAreTyped(t *testing.T) {
 		{"privileged port", listenErr(syscall.EACCES), http.StatusPreconditionFailed, api.ReasonListenPermission},
 		{"tls without cert", fmt.Errorf("%w: gateway: %w", control.ErrApply, &lbrule.RuleError{Class: lbrule.ErrPrecondition,
 			Field: "serviceArguments.security", Reason: lbrule.ReasonProxyTLSUnset, Msg: "needs --proxy-tls-cert"}), http.StatusPreconditionFailed, lbrule.ReasonProxyTLSUnset},
+		{"kernel rule without interfaces", fmt.Errorf("%w: dataplane: %w", control.ErrApply, control.KernelUnavailable{Code: control.ReasonNoInterfaces, Why: "no interface"}.Reconcile(
+			context.Background(), []control.Service{{ID: 1, Rule: &lbrule.Rule{Service: lbrule.ServiceArgs{ExternalIP: "127.0.9.9", Port: 80, Protocol: "tcp"}}}})),
+			http.StatusPreconditionFailed, control.ReasonNoInterfaces},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			srv, err := api.New(api.Config{}, api.Deps{Rules: failingRules{c.err}})

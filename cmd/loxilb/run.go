@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -143,8 +144,12 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 
 	ctl := control.New(st, lbrule.LookupEnv(env), logger)
 	ctl.AddReconciler(&gateway.HealthReconciler{Prober: prober})
-	dpCap, steered, closeDP := openDataplane(cfg, ctl, prober, logger, reg)
-	defer closeDP()
+	kernel, err := openDataplane(cfg, ctl, prober, logger, reg)
+	if err != nil {
+		return err
+	}
+	defer kernel.close()
+	dpCap, steered := kernel.capab, kernel.steered
 	ctl.AddReconciler(&gateway.KVReconciler{Subs: events, Inv: index, Seed: seed})
 	ctl.AddReconciler(scraper)
 	ctl.AddReconciler(gw)
@@ -189,6 +194,13 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		// Rules that cannot be applied are reported, never dropped from the
 		// store; the daemon keeps serving the others and the API.
 		logger.Error("some stored rules were not applied", "err", err)
+	}
+	// What the pinned maps still hold from a previous run and the store did
+	// not claim is removed now, before the API accepts rules for it.
+	if r, ok := kernel.dp.(dataplane.Recoverer); ok {
+		if _, err := r.PruneRecovered(ctx); err != nil {
+			logger.Error("removing services the rule store does not hold from the data plane", "err", err)
+		}
 	}
 
 	srv, err := api.New(apiCfg,
@@ -236,23 +248,47 @@ func envInt(getenv func(string) string, name string, def, lo, hi int) (int, erro
 	return n, nil
 }
 
+// kernelPlane is what openDataplane hands back: the capability entry, the
+// data plane when it runs (nil otherwise), the steered proxy listener and
+// what to do at exit.
+type kernelPlane struct {
+	capab   api.Capability
+	dp      dataplane.Dataplane
+	steered net.Listener
+	close   func()
+}
+
 // openDataplane loads the eBPF data plane unless disabled. Without root or
 // BPF support the daemon still runs, proxy-only: it says so once and the
-// ebpf_dataplane capability carries the reason.
-func openDataplane(cfg *config, ctl *control.Controller, prober *health.Prober, logger *slog.Logger, reg prometheus.Registerer) (capab api.Capability, steered net.Listener, closeFn func()) {
-	capab = api.Capability{Name: "ebpf_dataplane"}
+// ebpf_dataplane capability carries the reason. A mistake in the data
+// plane's configuration (an interface that does not exist) is an error: the
+// daemon stops before touching what a previous run left pinned.
+func openDataplane(cfg *config, ctl *control.Controller, prober *health.Prober, logger *slog.Logger, reg prometheus.Registerer) (kernelPlane, error) {
+	kp := kernelPlane{capab: api.Capability{Name: "ebpf_dataplane"}, close: func() {}}
+	capab := &kp.capab
 	if cfg.noDataplane {
 		capab.ReasonCode, capab.Reason = "disabled", "disabled with --no-dataplane: modes 0-3 and 5 are not served; mode 4 runs in the proxy"
 		ctl.AddReconciler(control.KernelUnavailable{Why: capab.Reason})
-		return capab, nil, func() {}
+		return kp, nil
 	}
 	dp, c, err := ebpf.Open(ebpf.Config{Interfaces: cfg.interfaces, PinPath: cfg.bpfPinPath}, logger, reg)
 	capab.Ready, capab.Reason = c.Ready, c.Reason
+	if errors.Is(err, dataplane.ErrConfig) {
+		return kp, fmt.Errorf("eBPF data plane (--interfaces %q, --bpf-pin-path %s): %w", strings.Join(cfg.interfaces, ","), cfg.bpfPinPath, err)
+	}
 	if err != nil {
 		capab.ReasonCode = "unavailable"
 		logger.Warn("eBPF data plane unavailable: running proxy-only (mode 4); rules of modes 0-3 and 5 will be refused", "reason", c.Reason)
 		ctl.AddReconciler(control.KernelUnavailable{Why: "unavailable: " + c.Reason})
-		return capab, nil, func() {}
+		return kp, nil
+	}
+	if len(cfg.interfaces) == 0 {
+		// Mode 4 is steered, but no packet reaches tc_lb: refuse what
+		// would be accepted and never served.
+		capab.Ready, capab.ReasonCode = false, "no_interfaces"
+		ctl.AddReconciler(control.KernelUnavailable{Code: control.ReasonNoInterfaces,
+			Why: "the data plane is attached to no interface: restart the daemon with --interfaces naming the interfaces the VIPs' traffic arrives on"})
+		logger.Warn("eBPF data plane attached to no interface (no --interfaces): rules of modes 0-3 and 5 will be refused; mode 4 is steered")
 	}
 	kr := &control.KernelReconciler{DP: dp, Healthy: prober.Healthy}
 	if steer, ok := dp.(dataplane.ProxySteerer); ok {
@@ -266,7 +302,7 @@ func openDataplane(cfg *config, ctl *control.Controller, prober *health.Prober, 
 			port := uint16(ln.Addr().(*net.TCPAddr).Port)
 			if err = steer.RegisterProxyListener(port, ln.(*net.TCPListener)); err == nil {
 				kr.ProxyPort = port
-				steered = ln
+				kp.steered = ln
 			} else {
 				ln.Close()
 			}
@@ -282,7 +318,8 @@ func openDataplane(cfg *config, ctl *control.Controller, prober *health.Prober, 
 		}
 	})
 	logger.Info("eBPF data plane ready", "detail", c.Reason, "interfaces", cfg.interfaces, "mode4_steering", kr.ProxyPort != 0)
-	return capab, steered, func() { unsubscribe(); _ = dp.Close() }
+	kp.dp, kp.close = dp, func() { unsubscribe(); _ = dp.Close() }
+	return kp, nil
 }
 
 // caTLS verifies endpoints against the PEM CAs in file (security 2).

@@ -107,16 +107,22 @@ func (k *KernelReconciler) SetHealth(ctx context.Context, service uint32, ep int
 	return k.DP.SetEndpointHealth(ctx, service, ep, healthy)
 }
 
-// ReasonNoDataplane is the reason code of rules refused because the kernel
-// data plane is not running.
-const ReasonNoDataplane = "EBPF_DATAPLANE_UNAVAILABLE"
+// Reason codes of rules refused by KernelUnavailable.
+const (
+	// ReasonNoDataplane: the kernel data plane is not running.
+	ReasonNoDataplane = "EBPF_DATAPLANE_UNAVAILABLE"
+	// ReasonNoInterfaces: the kernel data plane runs (steering mode 4) but
+	// is attached to no interface, so no packet would reach the rule.
+	ReasonNoInterfaces = "EBPF_NO_INTERFACES"
+)
 
 // KernelUnavailable refuses rules of modes 0-3 and 5 when the daemon runs
 // without the eBPF data plane (disabled, not root, no BPF support): such a
 // rule would be accepted and never served, so the create fails with a
 // precondition error that says why.
 type KernelUnavailable struct {
-	Why string
+	Why  string
+	Code string // reason code of the refusal; empty means ReasonNoDataplane
 }
 
 // Name implements Reconciler.
@@ -124,10 +130,14 @@ func (k KernelUnavailable) Name() string { return "dataplane" }
 
 // Reconcile implements Reconciler.
 func (k KernelUnavailable) Reconcile(_ context.Context, services []Service) error {
+	code := k.Code
+	if code == "" {
+		code = ReasonNoDataplane
+	}
 	var errs []error
 	for _, s := range services {
 		if s.Rule.Service.Mode != lbrule.ModeFullProxy {
-			errs = append(errs, &lbrule.RuleError{Class: lbrule.ErrPrecondition, Field: "serviceArguments.mode", Reason: ReasonNoDataplane,
+			errs = append(errs, &lbrule.RuleError{Class: lbrule.ErrPrecondition, Field: "serviceArguments.mode", Reason: code,
 				Msg: fmt.Sprintf("rule %d (%s) is mode %d (%s), which needs the eBPF data plane: %s", s.ID, s.Rule.Key(),
 					s.Rule.Service.Mode, lbrule.ModeName(s.Rule.Service.Mode), k.Why)})
 		}

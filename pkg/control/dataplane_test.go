@@ -59,4 +59,8 @@ func TestKernelUnavailableRefusesL4(t *testing.T) {
 	if !errors.As(err, &re) || !errors.Is(err, lbrule.ErrPrecondition) || re.Reason != ReasonNoDataplane {
 		t.Fatalf("got %v", err)
 	}
+	err = KernelUnavailable{Why: "no interface", Code: ReasonNoInterfaces}.Reconcile(context.Background(), []Service{{ID: 1, Rule: l4}})
+	if !errors.As(err, &re) || !errors.Is(err, lbrule.ErrPrecondition) || re.Reason != ReasonNoInterfaces {
+		t.Fatalf("no interfaces: got %v", err)
+	}
 }

@@ -127,6 +127,20 @@ type ProxySteerer interface {
 	RegisterProxyListener(port uint16, l syscall.Conn) error
 }
 
+// Recoverer is implemented by data planes whose services outlive the
+// process (the eBPF one, with pinned maps): at start they hold what the
+// previous run installed, which may not be what the control plane holds now
+// (another or a wiped rule store).
+type Recoverer interface {
+	// PruneRecovered removes every service recovered at start that has not
+	// been upserted since, and returns their IDs. Call it once, after the
+	// control plane has installed its desired state. A recovered service
+	// whose ID an upsert reuses for another VIP, port or protocol, or whose
+	// frontend a service with another ID takes, is removed by that upsert
+	// (never reused); such removals are counted with the pruned ones.
+	PruneRecovered(ctx context.Context) ([]uint32, error)
+}
+
 // Errors callers branch on. Returned errors wrap them.
 var (
 	ErrInvalid     = errors.New("invalid service")
@@ -135,6 +149,10 @@ var (
 	ErrConflict    = errors.New("VIP, port and protocol already used by another service")
 	ErrCapacity    = errors.New("data plane table full")
 	ErrClosed      = errors.New("data plane closed")
+	// ErrConfig marks an operator mistake in the data plane's own
+	// configuration (an interface that does not exist, a pin path off
+	// bpffs): the daemon stops instead of running without it.
+	ErrConfig = errors.New("invalid data plane configuration")
 )
 
 // ProtoNumber returns the IP protocol number of "tcp", "udp" or "sctp".

@@ -23,39 +23,43 @@ func requireRoot(t *testing.T) {
 	t.Skip("needs root to load BPF programs (runs in CI)")
 }
 
-// TestDaemonWithKernelDataplane: the daemon loads the eBPF data plane,
-// reports it ready, installs an L4 rule into it and keeps serving mode 4.
+// TestDaemonWithKernelDataplane: the daemon loads the eBPF data plane and
+// steers mode 4 with it. Started without --interfaces (this test runs in the
+// host's namespace, whose interfaces it must not touch), it says the kernel
+// path is not ready and why, and refuses L4 rules instead of accepting rules
+// no packet would reach.
 func TestDaemonWithKernelDataplane(t *testing.T) {
 	requireRoot(t)
 	pin := filepath.Join("/sys/fs/bpf", fmt.Sprintf("loxilb-e2e-%d", os.Getpid()))
 	t.Cleanup(func() { _ = os.RemoveAll(pin) })
 	d := daemontest.Start(t, bins, t.TempDir(), []string{"LLB_KV_NONE_HASH_SEED=" + seed}, "--no-dataplane=false", "--bpf-pin-path", pin,
-		"--tokenizer-dir", tokenizerDir(), "--metrics")
+		"--tokenizer-dir", tokenizerDir(), "--metrics", "--proxy-receipts", "on-request")
 	var caps struct {
 		Capabilities []struct {
-			Name   string
-			Ready  bool
-			Reason string
+			Name       string
+			Ready      bool
+			ReasonCode string `json:"reason_code"`
+			Reason     string
 		}
 	}
 	getJSON(t, d.URL("/status/capabilities"), &caps)
-	ready := false
+	found := false
 	for _, c := range caps.Capabilities {
 		if c.Name == "ebpf_dataplane" {
-			ready = c.Ready
-			if !ready {
-				t.Fatalf("data plane not ready as root: %s\n%s", c.Reason, d.Logs())
+			found = true
+			if c.Ready || c.ReasonCode != "no_interfaces" || !strings.Contains(c.Reason, "no interface") {
+				t.Fatalf("data plane without interfaces: %+v\n%s", c, d.Logs())
 			}
 		}
 	}
-	if !ready {
+	if !found {
 		t.Fatalf("no ebpf_dataplane capability: %+v", caps)
 	}
 	rule := `{"serviceArguments":{"externalIP":"127.0.61.1","port":80,"protocol":"tcp","mode":2,"sel":0},
 		"endpoints":[{"endpointIP":"127.0.61.2","targetPort":8080,"weight":1},{"endpointIP":"127.0.61.3","targetPort":8080,"weight":1}]}`
 	resp, body := post(t, d.URL("/config/loadbalancer"), json.RawMessage(rule))
-	if resp.StatusCode != 200 {
-		t.Fatalf("L4 rule with the data plane: %d %s", resp.StatusCode, body)
+	if resp.StatusCode != 412 || !strings.Contains(string(body), "EBPF_NO_INTERFACES") {
+		t.Fatalf("L4 rule with no interface attached: %d %s", resp.StatusCode, body)
 	}
 	if entries, err := os.ReadDir(pin); err != nil || len(entries) == 0 {
 		t.Fatalf("maps not pinned under %s: %v", pin, err)

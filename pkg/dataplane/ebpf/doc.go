@@ -12,7 +12,12 @@
 // State: with Config.PinPath set, maps and links are pinned there, so the
 // data path keeps forwarding while the daemon restarts, and a new Open
 // re-uses the pinned maps (services are recovered by ID; the control plane
-// then re-upserts its desired state). Purge removes everything.
+// then re-upserts its desired state, and PruneRecovered removes, logs and
+// counts what it did not claim). Open checks the configured interfaces
+// before touching any pin; a start that fails later leaves the links it
+// re-used attached and pinned. Links pinned for interfaces no longer
+// configured are detached, and local VIP routes carry their own route
+// protocol so a restart adopts them. Purge removes everything.
 //
 // Switch-over: each service has two generations of endpoint and slot tables;
 // an update writes the idle generation and then flips the service entry with

@@ -55,9 +55,10 @@ type Dataplane struct {
 	mu         sync.Mutex
 	closed     bool
 	objs       lbObjects
-	links      []link.Link
+	links      []tcxLink
 	clsIfaces  []int // interfaces using the cls_bpf fallback
 	skLink     link.Link
+	skFromPin  bool // skLink was re-used from its pin, so it serves the previous run's state
 	services   map[uint32]*svcState
 	frontends  map[lbSvcKey]uint32 // installed frontend -> service ID
 	idxUsed    [dataplane.MaxServices]bool
@@ -65,9 +66,10 @@ type Dataplane struct {
 	routes     map[netip.Addr]*vipRoute // mode-4 VIPs made local, by VIP
 	nCPU       int
 
-	ctEntries int // conntrack entries seen by the last GC pass
-	gcStop    chan struct{}
-	gcDone    chan struct{}
+	ctEntries    int    // conntrack entries seen by the last GC pass
+	staleRemoved uint64 // recovered services removed because the control plane does not hold them
+	gcStop       chan struct{}
+	gcDone       chan struct{}
 }
 
 // vipRoute tracks the services using a mode-4 VIP and whether the local
@@ -83,11 +85,26 @@ type svcState struct {
 	idx  uint16
 	gen  uint8
 	keys []lbSvcKey
+	// recovered is true from recover until the first upsert of the ID: the
+	// service comes from the pinned maps, not from this process's control
+	// plane, and PruneRecovered removes it if nobody claims it.
+	recovered bool
+}
+
+// tcxLink is tc_lb's TCX attachment to one interface.
+type tcxLink struct {
+	link.Link
+	ifname string
+	// fromPin is true when the link was re-used from its pin: it carried
+	// traffic before this process started, so a failed start must leave it
+	// attached and pinned.
+	fromPin bool
 }
 
 var (
 	_ dataplane.Dataplane    = (*Dataplane)(nil)
 	_ dataplane.ProxySteerer = (*Dataplane)(nil)
+	_ dataplane.Recoverer    = (*Dataplane)(nil)
 )
 
 // Open loads and attaches the data plane. On failure (not root, no BPF or
@@ -107,15 +124,47 @@ func Open(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (dataplane
 			return nil, capab, fmt.Errorf("register data plane metrics: %w", err)
 		}
 	}
+	if len(cfg.Interfaces) == 0 {
+		// Loaded and steering mode 4, but no packet reaches tc_lb: a rule
+		// of modes 0-3 or 5 would be accepted and never served.
+		capab.Reason = "tc_lb is attached to no interface (none configured): modes 0-3 and 5 are not served; sk_lookup steering of mode 4 is on"
+		return d, capab, nil
+	}
 	capab.Ready = true
-	capab.Reason = fmt.Sprintf("tc_lb attached to %d interface(s), sk_lookup steering on", len(cfg.Interfaces))
+	capab.Reason = fmt.Sprintf("tc_lb attached to %s, sk_lookup steering on", strings.Join(cfg.Interfaces, ", "))
 	return d, capab, nil
+}
+
+// checkInterfaces makes sure every configured interface exists, before
+// anything is loaded or a pinned link touched: a mistyped name must stop the
+// start, not take down what the previous run left attached.
+func checkInterfaces(names []string) error {
+	seen := map[string]bool{}
+	for _, name := range names {
+		if seen[name] {
+			return fmt.Errorf("%w: interface %q is listed twice", dataplane.ErrConfig, name)
+		}
+		seen[name] = true
+		if _, err := net.InterfaceByName(name); err != nil {
+			var have []string
+			if ifs, err := net.Interfaces(); err == nil {
+				for _, i := range ifs {
+					have = append(have, i.Name)
+				}
+			}
+			return fmt.Errorf("%w: interface %q does not exist (present: %s): %w", dataplane.ErrConfig, name, strings.Join(have, ", "), err)
+		}
+	}
+	return nil
 }
 
 // New is Open without metrics registration, returning the concrete type.
 func New(cfg Config, logger *slog.Logger) (*Dataplane, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
+	}
+	if err := checkInterfaces(cfg.Interfaces); err != nil {
+		return nil, err
 	}
 	if cfg.GCInterval <= 0 {
 		cfg.GCInterval = 2 * time.Second
@@ -145,16 +194,15 @@ func New(cfg Config, logger *slog.Logger) (*Dataplane, error) {
 	}
 	for _, ifname := range cfg.Interfaces {
 		if err := d.attachTC(ifname); err != nil {
-			d.detach()
-			d.objs.Close()
+			d.abandon()
 			return nil, err
 		}
 	}
 	if err := d.attachSkLookup(); err != nil {
-		d.detach()
-		d.objs.Close()
+		d.abandon()
 		return nil, err
 	}
+	d.detachUnconfigured()
 	d.gcStop = make(chan struct{})
 	d.gcDone = make(chan struct{})
 	go d.gcLoop()
@@ -214,7 +262,7 @@ func (d *Dataplane) recover() error {
 	for it.Next(&k, &v) {
 		st := d.services[v.Id]
 		if st == nil {
-			st = &svcState{idx: v.Idx, gen: v.Gen, svc: dataplane.Service{
+			st = &svcState{idx: v.Idx, gen: v.Gen, recovered: true, svc: dataplane.Service{
 				ID: v.Id, VIP: addrFrom(k.Vip), Port: hostPort(k.Port), Proto: protoName(k.Proto),
 				Mode: int(v.Mode), Sel: int(v.Sel), InactiveTimeout: time.Duration(v.TimeoutS) * time.Second,
 				PersistTimeout: time.Duration(v.PersistS) * time.Second,
@@ -251,13 +299,18 @@ func (d *Dataplane) recover() error {
 		if !ok {
 			return fmt.Errorf("recover proxy service %d: %w", pv.SvcId, dataplane.ErrCapacity)
 		}
-		d.services[pv.SvcId] = &svcState{idx: idx, keys: []lbSvcKey{k}, svc: dataplane.Service{
+		d.services[pv.SvcId] = &svcState{idx: idx, keys: []lbSvcKey{k}, recovered: true, svc: dataplane.Service{
 			ID: pv.SvcId, VIP: addrFrom(k.Vip), Port: hostPort(k.Port), Proto: "tcp", Mode: dataplane.ModeFullProxy,
 		}}
 		d.frontends[k] = pv.SvcId
 	}
 	if err := pit.Err(); err != nil {
 		return fmt.Errorf("recover proxy services: %w", err)
+	}
+	if d.cfg.PinPath != "" {
+		if err := d.recoverRoutes(); err != nil {
+			return err
+		}
 	}
 	if len(d.services) > 0 {
 		d.log.Info("recovered services from pinned maps", "count", len(d.services), "pin_path", d.cfg.PinPath)
@@ -296,7 +349,7 @@ func ensureBPFFS(path string) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: pin path %s is not on a bpffs mount (mount -t bpf bpf <dir>)", dataplane.ErrInvalid, path)
+	return fmt.Errorf("%w: %w: pin path %s is not on a bpffs mount (mount -t bpf bpf <dir>)", dataplane.ErrConfig, dataplane.ErrInvalid, path)
 }
 
 func (d *Dataplane) pin(name string) string {
@@ -315,7 +368,7 @@ func (d *Dataplane) attachTC(ifname string) error {
 	if pin != "" {
 		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 			if err := l.Update(d.objs.TcLb); err == nil {
-				d.links = append(d.links, l)
+				d.links = append(d.links, tcxLink{Link: l, ifname: ifname, fromPin: true})
 				return nil
 			}
 			l.Unpin()
@@ -330,7 +383,7 @@ func (d *Dataplane) attachTC(ifname string) error {
 				return fmt.Errorf("pin tcx link of %s: %w", ifname, err)
 			}
 		}
-		d.links = append(d.links, l)
+		d.links = append(d.links, tcxLink{Link: l, ifname: ifname})
 		return nil
 	}
 	if !errors.Is(err, ebpf.ErrNotSupported) {
@@ -360,7 +413,7 @@ func (d *Dataplane) attachSkLookup() error {
 	if pin != "" {
 		if l, err := link.LoadPinnedLink(pin, nil); err == nil {
 			if err := l.Update(d.objs.SkLookupProxy); err == nil {
-				d.skLink = l
+				d.skLink, d.skFromPin = l, true
 				return nil
 			}
 			l.Unpin()
@@ -403,6 +456,67 @@ func (d *Dataplane) detach() {
 		d.skLink.Unpin()
 		d.skLink.Close()
 		d.skLink = nil
+	}
+}
+
+// abandon undoes a start that failed after loading: what this run attached
+// is detached, but links re-used from their pins are only closed, so the
+// previous run's data path keeps serving on the pinned maps.
+func (d *Dataplane) abandon() {
+	for _, l := range d.links {
+		if !l.fromPin {
+			l.Unpin()
+		}
+		l.Close()
+	}
+	d.links = nil
+	for _, idx := range d.clsIfaces {
+		if err := netlink.FilterDel(clsFilter(idx, d.objs.TcLb.FD())); err != nil {
+			d.log.Warn("remove cls_bpf filter", "ifindex", idx, "err", err)
+		}
+	}
+	d.clsIfaces = nil
+	if d.skLink != nil {
+		if !d.skFromPin {
+			d.skLink.Unpin()
+		}
+		d.skLink.Close()
+		d.skLink = nil
+	}
+	d.objs.Close()
+}
+
+// detachUnconfigured detaches tc_lb from interfaces a previous run attached
+// it to (their links are pinned) that are no longer configured: an
+// interface dropped from the configuration must stop being balanced.
+func (d *Dataplane) detachUnconfigured() {
+	if d.cfg.PinPath == "" {
+		return
+	}
+	entries, err := os.ReadDir(d.cfg.PinPath)
+	if err != nil {
+		d.log.Warn("list pinned links", "pin_path", d.cfg.PinPath, "err", err)
+		return
+	}
+	for _, e := range entries {
+		ifname, ok := strings.CutPrefix(e.Name(), "tcx_")
+		if !ok || slices.Contains(d.cfg.Interfaces, ifname) {
+			continue
+		}
+		pin := filepath.Join(d.cfg.PinPath, e.Name())
+		l, err := link.LoadPinnedLink(pin, nil)
+		if err != nil {
+			// The interface is gone, or the pin is not a link: drop the pin.
+			if err := os.Remove(pin); err != nil {
+				d.log.Warn("remove stale link pin", "pin", pin, "err", err)
+			}
+			continue
+		}
+		if err := l.Unpin(); err != nil {
+			d.log.Warn("unpin link of an interface no longer configured", "interface", ifname, "err", err)
+		}
+		l.Close() // the last reference: the program leaves the interface
+		d.log.Info("detached tc_lb from an interface no longer configured", "interface", ifname)
 	}
 }
 
@@ -494,11 +608,25 @@ func (d *Dataplane) UpsertService(ctx context.Context, svc dataplane.Service, ep
 		return err
 	}
 	for _, k := range keys {
-		if id, ok := d.frontends[k]; ok && id != svc.ID {
-			return fmt.Errorf("%w: service %d has %s:%d/%s", dataplane.ErrConflict, id, addrFrom(k.Vip), svc.Port, svc.Proto)
+		id, ok := d.frontends[k]
+		if !ok || id == svc.ID {
+			continue
 		}
+		if other := d.services[id]; other != nil && other.recovered {
+			// Left by a previous run and not held by this control plane,
+			// which now gives the frontend to another service.
+			d.removeStale(other, fmt.Sprintf("service %d takes its frontend %s:%d/%s", svc.ID, addrFrom(k.Vip), svc.Port, svc.Proto))
+			continue
+		}
+		return fmt.Errorf("%w: service %d has %s:%d/%s", dataplane.ErrConflict, id, addrFrom(k.Vip), svc.Port, svc.Proto)
 	}
 	st := d.services[svc.ID]
+	if st != nil && st.recovered && (st.svc.VIP != svc.VIP || st.svc.Port != svc.Port || st.svc.Proto != svc.Proto) {
+		// The ID now names another service: the recovered one's slot,
+		// flows and affinities must not pass to it.
+		d.removeStale(st, fmt.Sprintf("its ID now names %s:%d/%s", svc.VIP, svc.Port, svc.Proto))
+		st = nil
+	}
 	fresh := st == nil
 	if !fresh && (st.svc.Mode == dataplane.ModeFullProxy) != (svc.Mode == dataplane.ModeFullProxy) {
 		// The frontends move between the kernel path and proxy steering;
@@ -531,7 +659,7 @@ func (d *Dataplane) UpsertService(ctx context.Context, svc dataplane.Service, ep
 	if !fresh {
 		d.purgeStale(st, svc, eps)
 	}
-	st.svc, st.eps, st.keys = svc, slices.Clone(eps), keys
+	st.svc, st.eps, st.keys, st.recovered = svc, slices.Clone(eps), keys, false
 	d.services[svc.ID] = st
 	for _, k := range keys {
 		d.frontends[k] = svc.ID
@@ -745,6 +873,13 @@ func (d *Dataplane) DeleteService(ctx context.Context, id uint32) error {
 	if !ok {
 		return nil
 	}
+	d.removeService(st)
+	return nil
+}
+
+// removeService removes an installed service with its frontends, flows and
+// affinities, and frees its index.
+func (d *Dataplane) removeService(st *svcState) {
 	for _, k := range st.keys {
 		d.removeFrontend(st, k)
 	}
@@ -763,8 +898,47 @@ func (d *Dataplane) DeleteService(ctx context.Context, id uint32) error {
 	}
 	d.resetIndex(st.idx)
 	d.idxUsed[st.idx] = false
-	delete(d.services, id)
-	return nil
+	delete(d.services, st.svc.ID)
+}
+
+// removeStale removes a recovered service the control plane does not hold,
+// says so and counts it.
+func (d *Dataplane) removeStale(st *svcState, why string) {
+	d.log.Warn("removing a service left in the pinned maps by a previous run: the rule store does not hold it",
+		"id", st.svc.ID, "vip", st.svc.VIP, "port", st.svc.Port, "proto", st.svc.Proto, "mode", st.svc.Mode, "why", why)
+	d.removeService(st)
+	d.staleRemoved++
+}
+
+// PruneRecovered implements dataplane.Recoverer.
+func (d *Dataplane) PruneRecovered(ctx context.Context) ([]uint32, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, dataplane.ErrClosed
+	}
+	var ids []uint32
+	for id, st := range d.services {
+		if st.recovered {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		d.removeStale(d.services[id], "not installed by the control plane after the restart")
+	}
+	return ids, nil
+}
+
+// StaleServicesRemoved is how many services recovered from the pinned maps
+// were removed because the control plane does not hold them.
+func (d *Dataplane) StaleServicesRemoved() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.staleRemoved
 }
 
 // SetEndpointHealth implements dataplane.Dataplane. It rebuilds the slot
@@ -863,11 +1037,56 @@ func (d *Dataplane) addLocalRoute(vip netip.Addr, id uint32) error {
 	return nil
 }
 
+// routeProto marks the local VIP routes this data plane adds (the route's
+// "proto", unassigned in iproute2's rt_protos), so a restarted daemon tells
+// them from an operator's and removes them when their service goes.
+const routeProto = netlink.RouteProtocol(76)
+
 func localRoute(lo int, vip netip.Addr) *netlink.Route {
 	return &netlink.Route{
 		LinkIndex: lo, Dst: &net.IPNet{IP: vip.AsSlice(), Mask: net.CIDRMask(32, 32)},
-		Type: unix.RTN_LOCAL, Table: unix.RT_TABLE_LOCAL, Scope: unix.RT_SCOPE_HOST,
+		Type: unix.RTN_LOCAL, Table: unix.RT_TABLE_LOCAL, Scope: unix.RT_SCOPE_HOST, Protocol: routeProto,
 	}
+}
+
+// recoverRoutes adopts the local VIP routes a previous run added (marked
+// with routeProto) for the recovered mode-4 services, so deleting such a
+// service removes its route; marked routes no service uses are removed.
+func (d *Dataplane) recoverRoutes() error {
+	users := map[netip.Addr]map[uint32]bool{}
+	for id, st := range d.services {
+		if st.svc.Mode != dataplane.ModeFullProxy {
+			continue
+		}
+		if users[st.svc.VIP] == nil {
+			users[st.svc.VIP] = map[uint32]bool{}
+		}
+		users[st.svc.VIP][id] = true
+	}
+	rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_LOCAL, Protocol: routeProto},
+		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		return fmt.Errorf("list local VIP routes: %w", err)
+	}
+	for _, r := range rs {
+		if r.Dst == nil {
+			continue
+		}
+		vip, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+		if ones, bits := r.Dst.Mask.Size(); !ok || ones != 32 || bits != 32 {
+			continue
+		}
+		if u := users[vip]; len(u) > 0 {
+			d.routes[vip] = &vipRoute{users: u, ours: true}
+			continue
+		}
+		if err := netlink.RouteDel(&r); err != nil {
+			d.log.Warn("remove a local VIP route no service uses", "vip", vip, "err", err)
+		} else {
+			d.log.Info("removed a local VIP route no service uses", "vip", vip)
+		}
+	}
+	return nil
 }
 
 func (d *Dataplane) releaseLocalRoute(vip netip.Addr, id uint32) {

@@ -13,7 +13,7 @@ import (
 type collector struct {
 	d                          *Dataplane
 	verdicts, pkts, bytes, new *prometheus.Desc
-	ct                         *prometheus.Desc
+	ct, stale                  *prometheus.Desc
 }
 
 func newCollector(d *Dataplane) *collector {
@@ -24,6 +24,8 @@ func newCollector(d *Dataplane) *collector {
 		bytes:    prometheus.NewDesc("loxilb_dataplane_service_bytes_total", "Bytes of a service's flows, both directions.", []string{"service"}, nil),
 		new:      prometheus.NewDesc("loxilb_dataplane_service_flows_total", "Connections created for a service.", []string{"service"}, nil),
 		ct:       prometheus.NewDesc("loxilb_dataplane_conntrack_entries", "Conntrack entries after the last GC pass (two per NATed flow).", nil, nil),
+		stale: prometheus.NewDesc("loxilb_dataplane_stale_services_removed_total",
+			"Services left in the pinned maps by a previous run that the rule store does not hold, removed at start.", nil, nil),
 	}
 }
 
@@ -33,6 +35,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.bytes
 	ch <- c.new
 	ch <- c.ct
+	ch <- c.stale
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -51,4 +54,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.new, prometheus.CounterValue, float64(s.Flows), l)
 	}
 	ch <- prometheus.MustNewConstMetric(c.ct, prometheus.GaugeValue, float64(st.ConntrackEntries))
+	ch <- prometheus.MustNewConstMetric(c.stale, prometheus.CounterValue, float64(c.d.StaleServicesRemoved()))
 }
