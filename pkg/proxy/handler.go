@@ -572,16 +572,17 @@ func (ex *exchange) fill(src io.Reader, want int64) ([]byte, error) {
 	}
 }
 
-// grow moves b into a buffer of capacity size, reserved before it is
-// allocated; the old buffer's reservation is returned once it is copied.
+// grow moves b into a buffer of capacity size. The added capacity is
+// reserved before it is allocated; the old buffer, garbage once copied,
+// is not counted, so the budget bounds the bodies held, not the transient
+// copy.
 func (ex *exchange) grow(b []byte, size int64) ([]byte, error) {
-	if !ex.s.budget.reserve(size) {
+	if !ex.s.budget.reserve(size - int64(cap(b))) {
 		return nil, fmt.Errorf("%w: request bodies in flight would exceed %d bytes; retry shortly", ErrOverloaded, ex.s.budget.max)
 	}
+	ex.reserved += size - int64(cap(b))
 	nb := make([]byte, len(b), size)
 	copy(nb, b)
-	ex.s.budget.release(int64(cap(b)))
-	ex.reserved += size - int64(cap(b))
 	return nb, nil
 }
 
