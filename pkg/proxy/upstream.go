@@ -253,6 +253,12 @@ func (u *upstream) dial(ctx context.Context, addr string) (*pconn, error) {
 		}
 		conn = tlsConn
 	}
+	return u.newPconn(addr, conn, raw), nil
+}
+
+// newPconn wraps an established connection (raw is the TCP connection
+// under TLS, or conn itself).
+func (u *upstream) newPconn(addr string, conn, raw net.Conn) *pconn {
 	pc := &pconn{
 		u:    u,
 		addr: addr,
@@ -262,7 +268,7 @@ func (u *upstream) dial(ctx context.Context, addr string) (*pconn, error) {
 		bw:   bufio.NewWriterSize(conn, 32<<10),
 	}
 	pc.br = bufio.NewReaderSize(&pc.lr, 32<<10)
-	return pc, nil
+	return pc
 }
 
 // exchange writes req and reads the response headers. The request
