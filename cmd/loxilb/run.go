@@ -102,7 +102,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		return err
 	}
 	gw, err := gateway.New(gateway.Config{Seed: seed, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
-		Proxy: proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}, CoalesceWait: coalesceWait,
+		Proxy: cfg.proxyConfig(), CoalesceWait: coalesceWait,
 		PrefillSlots: prefillSlots, PrefillQueueWait: prefillWait}, tokens, index, rt, prober, scraper, logger, reg)
 	if err != nil {
 		return err
@@ -111,6 +111,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
+	pdCfg.MaxResponseHeaderBytes = int64(cfg.proxyLimits.maxResponseHeader)
 	if cfg.proxyCA != "" {
 		if pdCfg.TLS, err = caTLS(cfg.proxyCA); err != nil {
 			return err
@@ -127,7 +128,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
-	px, err := proxy.New(proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}, pd, logger, reg)
+	px, err := proxy.New(cfg.proxyConfig(), pd, logger, reg)
 	if err != nil {
 		return err
 	}

@@ -146,14 +146,17 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Dispatche
 		return nil, fmt.Errorf("dispatch metrics: %w", err)
 	}
 	tr := &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          cfg.MaxIdleConnsPerHost * 8,
-		MaxIdleConnsPerHost:   cfg.MaxIdleConnsPerHost,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   cfg.DialTimeout,
-		TLSClientConfig:       cfg.TLS,
-		DisableCompression:    true, // relay bytes as the engine sent them
-		ExpectContinueTimeout: 0,
+		DialContext:         (&net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        cfg.MaxIdleConnsPerHost * 8,
+		MaxIdleConnsPerHost: cfg.MaxIdleConnsPerHost,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: cfg.DialTimeout,
+		TLSClientConfig:     cfg.TLS,
+		DisableCompression:  true, // relay bytes as the engine sent them
+		// Go's default is 10 MiB per leg; an engine's headers are a few
+		// hundred bytes, and a broken one must not cost more than a client's.
+		MaxResponseHeaderBytes: cfg.MaxResponseHeaderBytes,
+		ExpectContinueTimeout:  0,
 	}
 	d := &Dispatcher{cfg: cfg, logger: logger, m: m, tr: tr, client: &http.Client{Transport: tr},
 		adm: newAdmission(cfg, m), now: time.Now}
