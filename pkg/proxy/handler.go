@@ -478,12 +478,16 @@ type pendingError struct {
 	err  error
 }
 
-// bodyFirstChunk is the largest first allocation for a request body.
-// Bodies up to this size (nearly every chat request) take exactly one
-// allocation of their declared length; larger ones grow by doubling as
-// bytes actually arrive, so a client declaring 32 MiB and sending one byte
-// costs this much, not 32 MiB.
-const bodyFirstChunk = 64 << 10
+// bodyChunk is the unit request bodies are read in. A body declared no
+// larger (nearly every chat request) takes exactly one allocation of its
+// declared length. Larger bodies, and bodies of unknown length, are read
+// into pooled chunks of this size as bytes actually arrive and copied into
+// one buffer of their real length at the end; so a client declaring 32 MiB
+// and sending one byte costs one chunk, not 32 MiB, and the chunks of
+// abandoned bodies are reused instead of becoming garbage of every size.
+const bodyChunk = 64 << 10
+
+var bodyChunkPool = sync.Pool{New: func() any { b := make([]byte, bodyChunk); return &b }}
 
 // readBody reads the whole body, bounded by MaxBodyBytes, under a read
 // deadline that is lifted afterwards so streaming responses are not cut
@@ -541,49 +545,75 @@ func (ex *exchange) readBody() (_ []byte, err error) {
 	}
 }
 
-// fill reads src until EOF or until want bytes are held, growing the
-// buffer only as bytes arrive and reserving every allocation against the
-// server's body budget first.
+// fill reads src until EOF or until want bytes are held, reserving every
+// buffer against the server's body budget before it is taken.
 func (ex *exchange) fill(src io.Reader, want int64) ([]byte, error) {
 	if want <= 0 {
 		return nil, nil
 	}
-	b, err := ex.grow(nil, min(want, bodyFirstChunk))
-	if err != nil {
-		return nil, err
+	if want <= bodyChunk {
+		if err := ex.reserve(want); err != nil {
+			return nil, err
+		}
+		b := make([]byte, want)
+		n, err := io.ReadFull(src, b)
+		if err == io.ErrUnexpectedEOF && n > 0 || err == io.EOF {
+			err = nil // a body of unknown length shorter than want
+		}
+		return b[:n], err
 	}
-	for {
-		if len(b) == cap(b) {
-			if int64(len(b)) >= want {
-				return b, nil
-			}
-			if b, err = ex.grow(b, min(want, 2*int64(cap(b)))); err != nil {
+	var chunks []*[]byte
+	defer func() {
+		for _, c := range chunks {
+			bodyChunkPool.Put(c)
+		}
+	}()
+	var total int64
+	last := 0 // bytes used in the last chunk
+	for total < want {
+		if len(chunks) == 0 || last == bodyChunk {
+			if err := ex.reserve(bodyChunk); err != nil {
 				return nil, err
 			}
+			chunks = append(chunks, bodyChunkPool.Get().(*[]byte))
+			last = 0
 		}
-		n, rerr := src.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if rerr == io.EOF {
-			return b, nil
+		c := *chunks[len(chunks)-1]
+		n, err := src.Read(c[last:min(int64(bodyChunk), int64(last)+want-total)])
+		last += n
+		total += int64(n)
+		if err == io.EOF {
+			break
 		}
-		if rerr != nil {
-			return nil, rerr
+		if err != nil {
+			return nil, err
 		}
 	}
+	// The chunks' reservation passes to the assembled body; the copy is
+	// transient and not counted.
+	b := make([]byte, 0, total)
+	for i, c := range chunks {
+		if i == len(chunks)-1 {
+			b = append(b, (*c)[:last]...)
+		} else {
+			b = append(b, *c...)
+		}
+	}
+	ex.unreserve(int64(len(chunks))*bodyChunk - total)
+	return b, nil
 }
 
-// grow moves b into a buffer of capacity size. The added capacity is
-// reserved before it is allocated; the old buffer, garbage once copied,
-// is not counted, so the budget bounds the bodies held, not the transient
-// copy.
-func (ex *exchange) grow(b []byte, size int64) ([]byte, error) {
-	if !ex.s.budget.reserve(size - int64(cap(b))) {
-		return nil, fmt.Errorf("%w: request bodies in flight would exceed %d bytes; retry shortly", ErrOverloaded, ex.s.budget.max)
+func (ex *exchange) reserve(n int64) error {
+	if !ex.s.budget.reserve(n) {
+		return fmt.Errorf("%w: request bodies in flight would exceed %d bytes; retry shortly", ErrOverloaded, ex.s.budget.max)
 	}
-	ex.reserved += size - int64(cap(b))
-	nb := make([]byte, len(b), size)
-	copy(nb, b)
-	return nb, nil
+	ex.reserved += n
+	return nil
+}
+
+func (ex *exchange) unreserve(n int64) {
+	ex.s.budget.release(n)
+	ex.reserved -= n
 }
 
 // removeHop deletes hop-by-hop headers, including those the Connection

@@ -96,8 +96,8 @@ func TestBodyGrowsAsBytesArrive(t *testing.T) {
 		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{", DefaultMaxBodyBytes)
 	}
 	// Every request is now waiting for the rest of its body. The bound
-	// is generous (64 KiB first chunks add up to 1.25 MiB); the old
-	// behaviour held 640 MiB.
+	// is generous (64 KiB chunks add up to 1.25 MiB); the old behaviour
+	// held 640 MiB.
 	const bound = 64 << 20
 	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
@@ -108,8 +108,8 @@ func TestBodyGrowsAsBytesArrive(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if got := px.budget.used.Load(); got != conns*bodyFirstChunk {
-		t.Errorf("body budget holds %d bytes, want %d", got, conns*bodyFirstChunk)
+	if got := px.budget.used.Load(); got != conns*bodyChunk {
+		t.Errorf("body budget holds %d bytes, want %d", got, conns*bodyChunk)
 	}
 }
 
@@ -121,14 +121,15 @@ func TestBodyBudgetRefusesWith503(t *testing.T) {
 	p := newStaticPicker(hostPort(b))
 	px := startProxy(t, "127.0.0.104", Config{MaxBodyBytes: 1 << 20, MaxInflightBodyBytes: 1 << 20}, Service{}, p)
 
-	// A slow client holds the whole budget: 1 MiB declared, 700 KiB sent.
+	// A slow client holds the whole budget: 1 MiB declared, all but one
+	// byte sent.
 	hold, err := net.Dial("tcp", px.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer hold.Close()
 	fmt.Fprintf(hold, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", 1<<20)
-	if _, err := hold.Write([]byte(strings.Repeat("a", 700<<10))); err != nil {
+	if _, err := hold.Write([]byte(strings.Repeat("a", 1<<20-1))); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -152,7 +153,7 @@ func TestBodyBudgetRefusesWith503(t *testing.T) {
 	}
 
 	// The held request completes once its body is in.
-	if _, err := hold.Write([]byte(strings.Repeat("a", (1<<20)-(700<<10)))); err != nil {
+	if _, err := hold.Write([]byte("a")); err != nil {
 		t.Fatal(err)
 	}
 	hr, err := http.ReadResponse(bufio.NewReader(hold), nil)

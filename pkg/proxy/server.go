@@ -118,6 +118,15 @@ func New(cfg Config, picker Picker, logger *slog.Logger, reg prometheus.Register
 		rare:   newRareLog(logger, 10*time.Second),
 	}
 	s.maxConns, s.abortOnClose = cfg.MaxConnsPerListener, cfg.AbortOnClientClose
+	if reg != nil {
+		held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "loxilb_proxy_body_bytes_inflight",
+			Help: "Bytes the request body buffers of all requests in flight hold, against MaxInflightBodyBytes.",
+		}, func() float64 { return float64(s.budget.used.Load()) })
+		if err := reg.Register(held); err != nil {
+			return nil, fmt.Errorf("register proxy metrics: %w", err)
+		}
+	}
 	var protos http.Protocols
 	protos.SetHTTP1(true)
 	s.srv = &http.Server{
