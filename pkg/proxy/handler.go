@@ -556,11 +556,18 @@ func (ex *exchange) fill(src io.Reader, want int64) ([]byte, error) {
 			return nil, err
 		}
 		b := make([]byte, want)
-		n, err := io.ReadFull(src, b)
-		if err == io.ErrUnexpectedEOF && n > 0 || err == io.EOF {
-			err = nil // a body of unknown length shorter than want
+		n := 0
+		for n < len(b) {
+			m, err := src.Read(b[n:])
+			n += m
+			if err == io.EOF {
+				break // net/http says ErrUnexpectedEOF for a short declared body
+			}
+			if err != nil {
+				return nil, err
+			}
 		}
-		return b[:n], err
+		return b[:n], nil
 	}
 	var chunks []*[]byte
 	defer func() {

@@ -507,3 +507,34 @@ func TestLimitMetricsRegistered(t *testing.T) {
 		t.Fatalf("upstream limit series = %d", n)
 	}
 }
+
+// TestTruncatedBodyIsRejected: a client that declares more than it sends
+// and closes its side is not forwarded with a short body.
+func TestTruncatedBodyIsRejected(t *testing.T) {
+	for _, declared := range []int{100, 200 << 10} {
+		b, _ := echoBackend(t, "b")
+		p := newStaticPicker(hostPort(b))
+		px := startProxy(t, "127.0.0.116", Config{}, Service{}, p)
+		c, err := net.Dial("tcp", px.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n{\"model\":", declared)
+		_ = c.(*net.TCPConn).CloseWrite()
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Errorf("declared %d: status %d, want 400", declared, resp.StatusCode)
+			}
+		}
+		c.Close()
+		p.mu.Lock()
+		n := len(p.reqs)
+		p.mu.Unlock()
+		if n != 0 {
+			t.Errorf("declared %d: a truncated body reached the picker", declared)
+		}
+	}
+}
