@@ -74,6 +74,25 @@ func proxyBackend(t *testing.T, ip string, serve func(c net.Conn, req *http.Requ
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// proxyDaemon starts the daemon for a proxy attack: no staged tokenizers
+// (the rules route round robin, and loading tokenizers in the background
+// would move the memory baseline during the attack). It returns the
+// daemon and its settled resident memory in KiB.
+func proxyDaemon(t *testing.T, args ...string) (*daemontest.Daemon, int64) {
+	t.Helper()
+	d := startDaemon(t, nil, append([]string{"--tokenizer-dir", t.TempDir()}, args...)...)
+	prev := rssKiB(t, d.PID())
+	for i := 0; i < 50; i++ {
+		time.Sleep(100 * time.Millisecond)
+		cur := rssKiB(t, d.PID())
+		if cur-prev < 256 && prev-cur < 256 {
+			return d, cur
+		}
+		prev = cur
+	}
+	return d, prev
+}
+
 // proxyOK answers a small JSON 200 and keeps the connection.
 func proxyOK(c net.Conn, _ *http.Request) bool {
 	const body = `{"ok":true}`
