@@ -223,14 +223,17 @@ func (ex *exchange) attempt(ep Endpoint, body []byte) (retryable bool, err error
 func (ex *exchange) countUpstreamErr(ep Endpoint, err error) {
 	epl := strconv.Itoa(ep.Idx)
 	ex.s.m.upstreamErrs.WithLabelValues(ex.svc.label, epl, string(classify(err).class)).Inc()
-	var idle *idleError
+	var (
+		idle *idleError
+		dial *connectError
+	)
 	limit := ""
 	switch {
 	case errors.Is(err, ErrUpstreamHeaderTooLarge):
 		limit = "response_header_bytes"
 	case errors.As(err, &idle) && !idle.first:
 		limit = "stream_idle"
-	case errors.Is(err, ErrUpstreamTimeout):
+	case errors.Is(err, ErrUpstreamTimeout) && !errors.As(err, &dial):
 		limit = "response_header_timeout"
 	default:
 		return
