@@ -158,7 +158,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Dispatche
 		MaxResponseHeaderBytes: cfg.MaxResponseHeaderBytes,
 		ExpectContinueTimeout:  0,
 	}
-	d := &Dispatcher{cfg: cfg, logger: logger, m: m, tr: tr, client: &http.Client{Transport: tr},
+	d := &Dispatcher{cfg: cfg, logger: logger, m: m, tr: tr, client: &http.Client{Transport: statusCheck{tr}},
 		adm: newAdmission(cfg, m), now: time.Now}
 	d.sess = newSessions(cfg.SessionTTL, cfg.SessionMax, func() time.Time { return d.now() })
 	d.trie = newPrefixIndex(cfg.TrieMaxKeys)
@@ -168,6 +168,19 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Dispatche
 	d.rrPre.Store(rand.Uint64())
 	d.rrDec.Store(rand.Uint64())
 	return d, nil
+}
+
+// statusCheck fails a leg whose endpoint sent a status below 100: Go's
+// transport accepts "000", and relaying it would make WriteHeader panic.
+type statusCheck struct{ rt http.RoundTripper }
+
+func (s statusCheck) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := s.rt.RoundTrip(req)
+	if err == nil && resp.StatusCode < 100 {
+		resp.Body.Close()
+		return nil, fmt.Errorf("endpoint sent status %03d", resp.StatusCode)
+	}
+	return resp, err
 }
 
 // Close releases idle upstream connections.

@@ -81,3 +81,55 @@ func TestLegResponseHeaderCap(t *testing.T) {
 		})
 	}
 }
+
+// TestLegStatusZero: an endpoint answering status 000 fails its leg with
+// 502; relaying the status would make WriteHeader panic.
+func TestLegStatusZero(t *testing.T) {
+	for _, leg := range []string{legPrefill, legDecode} {
+		t.Run(leg, func(t *testing.T) {
+			f := newFleet(t, fleetOpts{engine: "vllm", nPrefill: 1, nDec: 1})
+			ep := rawEndpoint(t, f.pool.Prefill[0].Host, "HTTP/1.1 000 Zero\r\nContent-Length: 2\r\n\r\n{}")
+			if leg == legPrefill {
+				ep.Idx = 0
+				f.pool.Prefill[0] = ep
+			} else {
+				ep.Idx = 1
+				f.pool.Decode[0] = ep
+			}
+			r := f.post(t, "/v1/completions", bodyFor(flowCases[0], prompt("zero", 2), 4))
+			if r.status != http.StatusBadGateway {
+				t.Fatalf("status %d, want 502: %s", r.status, r.body)
+			}
+		})
+	}
+}
+
+// rawEndpoint answers every request with the given bytes and closes.
+func rawEndpoint(t *testing.T, host, answer string) Endpoint {
+	t.Helper()
+	ln, err := net.Listen("tcp", host+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				_, _ = io.WriteString(c, answer)
+			}()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	p, _ := strconv.Atoi(port)
+	return Endpoint{Host: host, Port: p, Healthy: true}
+}

@@ -538,3 +538,21 @@ func TestTruncatedBodyIsRejected(t *testing.T) {
 		}
 	}
 }
+
+// TestEndpointStatusZeroIs502: "000" parses as a status line; relaying it
+// made the handler panic (WriteHeader rejects it).
+func TestEndpointStatusZeroIs502(t *testing.T) {
+	addr := rawBackend(t, func(c net.Conn) {
+		_, _ = io.WriteString(c, "HTTP/1.1 000 Zero\r\nContent-Length: 2\r\n\r\n{}")
+	})
+	p := newStaticPicker(addr)
+	px := startProxy(t, "127.0.0.117", Config{}, Service{}, p)
+	resp, err := newClient().Post("http://"+px.addr+"/v1/completions", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatalf("no response: %v", err)
+	}
+	eb := readErrorBody(t, resp)
+	if resp.StatusCode != http.StatusBadGateway || eb.Code != "upstream_protocol_error" {
+		t.Fatalf("got %d %+v, want 502", resp.StatusCode, eb)
+	}
+}

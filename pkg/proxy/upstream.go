@@ -298,6 +298,10 @@ func (pc *pconn) exchange(req *http.Request) (*http.Response, error) {
 			}
 			return nil, err
 		}
+		if r.StatusCode < 100 {
+			// "000" parses; relayed, it would make WriteHeader panic.
+			return nil, fmt.Errorf("%w: endpoint sent status %03d", ErrUpstreamProtocol, r.StatusCode)
+		}
 		// Interim responses (100 Continue, 103 Early Hints) are not
 		// relayed; the final one follows on the same connection.
 		if r.StatusCode >= 100 && r.StatusCode < 200 && r.StatusCode != http.StatusSwitchingProtocols {
