@@ -301,7 +301,8 @@ func TestProxyHalfClosedClient(t *testing.T) {
 
 // TestProxyBackendCutsResponse: an endpoint that closes mid-body gives
 // the client the bytes that came and then a cut, never a clean or empty
-// reply; one that closes before any body byte gives a clean 502.
+// reply; one that closes before any body byte, or sends status 000, gives
+// a clean 502.
 func TestProxyBackendCutsResponse(t *testing.T) {
 	const port = 28080
 	d, _ := proxyDaemon(t)
@@ -315,6 +316,11 @@ func TestProxyBackendCutsResponse(t *testing.T) {
 		return false
 	})
 	proxyRule(t, d, "127.0.84.72", port, "127.0.84.73", early)
+	zero := proxyBackend(t, "127.0.84.75", func(c net.Conn, _ *http.Request) bool {
+		_, _ = io.WriteString(c, "HTTP/1.1 000 Zero\r\nContent-Length: 2\r\n\r\n{}")
+		return false
+	})
+	proxyRule(t, d, "127.0.84.74", port, "127.0.84.75", zero)
 
 	code, body, err := proxyPost(t, proxyAddr("127.0.84.70", port), 10*time.Second)
 	if code != http.StatusOK || !errors.Is(err, io.ErrUnexpectedEOF) || string(body) != `{"partial":` {
@@ -324,8 +330,13 @@ func TestProxyBackendCutsResponse(t *testing.T) {
 	if code != http.StatusBadGateway || err != nil || !strings.Contains(string(body), "upstream_protocol_error") {
 		t.Fatalf("close before the body: %d %q %v, want a clean 502", code, body, err)
 	}
-	if got := metricSum(t, d, "loxilb_ai_upstream_errors_total", `class="protocol"`); got < 2 {
-		t.Errorf("protocol errors = %v, want 2", got)
+	// A status line "000" parses; relaying it would panic in WriteHeader.
+	code, body, err = proxyPost(t, proxyAddr("127.0.84.74", port), 10*time.Second)
+	if code != http.StatusBadGateway || err != nil {
+		t.Fatalf("status 000: %d %q %v, want a clean 502", code, body, err)
+	}
+	if got := metricSum(t, d, "loxilb_ai_upstream_errors_total", `class="protocol"`); got < 3 {
+		t.Errorf("protocol errors = %v, want 3", got)
 	}
 	requireAlive(t, d)
 }
