@@ -40,6 +40,7 @@ type config struct {
 	tokMaxBytes    int
 	tokMaxTokens   int
 	tokConcurrency int
+	proxyLimits    proxyLimits
 	scrapeInterval time.Duration
 	logLevel       slog.Level
 	logJSON        bool
@@ -93,6 +94,7 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	fs.IntVar(&c.tokMaxBytes, "tokenize-max-bytes", 1<<20, "longest prompt text (a completions prompt or the rendered chat) tokenized for one request, in bytes (1024..268435456; 400 beyond)")
 	fs.IntVar(&c.tokMaxTokens, "tokenize-max-tokens", 0, "most prompt tokens per request (1..16777216; 400 beyond); 0: the model's context length from its staged config.json or tokenizer_config.json, else 262144")
 	fs.IntVar(&c.tokConcurrency, "tokenize-concurrency", 0, "requests tokenized at once; the others wait while their client does (1..1024; 0: one per CPU, GOMAXPROCS)")
+	c.proxyLimits.register(fs)
 	fs.DurationVar(&c.scrapeInterval, "engine-metrics-interval", time.Second, "how often mode-4 endpoints' /metrics are read for load-aware routing")
 	fs.BoolVar(&c.metrics, "metrics", false, "enable the Prometheus export at start (otherwise POST /netlox/v1/config/metrics)")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
@@ -152,6 +154,9 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 			return nil, fmt.Errorf("%s %d: want %d..%d%s", b.name, b.v, b.min, b.max, zero)
 		}
 	}
+	if err := c.proxyLimits.validate(c.maxBodyBytes); err != nil {
+		return nil, err
+	}
 	for _, i := range strings.Split(ifaces, ",") {
 		if i = strings.TrimSpace(i); i != "" {
 			c.interfaces = append(c.interfaces, i)
@@ -168,6 +173,66 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 		}
 	}
 	return c, nil
+}
+
+// proxyLimits are the mode-4 proxy's protections against hostile or broken
+// clients and endpoints.
+type proxyLimits struct {
+	responseHeaderTimeout time.Duration
+	streamIdleTimeout     time.Duration
+	maxResponseHeader     int
+	maxInflightBody       int64
+	maxConns              int
+	abortOnClientClose    bool
+}
+
+func (l *proxyLimits) register(fs *flag.FlagSet) {
+	fs.DurationVar(&l.responseHeaderTimeout, "proxy-response-header-timeout", proxy.DefaultResponseHeaderTimeout,
+		"how long a mode-4 endpoint may take to send its response headers, and then its first body byte (504 beyond); long prompts behind a busy engine's queue need minutes")
+	fs.DurationVar(&l.streamIdleTimeout, "proxy-stream-idle-timeout", proxy.DefaultStreamIdleTimeout,
+		"a mode-4 response whose endpoint sends no byte for this long once its body started is cut")
+	fs.IntVar(&l.maxResponseHeader, "proxy-max-response-header", proxy.DefaultMaxResponseHeaderBytes,
+		"largest response header block (bytes) accepted from a mode-4 or P/D endpoint (502 beyond)")
+	fs.Int64Var(&l.maxInflightBody, "proxy-max-inflight-body", proxy.DefaultMaxInflightBodyBytes,
+		"bytes all mode-4 request bodies being read or relayed may hold together (503 with Retry-After beyond); at least --proxy-max-body")
+	fs.IntVar(&l.maxConns, "proxy-max-conns", proxy.DefaultMaxConnsPerListener,
+		"client connections one mode-4 listener keeps open; more are closed at accept")
+	fs.BoolVar(&l.abortOnClientClose, "proxy-abort-on-client-close", false,
+		"cancel a mode-4 request as soon as its client half-closes (frees the engine sooner; a client that half-closes and still reads then gets no answer)")
+}
+
+// validate rejects values that would disable a protection or could never
+// work, naming the flag.
+func (l *proxyLimits) validate(maxBody int64) error {
+	switch {
+	case maxBody < 1:
+		return fmt.Errorf("--proxy-max-body %d: want at least 1 byte", maxBody)
+	case l.responseHeaderTimeout < time.Second || l.responseHeaderTimeout > 24*time.Hour:
+		return fmt.Errorf("--proxy-response-header-timeout %v: want 1s..24h", l.responseHeaderTimeout)
+	case l.streamIdleTimeout < time.Second || l.streamIdleTimeout > 24*time.Hour:
+		return fmt.Errorf("--proxy-stream-idle-timeout %v: want 1s..24h", l.streamIdleTimeout)
+	case l.maxResponseHeader < 4<<10 || l.maxResponseHeader > 64<<20:
+		return fmt.Errorf("--proxy-max-response-header %d: want 4096..67108864 bytes", l.maxResponseHeader)
+	case l.maxInflightBody < maxBody || l.maxInflightBody > 1<<40:
+		return fmt.Errorf("--proxy-max-inflight-body %d: want --proxy-max-body (%d) up to 1 TiB", l.maxInflightBody, maxBody)
+	case l.maxConns < 1 || l.maxConns > 1<<20:
+		return fmt.Errorf("--proxy-max-conns %d: want 1..1048576", l.maxConns)
+	}
+	return nil
+}
+
+// proxyConfig is the process-wide part of the proxy's configuration.
+func (c *config) proxyConfig() proxy.Config {
+	l := c.proxyLimits
+	return proxy.Config{
+		MaxBodyBytes:           c.maxBodyBytes,
+		ResponseHeaderTimeout:  l.responseHeaderTimeout,
+		StreamIdleTimeout:      l.streamIdleTimeout,
+		MaxResponseHeaderBytes: l.maxResponseHeader,
+		MaxInflightBodyBytes:   l.maxInflightBody,
+		MaxConnsPerListener:    l.maxConns,
+		AbortOnClientClose:     l.abortOnClientClose,
+	}
 }
 
 func (c *config) logger(w io.Writer) *slog.Logger {

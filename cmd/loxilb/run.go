@@ -109,7 +109,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		return err
 	}
 	gw, err := gateway.New(gateway.Config{Seed: seed, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
-		Receipts: cfg.receipts, Proxy: proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}, CoalesceWait: coalesceWait,
+		Receipts: cfg.receipts, Proxy: cfg.proxyConfig(), CoalesceWait: coalesceWait,
 		PrefillSlots: prefillSlots, PrefillQueueWait: prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
 		TokenizeConcurrency: cfg.tokConcurrency}, tokens, index, rt, prober, scraper, logger, reg)
@@ -120,6 +120,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
+	pdCfg.MaxResponseHeaderBytes = int64(cfg.proxyLimits.maxResponseHeader)
 	if cfg.proxyCA != "" {
 		if pdCfg.TLS, err = caTLS(cfg.proxyCA); err != nil {
 			return err
@@ -136,7 +137,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
-	px, err := proxy.New(proxy.Config{MaxBodyBytes: cfg.maxBodyBytes}, pd, logger, reg)
+	px, err := proxy.New(cfg.proxyConfig(), pd, logger, reg)
 	if err != nil {
 		return err
 	}

@@ -79,6 +79,11 @@ type Config struct {
 	// Default 64.
 	PromptChunkBytes int
 
+	// MaxResponseHeaderBytes bounds a leg's response header block; an
+	// endpoint that sends more fails the leg with 502 (class protocol).
+	// The daemon sets it from --proxy-max-response-header. Default 1 MiB.
+	MaxResponseHeaderBytes int64
+
 	// MaxIdleConnsPerHost sizes the pooled transport. Default 64.
 	MaxIdleConnsPerHost int
 	// TLS is used for pools whose scheme is https (security 2). nil means
@@ -130,6 +135,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxIdleConnsPerHost == 0 {
 		c.MaxIdleConnsPerHost = 64
 	}
+	if c.MaxResponseHeaderBytes == 0 {
+		c.MaxResponseHeaderBytes = 1 << 20
+	}
 	return c
 }
 
@@ -152,6 +160,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("prefix threshold %d%%: must be within 0..100", c.TrieMinPercent)
 	case c.PromptChunkBytes < 1:
 		return fmt.Errorf("prompt chunk %d bytes: must be positive", c.PromptChunkBytes)
+	case c.MaxResponseHeaderBytes < 1:
+		return fmt.Errorf("max response header bytes %d: must be positive", c.MaxResponseHeaderBytes)
 	}
 	return nil
 }

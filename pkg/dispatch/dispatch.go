@@ -146,16 +146,19 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Dispatche
 		return nil, fmt.Errorf("dispatch metrics: %w", err)
 	}
 	tr := &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          cfg.MaxIdleConnsPerHost * 8,
-		MaxIdleConnsPerHost:   cfg.MaxIdleConnsPerHost,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   cfg.DialTimeout,
-		TLSClientConfig:       cfg.TLS,
-		DisableCompression:    true, // relay bytes as the engine sent them
-		ExpectContinueTimeout: 0,
+		DialContext:         (&net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        cfg.MaxIdleConnsPerHost * 8,
+		MaxIdleConnsPerHost: cfg.MaxIdleConnsPerHost,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: cfg.DialTimeout,
+		TLSClientConfig:     cfg.TLS,
+		DisableCompression:  true, // relay bytes as the engine sent them
+		// Go's default is 10 MiB per leg; an engine's headers are a few
+		// hundred bytes, and a broken one must not cost more than a client's.
+		MaxResponseHeaderBytes: cfg.MaxResponseHeaderBytes,
+		ExpectContinueTimeout:  0,
 	}
-	d := &Dispatcher{cfg: cfg, logger: logger, m: m, tr: tr, client: &http.Client{Transport: tr},
+	d := &Dispatcher{cfg: cfg, logger: logger, m: m, tr: tr, client: &http.Client{Transport: statusCheck{tr}},
 		adm: newAdmission(cfg, m), now: time.Now}
 	d.sess = newSessions(cfg.SessionTTL, cfg.SessionMax, func() time.Time { return d.now() })
 	d.trie = newPrefixIndex(cfg.TrieMaxKeys)
@@ -165,6 +168,19 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Dispatche
 	d.rrPre.Store(rand.Uint64())
 	d.rrDec.Store(rand.Uint64())
 	return d, nil
+}
+
+// statusCheck fails a leg whose endpoint sent a status below 100: Go's
+// transport accepts "000", and relaying it would make WriteHeader panic.
+type statusCheck struct{ rt http.RoundTripper }
+
+func (s statusCheck) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := s.rt.RoundTrip(req)
+	if err == nil && resp.StatusCode < 100 {
+		resp.Body.Close()
+		return nil, fmt.Errorf("endpoint sent status %03d", resp.StatusCode)
+	}
+	return resp, err
 }
 
 // Close releases idle upstream connections.

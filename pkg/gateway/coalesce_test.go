@@ -120,6 +120,9 @@ func TestCoalesceCancelledFollowerReleasesItsBooking(t *testing.T) {
 	leader, _ := router.ParseReceipt(p1.Receipt)
 	ctx, cancel := context.WithCancel(context.Background())
 	follower := pickAsync(ctx, f.g, req(prompt))
+	// Cancel only once the follower is held: a client that leaves before
+	// (while waiting to be tokenized) never reaches the coalescing wait.
+	waitUntil(t, "the follower to be held", func() bool { return f.g.leaders.heldFor(1, leader.EP) == 1 })
 	cancel()
 	r := <-follower
 	if !errors.Is(r.err, proxy.ErrClientCanceled) {

@@ -27,16 +27,20 @@ const (
 
 // Defaults applied by Config.withDefaults for zero fields.
 const (
-	DefaultMaxBodyBytes          = 32 << 20
-	DefaultReadHeaderTimeout     = 10 * time.Second
-	DefaultBodyReadTimeout       = 60 * time.Second
-	DefaultIdleTimeout           = 120 * time.Second
-	DefaultDialTimeout           = 5 * time.Second
-	DefaultResponseHeaderTimeout = 10 * time.Minute
-	DefaultUpstreamIdleTimeout   = 90 * time.Second
-	DefaultMaxIdleConnsPerHost   = 256
-	DefaultShutdownGrace         = 10 * time.Second
-	DefaultUsageScanBytes        = 1 << 20
+	DefaultMaxBodyBytes           = 32 << 20
+	DefaultReadHeaderTimeout      = 10 * time.Second
+	DefaultBodyReadTimeout        = 60 * time.Second
+	DefaultIdleTimeout            = 120 * time.Second
+	DefaultDialTimeout            = 5 * time.Second
+	DefaultResponseHeaderTimeout  = 300 * time.Second
+	DefaultStreamIdleTimeout      = 60 * time.Second
+	DefaultUpstreamIdleTimeout    = 90 * time.Second
+	DefaultMaxIdleConnsPerHost    = 256
+	DefaultShutdownGrace          = 10 * time.Second
+	DefaultUsageScanBytes         = 1 << 20
+	DefaultMaxInflightBodyBytes   = 256 << 20
+	DefaultMaxConnsPerListener    = 10000
+	DefaultMaxResponseHeaderBytes = 1 << 20
 )
 
 // Config is the proxy's whole configuration: process-wide knobs plus one
@@ -61,9 +65,37 @@ type Config struct {
 	// DialTimeout bounds connecting (and the TLS handshake) to an endpoint.
 	DialTimeout time.Duration
 	// ResponseHeaderTimeout bounds the wait for an endpoint's response
-	// headers after the request was sent. LLM prefill of a long prompt
-	// behind a queue can take minutes, hence the generous default.
+	// headers after the request was sent, and then for the first body
+	// byte (an engine streaming SSE sends its headers at once and its
+	// first event only after prefill). Default 300s: prefill of a long
+	// prompt behind a busy engine's queue can take minutes, and a longer
+	// wait is indistinguishable from a hung engine for the client.
 	ResponseHeaderTimeout time.Duration
+	// StreamIdleTimeout cuts a response whose endpoint sent no byte for
+	// this long once the body started. Default 60s, like the P/D decode
+	// leg's LLB_PD_DECODE_IDLE_SEC: decode steps take milliseconds, and
+	// even a preempted sequence resumes within seconds.
+	StreamIdleTimeout time.Duration
+	// MaxResponseHeaderBytes bounds an endpoint's response headers (status
+	// line included), as MaxHeaderBytes does a client's; larger ones get
+	// 502. Default 1 MiB.
+	MaxResponseHeaderBytes int
+	// MaxInflightBodyBytes bounds the memory all request bodies being read
+	// or relayed hold together. Buffers grow as bytes arrive, never to a
+	// declared Content-Length up front; a request that would exceed the
+	// bound gets 503 with Retry-After. Default 256 MiB.
+	MaxInflightBodyBytes int64
+	// AbortOnClientClose cancels a request as soon as its client ends its
+	// sending side (TCP FIN), which is how most clients give up, freeing
+	// the endpoint at once. The default (false) keeps serving such a
+	// request: a client that only half-closed after its request still
+	// reads the answer, and TCP cannot tell the two apart until the
+	// proxy writes. A client whose connection resets or fails a write is
+	// treated as gone either way. Like HAProxy's "option abortonclose".
+	AbortOnClientClose bool
+	// MaxConnsPerListener bounds the client connections open on one
+	// listener; connections beyond it are closed at accept. Default 10000.
+	MaxConnsPerListener int
 	// UpstreamIdleTimeout closes idle pooled endpoint connections.
 	UpstreamIdleTimeout time.Duration
 	// MaxIdleConnsPerHost sizes the keep-alive pool per endpoint.
@@ -169,6 +201,7 @@ func (c Config) withDefaults() Config {
 	def(&c.IdleTimeout, DefaultIdleTimeout)
 	def(&c.DialTimeout, DefaultDialTimeout)
 	def(&c.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
+	def(&c.StreamIdleTimeout, DefaultStreamIdleTimeout)
 	def(&c.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
 	def(&c.ShutdownGrace, DefaultShutdownGrace)
 	if c.MaxIdleConnsPerHost == 0 {
@@ -176,6 +209,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.UsageScanBytes == 0 {
 		c.UsageScanBytes = DefaultUsageScanBytes
+	}
+	if c.MaxResponseHeaderBytes == 0 {
+		c.MaxResponseHeaderBytes = DefaultMaxResponseHeaderBytes
+	}
+	if c.MaxInflightBodyBytes == 0 {
+		c.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes
+	}
+	if c.MaxConnsPerListener == 0 {
+		c.MaxConnsPerListener = DefaultMaxConnsPerListener
 	}
 	return c
 }
@@ -191,7 +233,7 @@ func (c Config) validate() error {
 		"read header timeout": c.ReadHeaderTimeout, "body read timeout": c.BodyReadTimeout,
 		"idle timeout": c.IdleTimeout, "dial timeout": c.DialTimeout,
 		"response header timeout": c.ResponseHeaderTimeout, "upstream idle timeout": c.UpstreamIdleTimeout,
-		"shutdown grace": c.ShutdownGrace,
+		"shutdown grace": c.ShutdownGrace, "stream idle timeout": c.StreamIdleTimeout,
 	} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s %v is negative", name, d))
@@ -202,6 +244,18 @@ func (c Config) validate() error {
 	}
 	if c.UsageScanBytes < 0 {
 		errs = append(errs, fmt.Errorf("usage scan bytes %d is negative", c.UsageScanBytes))
+	}
+	if c.MaxResponseHeaderBytes < 0 {
+		errs = append(errs, fmt.Errorf("max response header bytes %d is negative", c.MaxResponseHeaderBytes))
+	}
+	if c.MaxInflightBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("max in-flight body bytes %d is negative", c.MaxInflightBodyBytes))
+	} else if c.MaxInflightBodyBytes > 0 && c.MaxInflightBodyBytes < c.MaxBodyBytes {
+		errs = append(errs, fmt.Errorf("max in-flight body bytes %d is below max body bytes %d: the largest allowed body could never be read",
+			c.MaxInflightBodyBytes, c.MaxBodyBytes))
+	}
+	if c.MaxConnsPerListener < 0 {
+		errs = append(errs, fmt.Errorf("max conns per listener %d is negative", c.MaxConnsPerListener))
 	}
 	ids := map[uint32]bool{}
 	addrs := map[netip.AddrPort]uint32{}

@@ -45,18 +45,35 @@
 //
 // Errors are mapped to statuses in one function (classify): 400 malformed
 // request, 413 body too large, 502 upstream connect/TLS/protocol error,
-// 503 no healthy endpoint, 504 upstream timeout, 500 anything
-// unclassified. Bodies follow the OpenAI shape
-// {"error":{"message":...,"type":...,"param":null,"code":...}}. A failure after the
-// status line was sent cuts the client connection.
+// 503 no healthy endpoint (or the proxy's body memory is spent, with
+// Retry-After), 504 upstream timeout, 500 anything unclassified. Bodies
+// follow the OpenAI shape {"error":{"message":...,"type":...,"param":null,"code":...}}.
+// A response gets its status line with its first body byte (event streams
+// at once), so an endpoint failing before that still yields a clean error;
+// a failure after the status line was sent flushes what was relayed and
+// cuts the client connection. A request never ends with net/http's
+// default empty 200.
+//
+// Limits against hostile or broken peers (Config): request bodies grow as
+// bytes arrive and all of them together hold at most MaxInflightBodyBytes;
+// endpoint response headers are capped at MaxResponseHeaderBytes; the
+// response headers and the first body byte must come within
+// ResponseHeaderTimeout, and later no stream may stay silent for
+// StreamIdleTimeout; each listener keeps at most MaxConnsPerListener
+// connections. A client that half-closes after its request still gets the
+// answer: only a closed or failed connection cancels the request (unless
+// AbortOnClientClose).
 //
 // Metrics (labels service and ep keep rules apart): loxilb_ai_requests_total
 // {service,ep,status}, loxilb_ai_request_duration_seconds{service},
 // loxilb_ai_active_streams{service}, loxilb_ai_upstream_errors_total
 // {service,ep,class}, loxilb_proxy_connect_failover_total{service},
 // loxilb_ai_bytes_total{service,ep,direction}, loxilb_ai_usage_reported_total
-// {service,ep,cached} and loxilb_proxy_conn_rejected_total{reason}. A rule
-// removed by Update loses its series.
+// {service,ep,cached}, loxilb_proxy_conn_rejected_total{reason} (no_service,
+// conn_limit, body_memory), loxilb_proxy_upstream_limit_total
+// {service,ep,limit} (response_header_bytes, response_header_timeout,
+// stream_idle) and loxilb_proxy_body_bytes_inflight. A rule removed by
+// Update loses its series.
 //
 // Security levels: 0 plaintext; 1 TLS terminated at the proxy; 2 TLS
 // terminated and a new TLS session to the endpoint, whose certificate is

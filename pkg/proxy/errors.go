@@ -43,6 +43,10 @@ var (
 	// ErrListen means a rule's VIP:port listener could not be opened; the
 	// cause (EADDRINUSE, EADDRNOTAVAIL, EACCES) is wrapped with it.
 	ErrListen = errors.New("cannot listen on the rule's address")
+	// ErrOverloaded means the proxy refused the request to protect its
+	// own memory (Config.MaxInflightBodyBytes); the client should retry
+	// shortly (503 with Retry-After).
+	ErrOverloaded = errors.New("proxy overloaded")
 )
 
 // StatusClientClosed is the status recorded (never sent) for requests
@@ -55,6 +59,8 @@ type errorInfo struct {
 	typ    string // OpenAI-style error.type
 	code   string // OpenAI-style error.code
 	class  ErrorClass
+	// retryAfter adds Retry-After: 1, for refusals that pass quickly.
+	retryAfter bool
 }
 
 // classify is the one place that maps a proxy error to an HTTP status, an
@@ -68,23 +74,25 @@ func classify(err error) errorInfo {
 	case err == nil:
 		return errorInfo{status: http.StatusOK}
 	case errors.Is(err, ErrClientCanceled), errors.Is(err, context.Canceled):
-		return errorInfo{StatusClientClosed, "client_closed", "client_closed_request", ClassClientCanceled}
+		return errorInfo{StatusClientClosed, "client_closed", "client_closed_request", ClassClientCanceled, false}
 	case errors.Is(err, ErrBodyTooLarge):
-		return errorInfo{http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", ClassBadRequest}
+		return errorInfo{http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", ClassBadRequest, false}
 	case errors.Is(err, ErrBadRequest):
-		return errorInfo{http.StatusBadRequest, "invalid_request_error", "bad_request", ClassBadRequest}
+		return errorInfo{http.StatusBadRequest, "invalid_request_error", "bad_request", ClassBadRequest, false}
+	case errors.Is(err, ErrOverloaded):
+		return errorInfo{http.StatusServiceUnavailable, "service_unavailable", "proxy_overloaded", ClassUnavailable, true}
 	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrNoService):
-		return errorInfo{http.StatusServiceUnavailable, "service_unavailable", "no_healthy_endpoint", ClassUnavailable}
+		return errorInfo{http.StatusServiceUnavailable, "service_unavailable", "no_healthy_endpoint", ClassUnavailable, false}
 	case errors.Is(err, ErrUpstreamTimeout):
-		return errorInfo{http.StatusGatewayTimeout, "upstream_error", "upstream_timeout", ClassTimeout}
+		return errorInfo{http.StatusGatewayTimeout, "upstream_error", "upstream_timeout", ClassTimeout, false}
 	case errors.Is(err, ErrUpstreamTLS):
-		return errorInfo{http.StatusBadGateway, "upstream_error", "upstream_tls_error", ClassTLS}
+		return errorInfo{http.StatusBadGateway, "upstream_error", "upstream_tls_error", ClassTLS, false}
 	case errors.Is(err, ErrUpstreamConnect):
-		return errorInfo{http.StatusBadGateway, "upstream_error", "upstream_connect_error", ClassConnect}
+		return errorInfo{http.StatusBadGateway, "upstream_error", "upstream_connect_error", ClassConnect, false}
 	case errors.Is(err, ErrUpstreamProtocol):
-		return errorInfo{http.StatusBadGateway, "upstream_error", "upstream_protocol_error", ClassProtocol}
+		return errorInfo{http.StatusBadGateway, "upstream_error", "upstream_protocol_error", ClassProtocol, false}
 	default:
-		return errorInfo{http.StatusInternalServerError, "internal_error", "internal_error", ClassInternal}
+		return errorInfo{http.StatusInternalServerError, "internal_error", "internal_error", ClassInternal, false}
 	}
 }
 
@@ -157,6 +165,9 @@ func writeError(w http.ResponseWriter, info errorInfo, err error) {
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)+1))
 	h.Del("Content-Encoding")
+	if info.retryAfter {
+		h.Set("Retry-After", "1")
+	}
 	w.WriteHeader(info.status)
 	_, _ = w.Write(append(b, '\n'))
 }

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -51,14 +53,26 @@ var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 // http.Server and relies on the connection's local address to find the
 // rule, so it is not meant to be mounted elsewhere.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	ex := exchange{s: s, w: w, r: r, start: time.Now(), t: s.table.Load()}
+	ctx, release := r.Context(), func() {}
+	if !s.abortOnClose {
+		ctx, release = requestContext(ctx)
+	}
+	defer release()
+	ex := exchange{s: s, w: w, r: r, ctx: ctx, start: time.Now(), t: s.table.Load()}
 	ex.res.Endpoint = -1
+	defer func() { s.budget.release(ex.reserved) }()
 	ex.run()
 	ex.finish()
-	if ex.abort {
-		// The status line is gone; the only honest signal left for a
-		// failed relay is to cut the connection so the client sees a
-		// truncated body instead of a clean end.
+	if ex.abort || !ex.wrote {
+		// After a failed relay the status line is gone; the only honest
+		// signal left is to cut the connection so the client sees a
+		// truncated body instead of a clean end. Whatever was buffered is
+		// sent first, so the cut shows after the bytes that did arrive.
+		// A request that wrote nothing (its client is gone) is cut too:
+		// returning would make net/http send an empty 200.
+		if f, ok := w.(http.Flusher); ok && ex.wrote {
+			f.Flush()
+		}
 		panic(http.ErrAbortHandler)
 	}
 }
@@ -66,16 +80,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // exchange is one request's state, so the steps can be separate methods
 // without long parameter lists.
 type exchange struct {
-	s     *Server
-	t     *table
-	svc   *service
-	w     http.ResponseWriter
-	r     *http.Request
-	start time.Time
-	plan  Plan
-	res   Result
-	wrote bool // response headers were sent
-	abort bool // cut the client connection: the relay failed mid-body
+	s   *Server
+	t   *table
+	svc *service
+	w   http.ResponseWriter
+	r   *http.Request
+	// ctx is what upstream work runs under: it ends when the client
+	// connection is gone, not when the client only half-closed.
+	ctx      context.Context
+	reserved int64 // request body bytes held against Server.budget
+	start    time.Time
+	plan     Plan
+	res      Result
+	wrote    bool // response headers were sent
+	abort    bool // cut the client connection: the relay failed mid-body
 	// pendingErr is the error answer finish will send.
 	pendingErr *pendingError
 }
@@ -96,7 +114,7 @@ func (ex *exchange) run() {
 		ex.fail(fmt.Errorf("%w: service %d now requires TLS; reconnect", ErrUnavailable, ex.svc.cfg.ID))
 		return
 	}
-	body, err := readBody(ex.w, r, ex.t.cfg.MaxBodyBytes, ex.t.cfg.BodyReadTimeout)
+	body, err := ex.readBody()
 	ex.res.BytesIn = int64(len(body))
 	if err != nil {
 		// Whatever is left of the body must not be read as the next
@@ -114,9 +132,9 @@ func (ex *exchange) run() {
 		Body:       body,
 		ClientAddr: remoteAddrPort(r.RemoteAddr),
 	}
-	plan, err := ex.s.picker.Pick(r.Context(), req)
+	plan, err := ex.s.picker.Pick(ex.ctx, req)
 	if err != nil {
-		if r.Context().Err() != nil {
+		if ex.ctx.Err() != nil {
 			err = fmt.Errorf("%w: %w", ErrClientCanceled, err)
 		}
 		ex.fail(fmt.Errorf("pick endpoint: %w", err))
@@ -140,7 +158,7 @@ func (ex *exchange) run() {
 // dispatch hands the exchange to the plan's own flow (prefill/decode).
 func (ex *exchange) dispatch(req *Request) {
 	bytesIn := ex.res.BytesIn
-	res := ex.plan.Dispatch(ex.r.Context(), ex.w, req)
+	res := ex.plan.Dispatch(ex.ctx, ex.w, req)
 	res.BytesIn = bytesIn
 	if res.Status == 0 {
 		err := res.Err
@@ -192,15 +210,39 @@ func (ex *exchange) attempt(ep Endpoint, body []byte) (retryable bool, err error
 
 	resp, err := ex.svc.up.roundTrip(ex.outbound(ep, body), ep.Addr)
 	if err != nil {
-		if ex.r.Context().Err() != nil {
+		if ex.ctx.Err() != nil {
 			return false, fmt.Errorf("%w: waiting for endpoint %s: %w", ErrClientCanceled, ep.Addr, err)
 		}
 		wrapped, retryable := upstreamError(ep.Addr, err)
-		ex.s.m.upstreamErrs.WithLabelValues(ex.svc.label, strconv.Itoa(ep.Idx), string(classify(wrapped).class)).Inc()
+		ex.countUpstreamErr(ep, wrapped)
 		return retryable, wrapped
 	}
-	ex.relay(ep, resp)
-	return false, nil
+	return false, ex.relay(ep, resp)
+}
+
+// countUpstreamErr counts a failed attempt by class and, when a proxy
+// limit cut it, by that limit.
+func (ex *exchange) countUpstreamErr(ep Endpoint, err error) {
+	epl := strconv.Itoa(ep.Idx)
+	ex.s.m.upstreamErrs.WithLabelValues(ex.svc.label, epl, string(classify(err).class)).Inc()
+	var (
+		idle *idleError
+		dial *connectError
+	)
+	limit := ""
+	switch {
+	case errors.Is(err, ErrUpstreamHeaderTooLarge):
+		limit = "response_header_bytes"
+	case errors.As(err, &idle) && !idle.first:
+		limit = "stream_idle"
+	case errors.Is(err, ErrUpstreamTimeout) && !errors.As(err, &dial):
+		limit = "response_header_timeout"
+	default:
+		return
+	}
+	ex.s.m.upstreamLimit.WithLabelValues(ex.svc.label, epl, limit).Inc()
+	ex.s.rare.warn(limit, "proxy: endpoint response cut by a limit",
+		"service", ex.svc.cfg.ID, "ep", ep.Idx, "addr", ep.Addr, "err", err)
 }
 
 // outbound builds the endpoint request. The body is replayed from the
@@ -259,38 +301,32 @@ func (ex *exchange) outbound(ep Endpoint, body []byte) *http.Request {
 		},
 		Host: r.Host,
 	}
-	return out.WithContext(ex.r.Context())
+	return out.WithContext(ex.ctx)
 }
 
 // relay copies the endpoint's response to the client. SSE and
 // unknown-length bodies are flushed after every write so each token event
 // reaches the client as soon as the engine produced it; the usage tap sees
 // the same bytes without delaying them.
-func (ex *exchange) relay(ep Endpoint, resp *http.Response) {
+//
+// Other responses get their status line only with their first body byte:
+// an endpoint that fails before that still lets the client have a clean
+// error status. relay returns an error only in that case, when nothing
+// was sent.
+func (ex *exchange) relay(ep Endpoint, resp *http.Response) error {
 	defer resp.Body.Close()
-	h := ex.w.Header()
-	for k, vv := range resp.Header {
-		if IsRouteHeader(k) {
-			continue // the receipt is ours to give; an endpoint cannot forge one
-		}
-		h[k] = vv
-	}
-	removeHop(h)
 	streaming := isEventStream(resp.Header) || resp.ContentLength < 0
 	ex.res.Streamed = streaming
 	tap := usageTap{sse: isEventStream(resp.Header), limit: ex.t.cfg.UsageScanBytes}
 	scan := tap.sse || isJSON(resp.Header)
 	defer tap.release()
 
-	ex.w.WriteHeader(resp.StatusCode)
-	ex.wrote = true
-	ex.res.Status = resp.StatusCode
-
 	var flusher http.Flusher
 	if streaming {
 		flusher, _ = ex.w.(http.Flusher)
 		ex.svc.mx.streams.Inc()
 		defer ex.svc.mx.streams.Dec()
+		ex.commit(resp)
 		if flusher != nil {
 			flusher.Flush() // headers out now: the first token may be seconds away
 		}
@@ -301,6 +337,9 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) {
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
+			if !ex.wrote {
+				ex.commit(resp)
+			}
 			if fb := ex.plan.FirstByte; fb != nil {
 				ex.plan.FirstByte = nil
 				fb()
@@ -314,7 +353,7 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) {
 				ex.res.Class = ClassClientCanceled
 				ex.res.Err = fmt.Errorf("%w: write to client: %w", ErrClientCanceled, werr)
 				ex.res.Status = StatusClientClosed
-				return
+				return nil
 			}
 			if flusher != nil {
 				flusher.Flush()
@@ -324,26 +363,49 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) {
 			break
 		}
 		if rerr != nil {
-			if ex.r.Context().Err() != nil {
+			if ex.ctx.Err() != nil {
 				ex.res.Class = ClassClientCanceled
 				ex.res.Err = fmt.Errorf("%w: %w", ErrClientCanceled, rerr)
 				ex.res.Status = StatusClientClosed
-				return
+				return nil
 			}
 			wrapped, _ := upstreamError(ep.Addr, rerr)
+			ex.countUpstreamErr(ep, wrapped)
+			if !ex.wrote {
+				return fmt.Errorf("relay body: %w", wrapped)
+			}
 			info := classify(wrapped)
-			ex.s.m.upstreamErrs.WithLabelValues(ex.svc.label, strconv.Itoa(ep.Idx), string(info.class)).Inc()
 			ex.res.Class, ex.res.Err = info.class, fmt.Errorf("relay body: %w", wrapped)
 			ex.abort = true
-			return
+			return nil
 		}
 	}
+	if !ex.wrote {
+		ex.commit(resp) // an empty body
+	}
+	h := ex.w.Header()
 	for k, vv := range resp.Trailer {
 		h[http.TrailerPrefix+k] = vv
 	}
 	if scan {
 		tap.finish(&ex.res)
 	}
+	return nil
+}
+
+// commit sends the endpoint's status line and headers to the client.
+func (ex *exchange) commit(resp *http.Response) {
+	h := ex.w.Header()
+	for k, vv := range resp.Header {
+		if IsRouteHeader(k) {
+			continue // the receipt is ours to give; an endpoint cannot forge one
+		}
+		h[k] = vv
+	}
+	removeHop(h)
+	ex.w.WriteHeader(resp.StatusCode)
+	ex.wrote = true
+	ex.res.Status = resp.StatusCode
 }
 
 // fail records err and, if nothing was sent yet, answers with the status
@@ -424,51 +486,149 @@ type pendingError struct {
 	err  error
 }
 
-// readBody reads the whole body, bounded by limit, under a read deadline
-// that is lifted afterwards so streaming responses are not cut by it.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration) (_ []byte, err error) {
+// bodyChunk is the unit request bodies are read in. A body declared no
+// larger (nearly every chat request) takes exactly one allocation of its
+// declared length. Larger bodies, and bodies of unknown length, are read
+// into pooled chunks of this size as bytes actually arrive and copied into
+// one buffer of their real length at the end; so a client declaring 32 MiB
+// and sending one byte costs one chunk, not 32 MiB, and the chunks of
+// abandoned bodies are reused instead of becoming garbage of every size.
+const bodyChunk = 64 << 10
+
+var bodyChunkPool = sync.Pool{New: func() any { b := make([]byte, bodyChunk); return &b }}
+
+// readBody reads the whole body, bounded by MaxBodyBytes, under a read
+// deadline that is lifted afterwards so streaming responses are not cut
+// by it. The buffer's capacity is held against the server's body budget
+// until the request ends.
+func (ex *exchange) readBody() (_ []byte, err error) {
+	r, limit, timeout := ex.r, ex.t.cfg.MaxBodyBytes, ex.t.cfg.BodyReadTimeout
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
 	if r.ContentLength > limit {
 		return nil, fmt.Errorf("%w: content-length %d exceeds the %d byte limit", ErrBodyTooLarge, r.ContentLength, limit)
 	}
-	if timeout > 0 {
-		rc := http.NewResponseController(w)
-		if rc.SetReadDeadline(time.Now().Add(timeout)) == nil {
-			// Lifted only on success: after a failed read the server
-			// drains what is left of the body before answering, and an
-			// expired deadline is what keeps that drain from waiting
-			// on the slow client forever.
-			defer func() {
-				if err == nil {
-					_ = rc.SetReadDeadline(time.Time{})
-				}
-			}()
-		}
+	rc := http.NewResponseController(ex.w)
+	if timeout > 0 && rc.SetReadDeadline(time.Now().Add(timeout)) == nil {
+		// Lifted only on success: after a failed read the server
+		// drains what is left of the body before answering, and an
+		// expired deadline is what keeps that drain from waiting
+		// on the slow client forever.
+		defer func() {
+			if err == nil {
+				_ = rc.SetReadDeadline(time.Time{})
+			}
+		}()
 	}
-	var b []byte
-	if r.ContentLength > 0 {
-		b = make([]byte, r.ContentLength)
-		_, err = io.ReadFull(r.Body, b)
-	} else {
-		b, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
-		if err == nil && int64(len(b)) > limit {
-			return nil, fmt.Errorf("%w: body exceeds the %d byte limit", ErrBodyTooLarge, limit)
-		}
+	// want is the most the buffer can need: the declared length, or one
+	// byte past the limit, which tells an oversize body of unknown length.
+	want := limit + 1
+	if r.ContentLength >= 0 {
+		want = r.ContentLength
 	}
+	b, err := ex.fill(r.Body, want)
 	switch {
 	case err == nil:
+		if r.ContentLength < 0 && int64(len(b)) > limit {
+			return nil, fmt.Errorf("%w: body exceeds the %d byte limit", ErrBodyTooLarge, limit)
+		}
 		return b, nil
+	case errors.Is(err, ErrOverloaded):
+		// The rest of the body is not wanted: stop waiting for it, so the
+		// refusal goes out now and the connection closes.
+		_ = rc.SetReadDeadline(time.Unix(1, 0))
+		ex.s.m.connRejected.WithLabelValues("body_memory").Inc()
+		ex.s.rare.warn("body_memory", "proxy: request refused, request bodies in flight hold the whole body budget",
+			"max_inflight_body_bytes", ex.s.budget.max, "remote", r.RemoteAddr, "content_length", r.ContentLength)
+		return nil, err
 	case isTimeout(err):
 		// Checked first: the server also cancels the request context
 		// when the deadline fires, but this client is slow, not gone.
 		return nil, fmt.Errorf("%w: request body not received within %v: %w", ErrBadRequest, timeout, err)
-	case r.Context().Err() != nil:
+	case ex.ctx.Err() != nil:
 		return nil, fmt.Errorf("%w: reading request body: %w", ErrClientCanceled, err)
 	default:
 		return nil, fmt.Errorf("%w: reading request body: %w", ErrBadRequest, err)
 	}
+}
+
+// fill reads src until EOF or until want bytes are held, reserving every
+// buffer against the server's body budget before it is taken.
+func (ex *exchange) fill(src io.Reader, want int64) ([]byte, error) {
+	if want <= 0 {
+		return nil, nil
+	}
+	if want <= bodyChunk {
+		if err := ex.reserve(want); err != nil {
+			return nil, err
+		}
+		b := make([]byte, want)
+		n := 0
+		for n < len(b) {
+			m, err := src.Read(b[n:])
+			n += m
+			if err == io.EOF {
+				break // net/http says ErrUnexpectedEOF for a short declared body
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		return b[:n], nil
+	}
+	var chunks []*[]byte
+	defer func() {
+		for _, c := range chunks {
+			bodyChunkPool.Put(c)
+		}
+	}()
+	var total int64
+	last := 0 // bytes used in the last chunk
+	for total < want {
+		if len(chunks) == 0 || last == bodyChunk {
+			if err := ex.reserve(bodyChunk); err != nil {
+				return nil, err
+			}
+			chunks = append(chunks, bodyChunkPool.Get().(*[]byte))
+			last = 0
+		}
+		c := *chunks[len(chunks)-1]
+		n, err := src.Read(c[last:min(int64(bodyChunk), int64(last)+want-total)])
+		last += n
+		total += int64(n)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	// The chunks' reservation passes to the assembled body; the copy is
+	// transient and not counted.
+	b := make([]byte, 0, total)
+	for i, c := range chunks {
+		if i == len(chunks)-1 {
+			b = append(b, (*c)[:last]...)
+		} else {
+			b = append(b, *c...)
+		}
+	}
+	ex.unreserve(int64(len(chunks))*bodyChunk - total)
+	return b, nil
+}
+
+func (ex *exchange) reserve(n int64) error {
+	if !ex.s.budget.reserve(n) {
+		return fmt.Errorf("%w: request bodies in flight would exceed %d bytes; retry shortly", ErrOverloaded, ex.s.budget.max)
+	}
+	ex.reserved += n
+	return nil
+}
+
+func (ex *exchange) unreserve(n int64) {
+	ex.s.budget.release(n)
+	ex.reserved -= n
 }
 
 // removeHop deletes hop-by-hop headers, including those the Connection

@@ -20,6 +20,7 @@ type metrics struct {
 	failover      *prometheus.CounterVec   // service
 	bytes         *prometheus.CounterVec   // service, ep, direction
 	connRejected  *prometheus.CounterVec   // reason
+	upstreamLimit *prometheus.CounterVec   // service, ep, limit
 	usageSeen     *prometheus.CounterVec   // service, ep, cached (yes|no)
 }
 
@@ -52,8 +53,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"service", "ep", "direction"}),
 		connRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_proxy_conn_rejected_total",
-			Help: "Client connections or requests refused before routing, by reason (no_service: local address matches no rule).",
+			Help: "Client connections or requests refused before routing, by reason (no_service: local address matches no rule; conn_limit: the listener holds MaxConnsPerListener connections, closed at accept; body_memory: request bodies in flight hold MaxInflightBodyBytes, answered 503).",
 		}, []string{"reason"}),
+		upstreamLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_proxy_upstream_limit_total",
+			Help: "Endpoint responses cut by a proxy limit, by service, endpoint index and limit (response_header_bytes: 502; response_header_timeout: no headers or first body byte in time; stream_idle: no byte for StreamIdleTimeout mid-body).",
+		}, []string{"service", "ep", "limit"}),
 		usageSeen: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_ai_usage_reported_total",
 			Help: "Responses whose usage block was extracted, by service, endpoint and whether cached_tokens was present.",
@@ -62,7 +67,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.activeStreams, m.upstreamErrs, m.failover, m.bytes, m.connRejected, m.usageSeen} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.activeStreams, m.upstreamErrs, m.failover, m.bytes, m.connRejected, m.usageSeen, m.upstreamLimit} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {
@@ -85,6 +90,7 @@ func (m *metrics) forget(service string) {
 	m.failover.DeletePartialMatch(l)
 	m.bytes.DeletePartialMatch(l)
 	m.usageSeen.DeletePartialMatch(l)
+	m.upstreamLimit.DeletePartialMatch(l)
 }
 
 // svcMetrics caches one service's series handles, so the request path

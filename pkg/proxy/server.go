@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -30,6 +31,12 @@ type Server struct {
 	m      *metrics
 	srv    *http.Server
 	table  atomic.Pointer[table]
+	// budget and maxConns are fixed at New: they protect the process,
+	// not one rule.
+	budget       bodyBudget
+	maxConns     int
+	abortOnClose bool
+	rare         *rareLog
 
 	// inflight counts requests being relayed per (service, endpoint
 	// index). It lives outside the table so an Update that rebuilds a
@@ -107,6 +114,18 @@ func New(cfg Config, picker Picker, logger *slog.Logger, reg prometheus.Register
 		owned:  map[netip.AddrPort]*ownedListener{},
 		errc:   make(chan error, 1),
 		done:   make(chan struct{}),
+		budget: bodyBudget{max: cfg.MaxInflightBodyBytes},
+		rare:   newRareLog(logger, 10*time.Second),
+	}
+	s.maxConns, s.abortOnClose = cfg.MaxConnsPerListener, cfg.AbortOnClientClose
+	if reg != nil {
+		held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "loxilb_proxy_body_bytes_inflight",
+			Help: "Bytes the request body buffers of all requests in flight hold, against MaxInflightBodyBytes.",
+		}, func() float64 { return float64(s.budget.used.Load()) })
+		if err := reg.Register(held); err != nil {
+			return nil, fmt.Errorf("register proxy metrics: %w", err)
+		}
 	}
 	var protos http.Protocols
 	protos.SetHTTP1(true)
@@ -116,6 +135,7 @@ func New(cfg Config, picker Picker, logger *slog.Logger, reg prometheus.Register
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    1 << 20,
 		Protocols:         &protos,
+		ConnContext:       connContext,
 		// Client-side noise (TLS handshakes from scanners, resets) is
 		// debug material, not an operator alert.
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
@@ -199,7 +219,8 @@ func buildService(cfg Config, sc Service, old *table, m *metrics) (*service, err
 // bind failure leaves the old configuration in place) and listeners of
 // removed rules are closed.
 //
-// ReadHeaderTimeout, IdleTimeout and ShutdownGrace are fixed at New.
+// ReadHeaderTimeout, IdleTimeout, ShutdownGrace, MaxInflightBodyBytes and
+// MaxConnsPerListener and AbortOnClientClose are fixed at New.
 func (s *Server) Update(cfg Config) error {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -292,7 +313,7 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
 	}
 	s.mu.Unlock()
 	go func() {
-		err := s.srv.Serve(&demuxListener{Listener: ln, s: s})
+		err := s.srv.Serve(s.newDemux(ln))
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.fail(fmt.Errorf("serve %s: %w", ln.Addr(), err))
 		}
@@ -419,7 +440,7 @@ func (s *Server) bindMissingLocked(t *table) ([]*ownedListener, error) {
 func (s *Server) serveOwned(ol *ownedListener) {
 	s.logger.Info("proxy: listening", "addr", ol.ln.Addr().String())
 	go func() {
-		err := s.srv.Serve(&demuxListener{Listener: ol.ln, s: s})
+		err := s.srv.Serve(s.newDemux(ol.ln))
 		if err == nil || errors.Is(err, http.ErrServerClosed) || ol.removed.Load() {
 			return
 		}
@@ -473,9 +494,19 @@ func addrPortOf(a net.Addr) netip.AddrPort {
 // address and wraps it in TLS when the rule terminates TLS. tls.Server is
 // lazy (the handshake runs on first read, in the connection's goroutine),
 // so Accept never blocks on a slow client.
+//
+// It also enforces Config.MaxConnsPerListener: a connection beyond the cap
+// is closed at once, before any byte is read, so a flood of idle
+// connections costs the proxy a file descriptor for a moment rather than
+// a goroutine and buffers each.
 type demuxListener struct {
 	net.Listener
-	s *Server
+	s     *Server
+	slots connSlots
+}
+
+func (s *Server) newDemux(ln net.Listener) *demuxListener {
+	return &demuxListener{Listener: ln, s: s, slots: connSlots{max: int64(s.maxConns)}}
 }
 
 func (l *demuxListener) Accept() (net.Conn, error) {
@@ -491,9 +522,17 @@ func (l *demuxListener) Accept() (net.Conn, error) {
 			_ = c.Close()
 			continue
 		}
-		if svc.serverTLS != nil {
-			return tls.Server(c, svc.serverTLS), nil
+		if !l.slots.take() {
+			l.s.m.connRejected.WithLabelValues("conn_limit").Inc()
+			l.s.rare.warn("conn_limit", "proxy: connection refused, listener at its connection cap",
+				"listener", l.Listener.Addr().String(), "max_conns", l.slots.max, "remote", c.RemoteAddr().String())
+			_ = c.Close()
+			continue
 		}
-		return c, nil
+		tc := &trackedConn{Conn: c, slots: &l.slots}
+		if svc.serverTLS != nil {
+			return tls.Server(tc, svc.serverTLS), nil
+		}
+		return tc, nil
 	}
 }

@@ -30,6 +30,8 @@ type upstream struct {
 	dialer        net.Dialer
 	tlsConf       *tls.Config // nil for plain HTTP to endpoints
 	headerTimeout time.Duration
+	streamIdle    time.Duration
+	headerLimit   int64
 	idleTimeout   time.Duration
 	maxIdle       int
 
@@ -45,6 +47,8 @@ func newUpstream(cfg Config, tlsConf *tls.Config) *upstream {
 		dialer:        net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second},
 		tlsConf:       tlsConf,
 		headerTimeout: cfg.ResponseHeaderTimeout,
+		streamIdle:    cfg.StreamIdleTimeout,
+		headerLimit:   int64(cfg.MaxResponseHeaderBytes),
 		idleTimeout:   cfg.UpstreamIdleTimeout,
 		maxIdle:       cfg.MaxIdleConnsPerHost,
 		idle:          map[string][]*pconn{},
@@ -56,8 +60,9 @@ type pconn struct {
 	u        *upstream
 	addr     string
 	conn     net.Conn
-	raw      net.Conn // the TCP connection under TLS, for the liveness peek
-	br       *bufio.Reader
+	raw      net.Conn      // the TCP connection under TLS, for the liveness peek
+	lr       capReader     // conn, capped while response headers are read
+	br       *bufio.Reader // reads lr
 	bw       *bufio.Writer
 	idleAt   time.Time
 	reused   bool
@@ -87,6 +92,63 @@ func (pc *pconn) setReadDeadline(t time.Time) {
 	if !pc.cancelled {
 		_ = pc.conn.SetReadDeadline(t)
 	}
+}
+
+// ErrUpstreamHeaderTooLarge means an endpoint's response headers exceeded
+// Config.MaxResponseHeaderBytes. It wraps ErrUpstreamProtocol (502).
+var ErrUpstreamHeaderTooLarge = fmt.Errorf("%w: response headers too large", ErrUpstreamProtocol)
+
+// errHeaderCap is what the capped reader returns once the header budget is
+// spent; exchange turns it into ErrUpstreamHeaderTooLarge.
+var errHeaderCap = errors.New("response header byte limit reached")
+
+// capReader is the connection as the response parser sees it. While armed
+// it lets through at most left more bytes, so an endpoint that never ends
+// its header block (or sends interim responses forever) costs a bounded
+// buffer instead of growing the parser's line until memory runs out.
+type capReader struct {
+	conn  net.Conn
+	armed bool
+	left  int64
+}
+
+func (r *capReader) Read(p []byte) (int, error) {
+	if !r.armed {
+		return r.conn.Read(p)
+	}
+	if r.left <= 0 {
+		return 0, errHeaderCap
+	}
+	if int64(len(p)) > r.left {
+		p = p[:r.left]
+	}
+	n, err := r.conn.Read(p)
+	r.left -= int64(n)
+	return n, err
+}
+
+// idleError is a body read that hit the stream idle (or first-byte)
+// timeout. It unwraps to the deadline error, so it classifies as a
+// timeout.
+type idleError struct {
+	first bool // no body byte had arrived yet
+	after time.Duration
+	err   error
+}
+
+func (e *idleError) Error() string {
+	if e.first {
+		return fmt.Sprintf("no response body byte within %v: %v", e.after, e.err)
+	}
+	return fmt.Sprintf("response stalled: no byte for %v: %v", e.after, e.err)
+}
+
+func (e *idleError) Unwrap() error { return e.err }
+
+func (pc *pconn) wasCancelled() bool {
+	pc.dmu.Lock()
+	defer pc.dmu.Unlock()
+	return pc.cancelled
 }
 
 // connectError wraps a failure to obtain a connection (dial or TLS
@@ -191,14 +253,22 @@ func (u *upstream) dial(ctx context.Context, addr string) (*pconn, error) {
 		}
 		conn = tlsConn
 	}
-	return &pconn{
+	return u.newPconn(addr, conn, raw), nil
+}
+
+// newPconn wraps an established connection (raw is the TCP connection
+// under TLS, or conn itself).
+func (u *upstream) newPconn(addr string, conn, raw net.Conn) *pconn {
+	pc := &pconn{
 		u:    u,
 		addr: addr,
 		conn: conn,
 		raw:  raw,
-		br:   bufio.NewReaderSize(conn, 32<<10),
+		lr:   capReader{conn: conn},
 		bw:   bufio.NewWriterSize(conn, 32<<10),
-	}, nil
+	}
+	pc.br = bufio.NewReaderSize(&pc.lr, 32<<10)
+	return pc
 }
 
 // exchange writes req and reads the response headers. The request
@@ -217,10 +287,20 @@ func (pc *pconn) exchange(req *http.Request) (*http.Response, error) {
 		pc.setReadDeadline(time.Now().Add(pc.u.headerTimeout))
 	}
 	var resp *http.Response
+	if pc.u.headerLimit > 0 {
+		pc.lr.armed, pc.lr.left = true, pc.u.headerLimit
+	}
 	for {
 		r, err := http.ReadResponse(pc.br, req)
 		if err != nil {
+			if pc.lr.armed && pc.lr.left <= 0 {
+				return nil, fmt.Errorf("%w: endpoint sent more than %d bytes without ending its headers", ErrUpstreamHeaderTooLarge, pc.u.headerLimit)
+			}
 			return nil, err
+		}
+		if r.StatusCode < 100 {
+			// "000" parses; relayed, it would make WriteHeader panic.
+			return nil, fmt.Errorf("%w: endpoint sent status %03d", ErrUpstreamProtocol, r.StatusCode)
 		}
 		// Interim responses (100 Continue, 103 Early Hints) are not
 		// relayed; the final one follows on the same connection.
@@ -230,6 +310,7 @@ func (pc *pconn) exchange(req *http.Request) (*http.Response, error) {
 		resp = r
 		break
 	}
+	pc.lr.armed = false
 	if pc.u.headerTimeout > 0 {
 		pc.setReadDeadline(time.Time{})
 	}
@@ -248,6 +329,10 @@ func (pc *pconn) release() {
 		return
 	}
 	pc.stopCanc = nil
+	if pc.u.streamIdle > 0 || pc.u.headerTimeout > 0 {
+		// An expired deadline would fail the liveness probe before reuse.
+		_ = pc.conn.SetReadDeadline(time.Time{})
+	}
 	u := pc.u
 	u.mu.Lock()
 	if u.closed || len(u.idle[pc.addr]) >= u.maxIdle {
@@ -300,18 +385,39 @@ func (u *upstream) closeIdle(final bool) {
 
 // bodyReader returns the connection to the pool once the body was read
 // to its end, and closes it if the body is abandoned or broken.
+//
+// Every read is bounded: until the first body byte by the response header
+// timeout (an SSE stream's headers come at once, its first event only
+// after prefill), afterwards by the stream idle timeout, so an endpoint
+// that stalls mid-stream cannot hold the client and the connection
+// forever.
 type bodyReader struct {
 	rc       io.ReadCloser
 	pc       *pconn
 	reusable bool
 	done     bool
+	started  bool // a body byte arrived
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
 	if b.done {
 		return 0, io.EOF
 	}
+	u := b.pc.u
+	wait := u.streamIdle
+	if !b.started {
+		wait = u.headerTimeout
+	}
+	if wait > 0 {
+		b.pc.setReadDeadline(time.Now().Add(wait))
+	}
 	n, err := b.rc.Read(p)
+	if n > 0 {
+		b.started = true
+	}
+	if err != nil && err != io.EOF && wait > 0 && isTimeout(err) && !b.pc.wasCancelled() {
+		err = &idleError{first: !b.started, after: wait, err: err}
+	}
 	switch {
 	case err == io.EOF:
 		b.finish(b.reusable)

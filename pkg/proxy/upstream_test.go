@@ -114,6 +114,9 @@ func TestUpstreamPoolBounded(t *testing.T) {
 	}
 }
 
+// TestClientCancelWhileWaitingForEndpoint: with AbortOnClientClose, a
+// client that closes its connection (a FIN, as Go's client does on cancel)
+// frees the endpoint at once.
 func TestClientCancelWhileWaitingForEndpoint(t *testing.T) {
 	entered := make(chan struct{})
 	endpointSawCancel := make(chan struct{})
@@ -125,7 +128,7 @@ func TestClientCancelWhileWaitingForEndpoint(t *testing.T) {
 	}))
 	defer b.Close()
 	p := newStaticPicker(hostPort(b))
-	px := startProxy(t, "127.0.0.102", Config{}, Service{}, p)
+	px := startProxy(t, "127.0.0.102", Config{AbortOnClientClose: true}, Service{}, p)
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+px.addr+"/v1/completions", strings.NewReader(`{}`))
 	errc := make(chan error, 1)
