@@ -7,7 +7,6 @@ import (
 	"time"
 )
 
-
 // TestProxyLimitFlags: every proxy limit has a working default, and a
 // value that would disable it or could never work stops the daemon with
 // an error naming the flag.
