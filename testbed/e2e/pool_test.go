@@ -49,7 +49,7 @@ func newPool(t *testing.T, o poolOpts) *pool {
 		eps = append(eps, fmt.Sprintf(`{"endpointIP":%q,"targetPort":%d,"weight":1}`, host, port))
 	}
 	env := append([]string{"LLB_KV_NONE_HASH_SEED=" + seed}, o.env...)
-	p.d = daemontest.Start(t, bins, t.TempDir(), env, "--tokenizer-dir", tokenizerDir(), "--metrics")
+	p.d = daemontest.Start(t, bins, t.TempDir(), env, "--tokenizer-dir", tokenizerDir(), "--metrics", "--proxy-receipts", "on-request")
 	extra := ""
 	if o.ruleArgs != "" {
 		extra = "," + o.ruleArgs

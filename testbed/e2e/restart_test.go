@@ -42,7 +42,7 @@ func TestRestartAfterSubscribeAndReplay(t *testing.T) {
 		eps = append(eps, fmt.Sprintf(`{"endpointIP":%q,"targetPort":%d,"weight":1}`, host, port))
 	}
 	p.d = daemontest.Start(t, bins, t.TempDir(), []string{"LLB_KV_NONE_HASH_SEED=" + seed},
-		"--tokenizer-dir", tokenizerDir(), "--metrics")
+		"--tokenizer-dir", tokenizerDir(), "--metrics", "--proxy-receipts", "on-request")
 	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":"127.0.%d.1","port":28080,"protocol":"tcp","mode":4,"sel":0,
 		"kvExactMode":3,"kvEngineType":"vllm","kvZmqPort":%d,"kvDpRankCount":1,"kvBlockSize":16,"model_name":%q},"endpoints":[%s]}`,
 		octet, zmqPort, model, strings.Join(eps, ","))

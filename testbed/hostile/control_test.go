@@ -201,8 +201,10 @@ func TestControlSlowBodies(t *testing.T) {
 	if code, _ := apiDo(t, d, http.MethodGet, "/config/loadbalancer/all", ""); code != http.StatusOK {
 		t.Fatalf("list: %d", code)
 	}
-	if el := time.Since(t0); el > time.Second {
-		t.Fatalf("second client took %v under the attack", el)
+	// Served before the read timeout cuts the slow ones: they do not
+	// hold it up.
+	if el := time.Since(t0); el >= 2*time.Second {
+		t.Fatalf("second client took %v under the attack, not served before the slow bodies were cut", el)
 	}
 	requireAlive(t, d)
 	// Every slow connection is answered 408 and closed near the timeout.
@@ -272,8 +274,10 @@ func TestControlSlowHeaders(t *testing.T) {
 	if code, _ := apiDo(t, d, http.MethodGet, "/config/loadbalancer/all", ""); code != http.StatusOK {
 		t.Fatalf("list: %d", code)
 	}
-	if el := time.Since(t0); el > time.Second {
-		t.Fatalf("second client took %v under the attack", el)
+	// Served before the read timeout cuts the slow ones: they do not
+	// hold it up.
+	if el := time.Since(t0); el >= 2*time.Second {
+		t.Fatalf("second client took %v under the attack, not served before the slow bodies were cut", el)
 	}
 	for i, c := range conns {
 		_ = c.SetReadDeadline(start.Add(6 * time.Second))

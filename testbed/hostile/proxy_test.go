@@ -145,8 +145,9 @@ func TestProxyEndlessResponseHeader(t *testing.T) {
 		t.Errorf("response_header_bytes = %v, want %d", got, clients)
 	}
 	requireAlive(t, d)
-	// 20 × 1 MiB of header plus read buffers.
-	requireRSSBelow(t, d, base>>10+32)
+	// 20 × 1 MiB of header plus read buffers and the garbage collector's
+	// slack; unbounded, each endpoint would push 256 MiB.
+	requireRSSBelow(t, d, base>>10+96)
 	t.Logf("RSS idle %d KiB, after %d endless headers %d KiB", base, clients, rssKiB(t, d.PID()))
 }
 
