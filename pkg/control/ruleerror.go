@@ -1,7 +1,5 @@
 package control
 
-
-
 // RuleError is a stage's report that one rule could not be put into effect.
 // A reconciler that returns RuleErrors (joined with errors.Join) has still
 // applied every other rule of the same call: one bad rule never holds the
