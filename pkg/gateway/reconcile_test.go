@@ -71,4 +71,3 @@ func TestReconcileHeldPortIsOneRulesFailure(t *testing.T) {
 		t.Fatalf("reconcile after the port freed: %v", err)
 	}
 }
-
