@@ -24,9 +24,9 @@ var (
 // Reason codes of errors that carry no lbrule.RuleError; stable and
 // documented in openapi.json.
 const (
-	ReasonVIPPortInUse     = "VIP_PORT_IN_USE"
-	ReasonVIPNotLocal      = "VIP_NOT_LOCAL"
-	ReasonListenPermission = "LISTEN_PERMISSION_DENIED"
+	ReasonVIPPortInUse     = proxy.ReasonVIPPortInUse
+	ReasonVIPNotLocal      = proxy.ReasonVIPNotLocal
+	ReasonListenPermission = proxy.ReasonListenPermission
 	ReasonBodyTooLarge     = "API_BODY_TOO_LARGE"
 	ReasonBodyTimeout      = "API_BODY_TIMEOUT"
 	reasonNone             = ""
@@ -78,6 +78,11 @@ func errorBody(err error) ErrorBody {
 		if re.Reason != "" {
 			b.ReasonCode = re.Reason
 		}
+	}
+	var ce *control.RuleError
+	if b.ReasonCode == "" && errors.As(err, &ce) {
+		// A stage's report on the rule (EBPF_RULE_NOT_INSTALLED, ...).
+		b.ReasonCode = ce.Reason
 	}
 	return b
 }

@@ -38,6 +38,16 @@ type Rules interface {
 	Get(id uint32) (control.Service, bool)
 }
 
+// Settings persists the server's own switches across restarts (the rule
+// store). Setting returns nil when name was never stored.
+type Settings interface {
+	Setting(name string) ([]byte, error)
+	PutSetting(name string, value []byte) error
+}
+
+// SettingMetrics is the stored state of the metrics export switch.
+const SettingMetrics = "metrics_enabled"
+
 // CapabilitySource lists capability entries; it must be cheap and never fail.
 type CapabilitySource func() []Capability
 
@@ -127,6 +137,8 @@ type Deps struct {
 	// unregistered.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+	// Settings keeps the metrics switch across restarts; nil forgets it.
+	Settings Settings
 }
 
 // Server is the management REST server.
@@ -167,6 +179,15 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s := &Server{cfg: cfg, deps: deps, engine: gin.New(), m: m,
 		rlog: &rateLog{logger: deps.Logger, last: map[string]time.Time{}, quiet: map[string]int{}}}
 	s.metrics.Store(cfg.MetricsEnabled)
+	if deps.Settings != nil && !cfg.MetricsEnabled {
+		// The last POST or DELETE /config/metrics survives a restart;
+		// --metrics turns the export on whatever was stored.
+		v, err := deps.Settings.Setting(SettingMetrics)
+		if err != nil {
+			return nil, fmt.Errorf("api: read the stored metrics switch: %w", err)
+		}
+		s.metrics.Store(string(v) == "on")
+	}
 	s.routes()
 	return s, nil
 }
@@ -351,6 +372,7 @@ func (s *Server) listLB(c *gin.Context) {
 	for _, svc := range s.deps.Rules.List() {
 		r := svc.Rule.Clone()
 		r.ServiceID = svc.ID
+		r.Status = ruleStatus(svc.Status)
 		if s.deps.States != nil {
 			for i := range r.Endpoints {
 				r.Endpoints[i].State = s.deps.States(svc.ID, i)
@@ -359,6 +381,18 @@ func (s *Server) listLB(c *gin.Context) {
 		out.LBAttr = append(out.LBAttr, *r)
 	}
 	c.JSON(http.StatusOK, out)
+}
+
+// ruleStatus renders a rule's status for read-back.
+func ruleStatus(st control.RuleStatus) *lbrule.Status {
+	if st.State == "" {
+		return nil
+	}
+	out := &lbrule.Status{State: st.State, ReasonCode: st.Reason, Reason: st.Message, Attempts: st.Attempts}
+	if !st.NextRetry.IsZero() {
+		out.NextRetry = st.NextRetry.UTC().Format(time.RFC3339Nano)
+	}
+	return out
 }
 
 func (s *Server) deleteLB(c *gin.Context) {
@@ -417,6 +451,16 @@ func (s *Server) metricsState(c *gin.Context) {
 
 func (s *Server) metricsSet(on bool) gin.HandlerFunc {
 	return func(c *gin.Context) {
+		if s.deps.Settings != nil {
+			v := "off"
+			if on {
+				v = "on"
+			}
+			if err := s.deps.Settings.PutSetting(SettingMetrics, []byte(v)); err != nil {
+				s.fail(c, fmt.Errorf("store the metrics switch: %w", err))
+				return
+			}
+		}
 		s.metrics.Store(on)
 		s.deps.Logger.Info("metrics export", "enabled", on)
 		c.JSON(http.StatusOK, MetricsState{Enabled: on})

@@ -272,3 +272,49 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 		t.Errorf("OpenAPI has %d paths, router %d", len(doc.Paths), len(routes))
 	}
 }
+
+// TestMetricsSwitchSurvivesRestart: the metrics switch is kept in the
+// settings store and restored by the next server over the same store.
+func TestMetricsSwitchSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	var st *store.Bolt
+	serve := func() *httptest.Server {
+		if st != nil {
+			st.Close()
+		}
+		var err error
+		st, err = store.OpenBolt(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := api.New(api.Config{}, api.Deps{Rules: control.New(st, func(string) (string, bool) { return "", false }, nil),
+			Gatherer: prometheus.NewRegistry(), Settings: st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := httptest.NewServer(srv.Handler())
+		t.Cleanup(ts.Close)
+		return ts
+	}
+	t.Cleanup(func() { st.Close() })
+	ts := serve()
+	if code, _ := do(t, ts, "GET", "/metrics", ""); code != 503 {
+		t.Fatalf("metrics before enabling: %d", code)
+	}
+	if code, _ := do(t, ts, "POST", "/config/metrics", ""); code != 200 {
+		t.Fatalf("enable: %d", code)
+	}
+	ts.Close()
+	ts = serve()
+	if code, m := do(t, ts, "GET", "/config/metrics", ""); code != 200 || m["enabled"] != true {
+		t.Fatalf("after restart: %d %v", code, m)
+	}
+	if code, _ := do(t, ts, "DELETE", "/config/metrics", ""); code != 200 {
+		t.Fatalf("disable: %d", code)
+	}
+	ts.Close()
+	ts = serve()
+	if code, m := do(t, ts, "GET", "/config/metrics", ""); code != 200 || m["enabled"] != false {
+		t.Fatalf("after the second restart: %d %v", code, m)
+	}
+}

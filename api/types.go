@@ -35,6 +35,9 @@ type Capability struct {
 	Ready      bool   `json:"ready"`
 	ReasonCode string `json:"reason_code,omitempty"`
 	Reason     string `json:"reason,omitempty"`
+	// Counts is set on the "rules" entry: rules by status (applied,
+	// degraded, failed).
+	Counts map[string]int `json:"counts,omitempty"`
 }
 
 // Capabilities is the body of GET /status/capabilities.

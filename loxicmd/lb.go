@@ -309,9 +309,21 @@ func printLBTable(g *globalOpts, list api.LBList) {
 	w.Flush()
 }
 
+// statusCol is the RULE STATUS column: the state, with the reason code
+// when the rule is not applied.
+func statusCol(st *lbrule.Status) string {
+	switch {
+	case st == nil:
+		return "-"
+	case st.ReasonCode == "":
+		return st.State
+	}
+	return st.State + ":" + st.ReasonCode
+}
+
 func printLBWide(g *globalOpts, list api.LBList) {
 	w := tabwriter.NewWriter(g.out, 0, 2, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tEXT IP\tPORT\tPROTO\tNAME\tSEL\tMODE\tEP IDX\tENDPOINT\tEPORT\tWEIGHT\tROLE\tSTATE")
+	fmt.Fprintln(w, "ID\tEXT IP\tPORT\tPROTO\tNAME\tSEL\tMODE\tRULE STATUS\tEP IDX\tENDPOINT\tEPORT\tWEIGHT\tROLE\tSTATE")
 	for _, r := range list.LBAttr {
 		s := r.Service
 		for i, ep := range r.Endpoints {
@@ -319,8 +331,8 @@ func printLBWide(g *globalOpts, list api.LBList) {
 			if st == "" {
 				st = "-"
 			}
-			fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\t%s\n", r.ServiceID, s.ExternalIP, s.Port, s.Protocol, s.Name,
-				lbrule.SelName(s.Sel), modeCol(s), i, ep.IP, ep.Port, ep.Weight, lbrule.RoleName(ep.Role), st)
+			fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\t%s\n", r.ServiceID, s.ExternalIP, s.Port, s.Protocol, s.Name,
+				lbrule.SelName(s.Sel), modeCol(s), statusCol(r.Status), i, ep.IP, ep.Port, ep.Weight, lbrule.RoleName(ep.Role), st)
 		}
 	}
 	w.Flush()

@@ -144,6 +144,9 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	gw.SetProxy(px)
 
 	ctl := control.New(st, lbrule.LookupEnv(env), logger)
+	if err := ctl.RegisterMetrics(reg); err != nil {
+		return err
+	}
 	ctl.AddReconciler(&gateway.HealthReconciler{Prober: prober})
 	kernel, err := openDataplane(cfg, ctl, prober, logger, reg)
 	if err != nil {
@@ -160,10 +163,12 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	caps.add(func() []api.Capability { return []api.Capability{dpCap} })
 	caps.add(func() []api.Capability { return tokenizerCaps(tokens) })
 	caps.add(func() []api.Capability { return parityCaps(events) })
+	caps.add(func() []api.Capability { return []api.Capability{ruleCaps(ctl.List())} })
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	runners := []runner{{"kvindex", index.Run}, {"kvevents", events.Run}, {"health", prober.Run}, {"engine-metrics", scraper.Run}, {"proxy", px.Serve}}
+	runners := []runner{{"kvindex", index.Run}, {"kvevents", events.Run}, {"health", prober.Run}, {"engine-metrics", scraper.Run}, {"proxy", px.Serve},
+		{"rule-retry", ctl.Run}}
 	if steered != nil {
 		runners = append(runners, runner{"proxy-steered", func(ctx context.Context) error { return px.ServeListener(ctx, steered) }})
 	}
@@ -191,9 +196,19 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		}
 	}()
 
+	// Rules are loaded once the proxy manages its listeners, so each
+	// mode-4 rule's listen failure is reported (and retried) as its own.
+	select {
+	case <-px.Listening():
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		return nil
+	}
 	if err := ctl.Load(ctx); err != nil {
-		// Rules that cannot be applied are reported, never dropped from the
-		// store; the daemon keeps serving the others and the API.
+		// Rules that cannot be applied are reported, listed with their
+		// status and retried, never dropped from the store; the daemon
+		// serves the others and the API.
 		logger.Error("some stored rules were not applied", "err", err)
 	}
 	// What the pinned maps still hold from a previous run and the store did
@@ -205,7 +220,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	}
 
 	srv, err := api.New(apiCfg,
-		api.Deps{Rules: ctl, Capabilities: caps.list, Gatherer: reg, Registerer: reg, Logger: logger,
+		api.Deps{Rules: ctl, Capabilities: caps.list, Gatherer: reg, Registerer: reg, Logger: logger, Settings: st,
 			KV:     inspector{index: index, events: events},
 			States: gateway.EndpointState(prober, ctl.Get)})
 	if err != nil {
@@ -367,6 +382,31 @@ func tokenizerCaps(r *tokenizer.Registry) []api.Capability {
 		out = append(out, c)
 	}
 	return out
+}
+
+// ruleCaps is the "rules" capability: how many rules are applied,
+// degraded and failed, and which are not applied.
+func ruleCaps(list []control.Service) api.Capability {
+	c := api.Capability{Name: "rules", Ready: true,
+		Counts: map[string]int{control.StateApplied: 0, control.StateDegraded: 0, control.StateFailed: 0}}
+	var bad []string
+	for _, s := range list {
+		c.Counts[s.Status.State]++
+		if s.Status.State != control.StateApplied && len(bad) < 8 {
+			bad = append(bad, fmt.Sprintf("rule %d (%s) %s %s", s.ID, s.Rule.Key(), s.Status.State, s.Status.Reason))
+		}
+	}
+	c.Reason = fmt.Sprintf("%d applied, %d degraded, %d failed", c.Counts[control.StateApplied], c.Counts[control.StateDegraded], c.Counts[control.StateFailed])
+	switch {
+	case c.Counts[control.StateFailed] > 0:
+		c.Ready, c.ReasonCode = false, "rules_failed"
+	case c.Counts[control.StateDegraded] > 0:
+		c.Ready, c.ReasonCode = false, "rules_degraded"
+	}
+	if len(bad) > 0 {
+		c.Reason += ": " + strings.Join(bad, "; ")
+	}
+	return c
 }
 
 func parityCaps(m *kvevents.Manager) []api.Capability {

@@ -128,6 +128,21 @@ type Rule struct {
 	ServiceID uint32      `json:"serviceID,omitempty"`
 	Service   ServiceArgs `json:"serviceArguments"`
 	Endpoints []Endpoint  `json:"endpoints"`
+	// Status is read-back only, like ServiceID: whether the rule is in
+	// effect. Ignored on input.
+	Status *Status `json:"ruleStatus,omitempty"`
+}
+
+// Status is a rule's state as the daemon reports it: applied, degraded
+// (serving without a side stage: KV events, health probes) or failed (not
+// serving: a stage could not apply it, or the stored rule is invalid or a
+// duplicate), with a stable reason code.
+type Status struct {
+	State      string `json:"state"`
+	ReasonCode string `json:"reason_code,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	Attempts   int    `json:"attempts,omitempty"`   // failed apply attempts in a row
+	NextRetry  string `json:"next_retry,omitempty"` // RFC 3339; absent when not retried
 }
 
 // Key identifies a rule the way loxilb does: VIP, port, protocol and mark.

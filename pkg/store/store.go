@@ -68,8 +68,11 @@ func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
 var (
 	bucketRules = []byte("rules")
 	bucketMeta  = []byte("meta")
-	keyNextID   = []byte("next_id")
-	keyVersion  = []byte("schema_version")
+	// bucketSettings holds the daemon's own switches (the metrics
+	// export), by name.
+	bucketSettings = []byte("settings")
+	keyNextID      = []byte("next_id")
+	keyVersion     = []byte("schema_version")
 )
 
 const schemaVersion = 1
@@ -206,6 +209,9 @@ func (b *Bolt) init() error {
 		if _, err := tx.CreateBucketIfNotExists(bucketRules); err != nil {
 			return err
 		}
+		if _, err := tx.CreateBucketIfNotExists(bucketSettings); err != nil {
+			return err
+		}
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
 			return err
@@ -281,6 +287,32 @@ func (b *Bolt) NextID() (uint32, error) {
 		return meta.Put(keyNextID, be32(id+1))
 	})
 	return id, err
+}
+
+// MaxSettingBytes bounds one stored setting.
+const MaxSettingBytes = 4096
+
+// Setting returns the stored value of a daemon setting, nil when it was
+// never stored.
+func (b *Bolt) Setting(name string) ([]byte, error) {
+	var out []byte
+	err := b.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketSettings).Get([]byte(name)); v != nil {
+			out = append([]byte{}, v...)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// PutSetting stores a daemon setting durably.
+func (b *Bolt) PutSetting(name string, value []byte) error {
+	if name == "" || len(value) > MaxSettingBytes {
+		return fmt.Errorf("store: setting %q of %d bytes: want a name and at most %d bytes", name, len(value), MaxSettingBytes)
+	}
+	return b.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSettings).Put([]byte(name), value)
+	})
 }
 
 // Close implements Store.

@@ -84,3 +84,31 @@ func TestBoltCorruptRecord(t *testing.T) {
 		t.Fatalf("want ErrCorrupt naming the record, got %v", err)
 	}
 }
+
+// TestSettingsSurviveReopen: a stored setting is read back after the
+// store is closed and opened again, as across a daemon restart.
+func TestSettingsSurviveReopen(t *testing.T) {
+	dir := t.TempDir()
+	b, err := OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := b.Setting("metrics_enabled"); err != nil || v != nil {
+		t.Fatalf("unset setting: %q %v", v, err)
+	}
+	if err := b.PutSetting("metrics_enabled", []byte("on")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.PutSetting("", []byte("x")); err == nil {
+		t.Fatal("empty setting name accepted")
+	}
+	b.Close()
+	b, err = OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if v, err := b.Setting("metrics_enabled"); err != nil || string(v) != "on" {
+		t.Fatalf("after reopen: %q %v", v, err)
+	}
+}
