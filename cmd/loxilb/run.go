@@ -144,6 +144,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	gw.SetProxy(px)
 
 	ctl := control.New(st, lbrule.LookupEnv(env), logger)
+	reg.MustRegister(control.ServiceInfoCollector(ctl))
 	ctl.AddReconciler(&gateway.HealthReconciler{Prober: prober})
 	kernel, err := openDataplane(cfg, ctl, prober, logger, reg)
 	if err != nil {

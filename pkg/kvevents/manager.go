@@ -53,7 +53,8 @@ const DefaultReplayPortOffset = 1000
 type Spec struct {
 	// Service is the rule number (service_id in the API).
 	Service uint32
-	// ServiceName labels metrics; the decimal Service is used when empty.
+	// ServiceName is the rule name, shown in logs and parity reports (metrics
+	// use the decimal Service so they join with every other stage's).
 	ServiceName string
 	// EPIdx is the endpoint's index in the rule (ep_idx in the API).
 	EPIdx int
@@ -104,10 +105,10 @@ func (s Spec) algo() blockhash.Algo {
 	}
 }
 
+// serviceLabel is the metric label of the subscription's service: the
+// numeric rule id, as on every other per-service metric, so dashboards can
+// join them (loxilb_service_info maps it to the rule name).
 func (s Spec) serviceLabel() string {
-	if s.ServiceName != "" {
-		return s.ServiceName
-	}
 	return strconv.FormatUint(uint64(s.Service), 10)
 }
 

@@ -57,7 +57,7 @@ func TestForgedPublisherQuarantined(t *testing.T) {
 	cfg := fastConfig()
 	cfg.QuarantineVerifyBlocks = 4
 	h := startManager(t, cfg, spec)
-	l := map[string]string{"service": "svc7", "ep": "2"}
+	l := map[string]string{"service": "7", "ep_idx": "2"}
 
 	good, goodKeys := tokenBatch(t, spec, 1000, 2, false)
 	p.handshake(h, 7, 2, 0, 0, good)
@@ -92,7 +92,7 @@ func TestForgedPublisherQuarantined(t *testing.T) {
 	if !h.status(7, 2).Parity.Quarantine.Quarantined || len(h.sink.keys(7, 2, -1)) != 0 {
 		t.Fatalf("after 3 verified, 1 forged, 3 verified: %+v, inventory %v", h.status(7, 2).Parity, h.sink.keys(7, 2, -1))
 	}
-	if h.metric("loxilb_kv_events_skipped_total", map[string]string{"service": "svc7", "ep": "2", "reason": skipQuarantined}) != 4 {
+	if h.metric("loxilb_kv_events_skipped_total", map[string]string{"service": "7", "ep_idx": "2", "reason": skipQuarantined}) != 4 {
 		t.Fatal("quarantined events not counted as skipped")
 	}
 
