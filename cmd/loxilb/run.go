@@ -39,6 +39,9 @@ type runner struct {
 }
 
 func run(ctx context.Context, args []string, env func(string) (string, bool)) error {
+	if len(args) > 0 && args[0] == "cleanup" {
+		return cleanup(args[1:], os.Stdout, os.Stderr)
+	}
 	cfg, err := parseFlags(args, env, os.Stderr)
 	if err != nil {
 		return err
