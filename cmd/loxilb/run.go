@@ -94,7 +94,9 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
-	rt, err := router.New(rcfg, index, logger, reg)
+	// The zero-hit watchdog reads the event plane's parity verdicts to tell
+	// uncached prompts from a hash mismatch.
+	rt, err := router.New(rcfg, index, logger, reg, router.WithAttestation(events))
 	if err != nil {
 		return err
 	}

@@ -442,6 +442,19 @@ func (m *Manager) Status(service uint32, ep int) (EndpointStatus, bool) {
 	return s.status(), true
 }
 
+// ParityOK reports whether the endpoint's parity verdict is ok and it is
+// not quarantined: the keys its engine publishes were recomputed from the
+// events' tokens and found equal to the gateway's. False when no
+// subscription exists for (service, ep). It satisfies router.Attestation,
+// so the zero-hit watchdog can tell prompts that were not cached from a
+// probable hash mismatch.
+func (m *Manager) ParityOK(service uint32, ep int) bool {
+	m.mu.Lock()
+	s, ok := m.subs[subKey{service, ep}]
+	m.mu.Unlock()
+	return ok && s.parity.status().Verdict == VerdictOK && !s.quar.active()
+}
+
 // Statuses reports every subscription, ordered by service then endpoint.
 func (m *Manager) Statuses() []EndpointStatus {
 	m.mu.Lock()

@@ -64,6 +64,9 @@ func TestForgedPublisherQuarantined(t *testing.T) {
 	if got := h.sink.keys(7, 2, -1); !slices.Equal(got, sorted(goodKeys...)) {
 		t.Fatalf("inventory = %v, want %v", got, goodKeys)
 	}
+	if !h.m.ParityOK(7, 2) || h.m.ParityOK(7, 3) {
+		t.Fatalf("ParityOK(7,2)=%v (verdict %s), ParityOK of an unknown endpoint=%v", h.m.ParityOK(7, 2), h.status(7, 2).Parity.Verdict, h.m.ParityOK(7, 3))
+	}
 
 	forged, _ := tokenBatch(t, spec, 5000, 2, true)
 	p.send(1, forged)
@@ -74,6 +77,9 @@ func TestForgedPublisherQuarantined(t *testing.T) {
 	st := h.status(7, 2)
 	if !st.Parity.Quarantine.Quarantined || st.Parity.Verdict != VerdictHashMismatch || st.Parity.Quarantine.Entered != 1 {
 		t.Fatalf("parity = %+v", st.Parity)
+	}
+	if h.m.ParityOK(7, 2) {
+		t.Fatal("ParityOK while quarantined with a hash mismatch")
 	}
 	if rep := h.m.Parity(); len(rep) != 1 || !rep[0].Quarantined || rep[0].QuarantineReason == "" {
 		t.Fatalf("parity report = %+v", rep)
@@ -105,6 +111,9 @@ func TestForgedPublisherQuarantined(t *testing.T) {
 	waitFor(t, "stored after lift", func() bool { return slices.Equal(h.sink.keys(7, 2, -1), sorted(keys...)) })
 	if st := h.status(7, 2); st.Parity.Quarantine.Quarantined || st.Parity.Verdict != VerdictOK {
 		t.Fatalf("parity after lift = %+v", st.Parity)
+	}
+	if !h.m.ParityOK(7, 2) {
+		t.Fatal("ParityOK false after the quarantine lifted")
 	}
 }
 
