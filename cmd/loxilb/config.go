@@ -41,6 +41,7 @@ type config struct {
 	tokMaxTokens   int
 	tokConcurrency int
 	proxyLimits    proxyLimits
+	resilience     resilience
 	scrapeInterval time.Duration
 	logLevel       slog.Level
 	logJSON        bool
@@ -98,6 +99,7 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	fs.IntVar(&c.tokMaxTokens, "tokenize-max-tokens", 0, "most prompt tokens per request (1..16777216; 400 beyond); 0: the model's context length from its staged config.json or tokenizer_config.json, else 262144")
 	fs.IntVar(&c.tokConcurrency, "tokenize-concurrency", 0, "requests tokenized at once; the others wait while their client does (1..1024; 0: one per CPU, GOMAXPROCS)")
 	c.proxyLimits.register(fs)
+	c.resilience.register(fs, env)
 	fs.DurationVar(&c.scrapeInterval, "engine-metrics-interval", time.Second, "how often mode-4 endpoints' /metrics are read for load-aware routing")
 	fs.BoolVar(&c.metrics, "metrics", false, "enable the Prometheus export at start (otherwise POST /netlox/v1/config/metrics)")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
@@ -235,6 +237,8 @@ func (c *config) proxyConfig() proxy.Config {
 		MaxInflightBodyBytes:   l.maxInflightBody,
 		MaxConnsPerListener:    l.maxConns,
 		AbortOnClientClose:     l.abortOnClientClose,
+		MaxRetries:             c.resilience.proxyRetries(),
+		ShutdownGrace:          max(c.resilience.drainTimeout, time.Nanosecond), // 0 is the proxy's default
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/pkg/store"
@@ -113,7 +114,15 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
-	gw, err := gateway.New(gateway.Config{Seed: seed, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
+	ocfg, err := cfg.resilience.outlierConfig(getenv)
+	if err != nil {
+		return err
+	}
+	outliers, err := outlier.New(ocfg, logger, reg)
+	if err != nil {
+		return err
+	}
+	gw, err := gateway.New(gateway.Config{Seed: seed, Outliers: outliers, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
 		Receipts: cfg.receipts, Proxy: cfg.proxyConfig(), CoalesceWait: coalesceWait,
 		PrefillSlots: prefillSlots, PrefillQueueWait: prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
