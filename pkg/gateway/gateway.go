@@ -109,6 +109,9 @@ type Config struct {
 	// (--tokenize-concurrency); the others wait, for as long as their
 	// client does. 0 means GOMAXPROCS.
 	TokenizeConcurrency int
+	// Outliers, when not nil, is passive health checking: attempts are
+	// reported to it and the endpoints it ejected are left out.
+	Outliers Outliers
 }
 
 // Defaults of the request bounds.
@@ -338,6 +341,9 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 			g.router.Forget(id)
 			g.m.forget(old[id].label)
 			g.leaders.forget(id)
+			if g.cfg.Outliers != nil {
+				g.cfg.Outliers.Forget(id)
+			}
 		}
 	}
 	return errors.Join(errs...)

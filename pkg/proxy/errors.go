@@ -12,6 +12,8 @@ import (
 	"net/netip"
 	"strconv"
 	"syscall"
+
+	"github.com/loxilb-llm/loxilb/pkg/outlier"
 )
 
 // Sentinel errors. Callers (and the Picker) wrap them with fmt.Errorf("%w")
@@ -143,6 +145,17 @@ func classify(err error) errorInfo {
 	}
 }
 
+// outcomeOf is what a failed attempt says about its endpoint, from the
+// class classify gives its error: failing to reach it or to get an answer
+// from it is a gateway failure; the client leaving says nothing.
+func outcomeOf(err error) outlier.Outcome {
+	switch classify(err).class {
+	case ClassConnect, ClassTLS, ClassTimeout, ClassProtocol:
+		return outlier.GatewayFailure
+	}
+	return outlier.Ignore
+}
+
 // StatusFor returns the HTTP status the proxy answers for err. It is the
 // exported face of the single mapping function, for tests and callers that
 // need to predict the proxy's answer.
@@ -151,7 +164,8 @@ func StatusFor(err error) int { return classify(err).status }
 // upstreamError classifies a transport error from one attempt against the
 // endpoint at addr and wraps it with the matching sentinel. retryable is
 // true when the request cannot have reached the endpoint's application
-// (dial or TLS handshake failed), so another candidate may be tried.
+// (dial or TLS handshake failed, or the connection broke before the whole
+// request was written), so another candidate may be tried.
 func upstreamError(addr string, err error) (wrapped error, retryable bool) {
 	var (
 		opErr   *net.OpError
@@ -173,6 +187,11 @@ func upstreamError(addr string, err error) (wrapped error, retryable bool) {
 		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamTimeout, addr, err), dial
 	case dial:
 		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamConnect, addr, err), true
+	case errors.Is(err, errWriteFailed):
+		// The connection broke before the whole request was written: the
+		// endpoint cannot have started it (a request is only run once its
+		// body is complete), so another endpoint may take it.
+		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamProtocol, addr, err), true
 	default:
 		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamProtocol, addr, err), false
 	}

@@ -831,11 +831,11 @@ func TestMetricNamesAndLabels(t *testing.T) {
 		}
 	}
 	want := map[string]string{
-		"loxilb_ai_requests_total":            "ep=1,service=5,status=200",
+		"loxilb_ai_requests_total":            "ep_idx=1,service=5,status=200",
 		"loxilb_ai_request_duration_seconds":  "service=5",
-		"loxilb_ai_upstream_errors_total":     "class=connect,ep=0,service=5",
+		"loxilb_ai_upstream_errors_total":     "class=connect,ep_idx=0,service=5",
 		"loxilb_proxy_connect_failover_total": "service=5",
-		"loxilb_ai_bytes_total":               "direction=in,ep=1,service=5",
+		"loxilb_ai_bytes_total":               "direction=in,ep_idx=1,service=5",
 	}
 	for name, labels := range want {
 		if !slices.Contains(got[name], labels) {
