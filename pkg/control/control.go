@@ -195,15 +195,20 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 			Msg: fmt.Sprintf("mode-4 rule %d (%s) already listens on %s:%d: the proxy tells rules apart by address, not by block mark; use another VIP or port",
 				other.ID, other.Rule.Key(), r.Service.ExternalIP, r.Service.Port)}
 	}
+	stageFailing := false
+	for _, st := range c.status {
+		stageFailing = stageFailing || st.Reason == ReasonStageFailed
+	}
 	c.services[svc.ID] = svc
 	delete(c.invalid, svc.ID)
 	failures, stageErr := c.reconcileLocked(ctx)
-	// Only this rule's own failure, or a stage failing as a whole, refuses
-	// the change: rules that were failing before stay failed and retried.
+	// Only this rule's own failure, or a stage that starts failing as a
+	// whole with it, refuses the change: rules that were failing before
+	// stay failed and retried, and do not hold every later change back.
 	err = nil
 	if re := failures[svc.ID]; re != nil && !re.Degraded {
 		err = fmt.Errorf("%w: %w", ErrApply, re)
-	} else if stageErr != nil {
+	} else if stageErr != nil && !stageFailing {
 		err = fmt.Errorf("%w: %w", ErrApply, stageErr)
 	}
 	if err != nil {
@@ -256,13 +261,17 @@ func (c *Controller) listenerTakenLocked(id uint32, r *lbrule.Rule) (Service, bo
 	return Service{}, false
 }
 
+// findLocked returns the rule with key k; of stored duplicates, the one
+// with the lowest id (the one applied).
 func (c *Controller) findLocked(k lbrule.Key) (Service, bool) {
+	var found Service
+	ok := false
 	for _, s := range c.services {
-		if s.Rule.Key() == k {
-			return s, true
+		if s.Rule.Key() == k && (!ok || s.ID < found.ID) {
+			found, ok = s, true
 		}
 	}
-	return Service{}, false
+	return found, ok
 }
 
 // Delete removes the rule with key k, whatever its status. A store that

@@ -328,3 +328,27 @@ func TestSplitRuleErrors(t *testing.T) {
 		t.Fatal("nil")
 	}
 }
+
+// TestStageWideFailure: a stage that fails without naming a rule leaves
+// every rule degraded STAGE_FAILED and retried; once it fails, later
+// creates are not held back by it.
+func TestStageWideFailure(t *testing.T) {
+	dir := t.TempDir()
+	storeRules(t, dir, noSeed, ruleOn(3001))
+	st, err := store.OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	c := New(st, noSeed, nil)
+	c.AddReconciler(&recorder{fail: true})
+	_ = c.Load(context.Background())
+	if s := statusOf(t, c, 1); s.State != StateDegraded || s.Reason != ReasonStageFailed || s.NextRetry.IsZero() ||
+		!strings.HasPrefix(s.Message, "recorder: ") {
+		t.Fatalf("status %+v", s)
+	}
+	svc, created, err := c.Create(context.Background(), []byte(ruleOn(3002)))
+	if err != nil || !created || svc.Status.State != StateDegraded {
+		t.Fatalf("create while a stage fails: %v %v %+v", created, err, svc.Status)
+	}
+}
