@@ -109,11 +109,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
-	ocfg, err := cfg.resilience.outlierConfig(getenv)
-	if err != nil {
-		return err
-	}
-	outliers, err := outlier.New(ocfg, logger, reg)
+	outliers, err := outlier.New(cfg.outlier, logger, reg)
 	if err != nil {
 		return err
 	}
