@@ -76,6 +76,7 @@ enum lb_counter {
 	CNT_PROXY_STEERED,       /* sk_lookup: connection handed to the proxy listener */
 	CNT_PROXY_NO_LISTENER,   /* sk_lookup: mode-4 VIP but no listener registered */
 	CNT_PROXY_ASSIGN_FAILED, /* sk_lookup: bpf_sk_assign refused the socket */
+	CNT_FLOW_STALE,          /* packet of a flow whose endpoint or service is gone: entries dropped */
 	CNT_MAX,
 };
 

@@ -125,12 +125,24 @@ static __always_inline int apply_xlate(struct __sk_buff *skb, struct pkt *p, con
 	return 0;
 }
 
+/* ct_stale reports whether the flow's endpoint cell has moved on (endpoint
+ * removed or replaced, service deleted or re-created): its entries are left
+ * over and must neither forward nor touch the cell's counter. */
+static __always_inline int ct_stale(const struct ct_val *ct)
+{
+	__u32 i = (__u32)ct->svc_idx * MAX_EPS + ct->cell;
+	__u32 *e = bpf_map_lookup_elem(&lb_ep_epoch, &i);
+	return !e || *e != ct->epoch;
+}
+
 static __always_inline void lc_release(struct ct_val *ct)
 {
 	if (!(ct->flags & CT_F_LC_HELD))
 		return;
 	ct->flags &= ~CT_F_LC_HELD;
-	__u32 i = (__u32)ct->svc_idx * MAX_EPS + ct->ep;
+	if (ct_stale(ct))
+		return; /* the cell was reset; the count is not ours any more */
+	__u32 i = (__u32)ct->svc_idx * MAX_EPS + ct->cell;
 	__s64 *n = bpf_map_lookup_elem(&lb_active_conns, &i);
 	if (n)
 		__sync_fetch_and_add(n, -1);
@@ -212,9 +224,9 @@ static long lc_step(__u32 i, void *data)
 	struct lc_scan *s = data;
 	__u32 key = s->be_base + i;
 	struct backend *be = bpf_map_lookup_elem(&lb_backends, &key);
-	if (!be || !(be->flags & BE_F_ACTIVE))
+	if (!be || !(be->flags & BE_F_ACTIVE) || be->cell >= MAX_EPS)
 		return 0;
-	key = s->cnt_base + i;
+	key = s->cnt_base + be->cell;
 	__s64 *c = bpf_map_lookup_elem(&lb_active_conns, &key);
 	__s64 v = c ? *c : 0;
 	if (v < s->best) {
@@ -331,6 +343,17 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 	}
 	__u32 be_addr = be->addr, snat_addr = be->snat_addr;
 	__u16 be_port = be->port;
+	__u32 cell = be->cell;
+	if (cell >= MAX_EPS) {
+		count(CNT_DROP_NO_ENDPOINT);
+		return TC_ACT_SHOT;
+	}
+	__u32 cell_key = idx * MAX_EPS + cell;
+	__u32 *epoch = bpf_map_lookup_elem(&lb_ep_epoch, &cell_key);
+	if (!epoch) {
+		count(CNT_DROP_NO_ENDPOINT);
+		return TC_ACT_SHOT;
+	}
 
 	struct ct_key fk = {};
 	fk.saddr = p->saddr;
@@ -343,7 +366,8 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 	fv.last_seen_ns = now;
 	fv.timeout_s = svc->timeout_s;
 	fv.svc_idx = idx;
-	fv.ep = ep;
+	fv.cell = cell;
+	fv.epoch = *epoch;
 	fv.mode = mode;
 	fv.state = CT_NEW;
 
@@ -388,8 +412,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 	}
 
 	if (svc->sel == SEL_LC) {
-		key = idx * MAX_EPS + ep;
-		__s64 *c = bpf_map_lookup_elem(&lb_active_conns, &key);
+		__s64 *c = bpf_map_lookup_elem(&lb_active_conns, &cell_key);
 		if (c) {
 			__sync_fetch_and_add(c, 1);
 			fv.flags |= CT_F_LC_HELD;
@@ -473,6 +496,13 @@ int tc_lb(struct __sk_buff *skb)
 
 	int syn = p.proto == IPPROTO_TCP && (p.tcp_flags & (TCPF_SYN | TCPF_ACK)) == TCPF_SYN;
 	struct ct_val *ct = bpf_map_lookup_elem(&lb_conntrack, &k);
+	if (ct && ct_stale(ct)) {
+		/* Left over by a removed endpoint or service: drop both entries
+		 * and treat the packet as one without a flow. */
+		count(CNT_FLOW_STALE);
+		ct_forget(&k, ct);
+		ct = NULL;
+	}
 	if (ct) {
 		if (!syn || ct->state < CT_FIN)
 			return ct_hit(skb, &p, ct);

@@ -47,7 +47,10 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_rr_cursor SEC(".maps");
 
-/* Open connections per endpoint, idx*MAX_EPS + ep, for the least-connection selector. */
+/* Open connections per endpoint cell, idx*MAX_EPS + cell, for the least-connection
+ * selector. A cell belongs to one endpoint of a service while it stays in the
+ * service; Go bumps the cell's epoch (lb_ep_epoch) and zeroes it when the
+ * endpoint goes or the cell passes to another endpoint. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_SERVICES * MAX_EPS);
@@ -55,6 +58,18 @@ struct {
 	__type(value, __s64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_active_conns SEC(".maps");
+
+/* Epoch per endpoint cell, idx*MAX_EPS + cell. A conntrack entry records the
+ * epoch of its cell; once Go bumps it (endpoint removed or replaced, service
+ * deleted or its mode changed) the flow is stale: its entries are dropped on
+ * the next packet or by the GC, and it never touches the cell's counter. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SERVICES * MAX_EPS);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_ep_epoch SEC(".maps");
 
 /* Conntrack: the tuple as it arrives -> rewrite, state and counters. Two entries
  * per flow (client direction and reply direction). Aged out by Go. */

@@ -33,7 +33,7 @@ struct backend {
 	__u32 snat_addr; /* source address for one-arm/full-NAT modes */
 	__u16 port;      /* endpoint port */
 	__u8 flags;      /* BE_F_* */
-	__u8 pad;
+	__u8 cell;       /* the endpoint's least-connection counter and epoch cell (< MAX_EPS) */
 };
 
 struct ct_key {
@@ -55,11 +55,13 @@ struct ct_val {
 	__u16 new_dport;
 	__u32 timeout_s;    /* inactivity timeout once established */
 	__u16 svc_idx;
-	__u16 ep;
+	__u16 cell;         /* the endpoint's cell: counter and epoch in lb_active_conns/lb_ep_epoch */
 	__u8 flags;         /* CT_F_* */
 	__u8 state;         /* CT_* */
 	__u8 mode;
 	__u8 pad;
+	__u32 epoch;        /* lb_ep_epoch of the cell when the flow started; stale once it differs */
+	__u32 pad2;
 };
 
 struct affinity_key {

@@ -61,6 +61,9 @@ type apiLimits struct {
 	allowCleartext    bool
 }
 
+// defaultPinPath is where the data plane pins its maps and links.
+const defaultPinPath = "/sys/fs/bpf/loxilb"
+
 func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("loxilb", flag.ContinueOnError)
@@ -87,7 +90,7 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	fs.StringVar(&c.tokenizerDir, "tokenizer-dir", getenv("LOXILB_TOKENIZER_DIR", "/etc/loxilb/tokenizers"), "staged tokenizers: <dir>/<model-slug>/tokenizer.json")
 	fs.StringVar(&ifaces, "interfaces", "", "comma-separated interfaces the eBPF data plane attaches to (none by default)")
 	fs.BoolVar(&c.noDataplane, "no-dataplane", false, "run proxy-only: never load BPF programs")
-	fs.StringVar(&c.bpfPinPath, "bpf-pin-path", "/sys/fs/bpf/loxilb", "bpffs directory where data-plane maps are pinned")
+	fs.StringVar(&c.bpfPinPath, "bpf-pin-path", defaultPinPath, "bpffs directory where data-plane maps and links are pinned; one daemon per directory (a second refuses to start)")
 	fs.StringVar(&c.proxyCert, "proxy-tls-cert", "", "certificate (PEM) served by mode-4 rules with security 1 or 2")
 	fs.StringVar(&c.proxyKey, "proxy-tls-key", "", "private key (PEM) for --proxy-tls-cert")
 	fs.StringVar(&c.proxyCA, "proxy-tls-ca", "", "CA (PEM) that endpoint certificates are verified against for security 2 (default: system roots)")

@@ -40,6 +40,9 @@ type runner struct {
 }
 
 func run(ctx context.Context, args []string, env func(string) (string, bool)) error {
+	if len(args) > 0 && args[0] == "cleanup" {
+		return cleanup(args[1:], os.Stdout, os.Stderr)
+	}
 	cfg, err := parseFlags(args, env, os.Stderr)
 	if err != nil {
 		return err
@@ -92,7 +95,9 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
-	rt, err := router.New(rcfg, index, logger, reg)
+	// The zero-hit watchdog reads the event plane's parity verdicts to tell
+	// uncached prompts from a hash mismatch.
+	rt, err := router.New(rcfg, index, logger, reg, router.WithAttestation(events))
 	if err != nil {
 		return err
 	}
@@ -149,6 +154,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	gw.SetProxy(px)
 
 	ctl := control.New(st, lbrule.LookupEnv(env), logger)
+	reg.MustRegister(control.ServiceInfoCollector(ctl))
 	ctl.AddReconciler(&gateway.HealthReconciler{Prober: prober})
 	kernel, err := openDataplane(cfg, ctl, prober, logger, reg)
 	if err != nil {

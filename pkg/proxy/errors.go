@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
+	"syscall"
 
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
 )
@@ -50,6 +52,51 @@ var (
 	// shortly (503 with Retry-After).
 	ErrOverloaded = errors.New("proxy overloaded")
 )
+
+// Reason codes of ListenError, the same the management API answers a
+// create with.
+const (
+	// ReasonVIPPortInUse: another process (or rule) holds the VIP:port.
+	ReasonVIPPortInUse = "VIP_PORT_IN_USE"
+	// ReasonVIPNotLocal: the VIP is not an address of this host and no
+	// data plane makes it one.
+	ReasonVIPNotLocal = "VIP_NOT_LOCAL"
+	// ReasonListenPermission: a port below 1024 without
+	// CAP_NET_BIND_SERVICE.
+	ReasonListenPermission = "LISTEN_PERMISSION_DENIED"
+	// ReasonListenFailed: any other listen failure.
+	ReasonListenFailed = "LISTEN_FAILED"
+)
+
+// ListenError is one rule whose VIP:port listener could not be opened.
+// The proxy serves every other rule; this one stays in the table and its
+// listener is tried again at the next Update. errors.Is matches ErrListen
+// and the cause (syscall.EADDRINUSE, ...).
+type ListenError struct {
+	ID   uint32         // the rule's service id
+	Addr netip.AddrPort // the VIP:port
+	Err  error          // from net.Listen
+}
+
+func (e *ListenError) Error() string {
+	return fmt.Sprintf("%v: service %d: listen on %s: %v", ErrListen, e.ID, e.Addr, e.Err)
+}
+
+// Unwrap matches ErrListen and the cause.
+func (e *ListenError) Unwrap() []error { return []error{ErrListen, e.Err} }
+
+// Reason is the failure's reason code.
+func (e *ListenError) Reason() string {
+	switch {
+	case errors.Is(e.Err, syscall.EADDRINUSE):
+		return ReasonVIPPortInUse
+	case errors.Is(e.Err, syscall.EADDRNOTAVAIL):
+		return ReasonVIPNotLocal
+	case errors.Is(e.Err, syscall.EACCES), errors.Is(e.Err, syscall.EPERM):
+		return ReasonListenPermission
+	}
+	return ReasonListenFailed
+}
 
 // StatusClientClosed is the status recorded (never sent) for requests
 // whose client disconnected; nginx's 499 convention.

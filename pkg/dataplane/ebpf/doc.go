@@ -25,7 +25,11 @@
 //
 // Conntrack entries are created by the program at connection start and aged
 // by a goroutine here (inactivity timeout per service for established flows,
-// short timeouts for half-open and closing ones).
+// short timeouts for half-open and closing ones), without the data plane's
+// lock. Entries record their endpoint's cell and its epoch; an update that
+// removes endpoints, or a delete, bumps the epochs instead of walking
+// conntrack, and the stale entries are dropped by the program or the GC.
+// Pinned maps with another layout are recreated at start, with a warning.
 //
 // Everything kernel-specific is in *_linux.go; elsewhere Open returns
 // dataplane.ErrUnsupported with a not-ready capability.

@@ -51,8 +51,12 @@ type Config struct {
 type Dataplane struct {
 	cfg Config
 	log *slog.Logger
+	// pinLock holds the pin path's lock (see lockPinPath) from load until
+	// Close, Purge or an abandoned start.
+	pinLock *os.File
 
 	mu         sync.Mutex
+	gcMu       sync.Mutex // serialises GC passes, which run without mu
 	closed     bool
 	objs       lbObjects
 	links      []tcxLink
@@ -85,6 +89,9 @@ type svcState struct {
 	idx  uint16
 	gen  uint8
 	keys []lbSvcKey
+	// cells holds each endpoint's counter/epoch cell (see lb_ep_epoch):
+	// an endpoint keeps its cell across updates while it stays.
+	cells map[epID]uint8
 	// recovered is true from recover until the first upsert of the ID: the
 	// service comes from the pinned maps, not from this process's control
 	// plane, and PruneRecovered removes it if nobody claims it.
@@ -190,6 +197,7 @@ func New(cfg Config, logger *slog.Logger) (*Dataplane, error) {
 	}
 	if err := d.recover(); err != nil {
 		d.objs.Close()
+		d.unlockPinPath()
 		return nil, err
 	}
 	for _, ifname := range cfg.Interfaces {
@@ -234,13 +242,20 @@ func (d *Dataplane) load() error {
 		if err := os.MkdirAll(d.cfg.PinPath, 0o700); err != nil {
 			return fmt.Errorf("create pin directory: %w", err)
 		}
+		lock, err := lockPinPath(d.cfg.PinPath)
+		if err != nil {
+			return err
+		}
+		d.pinLock = lock
 		opts.Maps.PinPath = d.cfg.PinPath
+		d.dropIncompatiblePins(spec)
 	} else {
 		for _, m := range spec.Maps {
 			m.Pinning = ebpf.PinNone
 		}
 	}
 	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
+		d.unlockPinPath()
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			d.log.Error("BPF verifier rejected the program", "log", fmt.Sprintf("%+v", ve))
@@ -251,6 +266,33 @@ func (d *Dataplane) load() error {
 		return fmt.Errorf("%w: load BPF objects: %w", dataplane.ErrUnsupported, err)
 	}
 	return nil
+}
+
+// dropIncompatiblePins removes pinned maps whose layout differs from this
+// build's (left by an older version), so they are created afresh instead of
+// failing the start. Their state is lost: for conntrack that ends the flows
+// they held; services are re-installed by the control plane.
+func (d *Dataplane) dropIncompatiblePins(spec *ebpf.CollectionSpec) {
+	for name, ms := range spec.Maps {
+		if ms.Pinning != ebpf.PinByName {
+			continue
+		}
+		path := filepath.Join(d.cfg.PinPath, name)
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if err != nil {
+			continue // not pinned yet
+		}
+		err = ms.Compatible(m)
+		m.Close()
+		if err == nil {
+			continue
+		}
+		if rmErr := os.Remove(path); rmErr != nil {
+			d.log.Error("remove an incompatible pinned map", "map", name, "pin", path, "err", rmErr)
+			continue
+		}
+		d.log.Warn("pinned map has the layout of another version: recreated empty", "map", name, "pin", path, "diff", err.Error())
+	}
 }
 
 // recover rebuilds the Go view of services from pinned maps after a restart,
@@ -272,7 +314,17 @@ func (d *Dataplane) recover() error {
 				if err := d.objs.LbBackends.Lookup(beKey(v.Idx, v.Gen, i), &be); err != nil {
 					return fmt.Errorf("recover endpoints of service %d: %w", v.Id, err)
 				}
-				st.eps = append(st.eps, dataplane.Endpoint{Addr: addrFrom(be.Addr), Port: hostPort(be.Port), Weight: 1, Healthy: be.Flags&beActive != 0})
+				e := dataplane.Endpoint{Addr: addrFrom(be.Addr), Port: hostPort(be.Port), Weight: 1, Healthy: be.Flags&beActive != 0}
+				st.eps = append(st.eps, e)
+				if st.cells == nil {
+					st.cells = map[epID]uint8{}
+				}
+				st.cells[epID{e.Addr, e.Port}] = be.Cell
+			}
+			if !distinctCells(st.cells) {
+				// Written by a version without cells: the next update
+				// assigns them afresh.
+				st.cells = nil
 			}
 			if int(v.Idx) >= dataplane.MaxServices {
 				return fmt.Errorf("recover service %d: index %d out of range", v.Id, v.Idx)
@@ -484,6 +536,15 @@ func (d *Dataplane) abandon() {
 		d.skLink = nil
 	}
 	d.objs.Close()
+	d.unlockPinPath()
+}
+
+// unlockPinPath releases the pin path's lock, if held.
+func (d *Dataplane) unlockPinPath() {
+	if d.pinLock != nil {
+		d.pinLock.Close()
+		d.pinLock = nil
+	}
 }
 
 // detachUnconfigured detaches tc_lb from interfaces a previous run attached
@@ -549,6 +610,7 @@ func (d *Dataplane) Close() error {
 			d.skLink.Close()
 		}
 	}
+	defer d.unlockPinPath()
 	return d.objs.Close()
 }
 
@@ -564,6 +626,7 @@ func (d *Dataplane) Purge() error {
 		for _, m := range []*ebpf.Map{
 			d.objs.LbServices, d.objs.LbSlots, d.objs.LbBackends, d.objs.LbRrCursor, d.objs.LbActiveConns,
 			d.objs.LbConntrack, d.objs.LbAffinity, d.objs.LbCounters, d.objs.LbSvcStats, d.objs.LbProxyVips,
+			d.objs.LbEpEpoch,
 		} {
 			if err := m.Unpin(); err != nil {
 				errs = append(errs, err)
@@ -656,9 +719,6 @@ func (d *Dataplane) UpsertService(ctx context.Context, svc dataplane.Service, ep
 			d.removeFrontend(st, k)
 		}
 	}
-	if !fresh {
-		d.purgeStale(st, svc, eps)
-	}
 	st.svc, st.eps, st.keys, st.recovered = svc, slices.Clone(eps), keys, false
 	d.services[svc.ID] = st
 	for _, k := range keys {
@@ -709,17 +769,24 @@ func (d *Dataplane) install(st *svcState, svc dataplane.Service, eps []dataplane
 		return nil
 	}
 	gen := st.gen ^ 1
+	prev := st.cells
+	if st.svc.Mode != svc.Mode {
+		prev = nil // every flow of the old mode is stale: all cells afresh
+	}
+	cells, fresh, gone := assignCells(st.cells, prev, eps)
 	bes := make([]lbBackend, len(eps))
 	for i, ep := range eps {
 		snat, err := snatAddr(svc, ep)
 		if err != nil {
 			return err
 		}
-		bes[i] = lbBackend{Addr: nbo32(ep.Addr), SnatAddr: snat, Port: nbo16(ep.Port)}
+		bes[i] = lbBackend{Addr: nbo32(ep.Addr), SnatAddr: snat, Port: nbo16(ep.Port), Cell: cells[epID{ep.Addr, ep.Port}]}
 		if ep.Healthy {
 			bes[i].Flags = beActive
 		}
 	}
+	// New endpoints start on a clean cell before any flow can reach them.
+	d.resetCells(st.idx, fresh)
 	nslots, err := d.writeGeneration(st.idx, gen, svc.Sel, eps, bes)
 	if err != nil {
 		return err
@@ -739,7 +806,82 @@ func (d *Dataplane) install(st *svcState, svc dataplane.Service, eps []dataplane
 		}
 	}
 	st.gen = gen
+	// Endpoints that left: their flows are stale from now on.
+	d.resetCells(st.idx, gone)
+	st.cells = cells
 	return nil
+}
+
+// epID identifies an endpoint across updates of its service.
+type epID struct {
+	addr netip.Addr
+	port uint16
+}
+
+// assignCells gives every endpoint of eps a counter/epoch cell: the one it
+// has in keep, else a cell no endpoint of all (the previous assignment)
+// used, else any cell the new set leaves free. fresh lists the newly
+// assigned cells (to reset before the new endpoint set goes live), gone the
+// cells of all that the new set no longer uses (to reset after).
+func assignCells(all, keep map[epID]uint8, eps []dataplane.Endpoint) (cells map[epID]uint8, fresh, gone []uint8) {
+	cells = make(map[epID]uint8, len(eps))
+	var used, old [maxEPs]bool
+	for _, c := range all {
+		old[c] = true
+	}
+	for _, ep := range eps {
+		id := epID{ep.Addr, ep.Port}
+		if c, ok := keep[id]; ok {
+			cells[id] = c
+			used[c] = true
+		}
+	}
+	for _, ep := range eps {
+		id := epID{ep.Addr, ep.Port}
+		if _, ok := cells[id]; ok {
+			continue
+		}
+		c := -1
+		for i := range maxEPs {
+			if !used[i] && !old[i] {
+				c = i
+				break
+			}
+		}
+		if c < 0 {
+			for i := range maxEPs {
+				if !used[i] {
+					c = i
+					break
+				}
+			}
+		}
+		if c < 0 {
+			// More distinct endpoints than cells: Validate caps them.
+			c = 0
+		}
+		cells[id] = uint8(c)
+		used[c] = true
+		fresh = append(fresh, uint8(c))
+	}
+	for c := range maxEPs {
+		if old[c] && !used[c] {
+			gone = append(gone, uint8(c))
+		}
+	}
+	return cells, fresh, gone
+}
+
+// distinctCells reports whether no two endpoints share a cell.
+func distinctCells(cells map[epID]uint8) bool {
+	var seen [maxEPs]bool
+	for _, c := range cells {
+		if int(c) >= maxEPs || seen[c] {
+			return false
+		}
+		seen[c] = true
+	}
+	return true
 }
 
 // writeGeneration fills the idle half of the endpoint and slot tables.
@@ -802,60 +944,37 @@ func (d *Dataplane) removeFrontend(st *svcState, k lbSvcKey) {
 	delete(d.frontends, k)
 }
 
-// purgeStale drops conntrack entries that an update made invalid: all of
-// them when the mode changed, else those of endpoints that are gone.
-func (d *Dataplane) purgeStale(st *svcState, svc dataplane.Service, eps []dataplane.Endpoint) {
-	all := st.svc.Mode != svc.Mode
-	keep := map[[2]uint32]bool{}
-	for _, ep := range eps {
-		keep[[2]uint32{nbo32(ep.Addr), uint32(nbo16(ep.Port))}] = true
-	}
-	d.purgeConntrack(st.idx, func(k *lbCtKey, v *lbCtVal) bool {
-		if all {
-			return true
-		}
-		var be [2]uint32
-		switch {
-		case v.Flags&ctReply != 0:
-			be = [2]uint32{k.Saddr, uint32(k.Sport)}
-		case v.Flags&ctDSR != 0:
-			be = [2]uint32{v.NewDaddr, uint32(k.Dport)}
-		default:
-			be = [2]uint32{v.NewDaddr, uint32(v.NewDport)}
-		}
-		return !keep[be]
-	})
-}
-
-// purgeConntrack deletes the entries of service idx that match.
-func (d *Dataplane) purgeConntrack(idx uint16, match func(*lbCtKey, *lbCtVal) bool) int {
-	var k lbCtKey
-	var v lbCtVal
-	var del []lbCtKey
-	it := d.objs.LbConntrack.Iterate()
-	for it.Next(&k, &v) {
-		if v.SvcIdx == idx && match(&k, &v) {
-			del = append(del, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		d.log.Warn("iterate conntrack", "err", err)
-	}
-	for _, k := range del {
-		d.objs.LbConntrack.Delete(k)
-	}
-	return len(del)
-}
-
-// resetIndex zeroes the per-index state a previous service may have left.
+// resetIndex zeroes the per-index state a previous service may have left
+// and makes every flow of that service stale (bumps all its cells).
 func (d *Dataplane) resetIndex(idx uint16) {
 	zero := make([]lbSvcStats, d.nCPU)
 	if err := d.objs.LbSvcStats.Put(uint32(idx), zero); err != nil {
 		d.log.Warn("reset service counters", "idx", idx, "err", err)
 	}
 	d.objs.LbRrCursor.Put(uint32(idx), uint32(0))
-	for i := range maxEPs {
-		d.objs.LbActiveConns.Put(uint32(idx)*maxEPs+uint32(i), int64(0))
+	all := make([]uint8, maxEPs)
+	for i := range all {
+		all[i] = uint8(i)
+	}
+	d.resetCells(idx, all)
+}
+
+// resetCells gives cells of service idx a new epoch and a zero count: the
+// flows recorded with the old epoch are stale (dropped on their next packet
+// or by the GC) and never decrement the count again.
+func (d *Dataplane) resetCells(idx uint16, cells []uint8) {
+	for _, c := range cells {
+		key := uint32(idx)*maxEPs + uint32(c)
+		var e uint32
+		if err := d.objs.LbEpEpoch.Lookup(key, &e); err != nil {
+			d.log.Warn("read endpoint epoch", "idx", idx, "cell", c, "err", err)
+		}
+		if err := d.objs.LbEpEpoch.Put(key, e+1); err != nil {
+			d.log.Warn("bump endpoint epoch", "idx", idx, "cell", c, "err", err)
+		}
+		if err := d.objs.LbActiveConns.Put(key, int64(0)); err != nil {
+			d.log.Warn("reset connection count", "idx", idx, "cell", c, "err", err)
+		}
 	}
 }
 
@@ -883,7 +1002,8 @@ func (d *Dataplane) removeService(st *svcState) {
 	for _, k := range st.keys {
 		d.removeFrontend(st, k)
 	}
-	d.purgeConntrack(st.idx, func(*lbCtKey, *lbCtVal) bool { return true })
+	// Its flows go lazily: resetIndex makes them stale, and the program
+	// (next packet) or the GC drops their entries.
 	var ak lbAffinityKey
 	var av lbAffinityVal
 	var del []lbAffinityKey
@@ -1202,28 +1322,50 @@ func peerKey(k *lbCtKey, v *lbCtVal) lbCtKey {
 	return p
 }
 
-// GC removes expired conntrack entries: an entry goes when it and its peer
-// are both idle past their state's timeout (one quiet direction must not
-// break a flow). It returns the number removed. It runs every GCInterval;
-// tests call it directly.
+// GC removes expired and stale conntrack entries: an entry goes when it and
+// its peer are both idle past their state's timeout (one quiet direction
+// must not break a flow), or at once when its endpoint cell has a new epoch
+// (endpoint or service removed). It returns the number removed. It runs
+// every GCInterval without holding the data plane's lock, so rule changes
+// never wait for a walk of the table; tests call it directly.
 func (d *Dataplane) GC() int {
+	d.gcMu.Lock()
+	defer d.gcMu.Unlock()
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.objs.LbConntrack == nil {
+	ct, epochs, conns := d.objs.LbConntrack, d.objs.LbEpEpoch, d.objs.LbActiveConns
+	closed := d.closed
+	d.mu.Unlock()
+	if ct == nil || epochs == nil || closed {
 		return 0
 	}
 	now := monotonicNow()
+	epochOf := map[uint32]uint32{}
+	stale := func(v *lbCtVal) bool {
+		key := uint32(v.SvcIdx)*maxEPs + uint32(v.Cell)
+		e, ok := epochOf[key]
+		if !ok {
+			if err := epochs.Lookup(key, &e); err != nil {
+				return false
+			}
+			epochOf[key] = e
+		}
+		return e != v.Epoch
+	}
 	var k lbCtKey
 	var v lbCtVal
 	total := 0
 	expired := map[lbCtKey]lbCtVal{}
+	var dead []lbCtKey
 	live := map[lbCtKey]bool{}
-	it := d.objs.LbConntrack.Iterate()
+	it := ct.Iterate()
 	for it.Next(&k, &v) {
 		total++
-		if now > v.LastSeenNs && time.Duration(now-v.LastSeenNs) > ctTimeout(&v) {
+		switch {
+		case stale(&v):
+			dead = append(dead, k)
+		case now > v.LastSeenNs && time.Duration(now-v.LastSeenNs) > ctTimeout(&v):
 			expired[k] = v
-		} else {
+		default:
 			live[k] = true
 		}
 	}
@@ -1231,25 +1373,32 @@ func (d *Dataplane) GC() int {
 		d.log.Warn("conntrack GC", "err", err)
 	}
 	removed := 0
+	for _, k := range dead {
+		if ct.Delete(k) == nil {
+			removed++
+		}
+	}
 	for k, v := range expired {
 		if v.Flags&ctDSR == 0 && live[peerKey(&k, &v)] {
 			continue
 		}
-		if err := d.objs.LbConntrack.Delete(k); err != nil {
+		if err := ct.Delete(k); err != nil {
 			continue
 		}
 		removed++
-		if v.Flags&ctLCHeld != 0 {
+		if v.Flags&ctLCHeld != 0 && !stale(&v) {
 			// Read-modify-write races with the program's atomic adds; the
 			// window is tiny and the count only steers least-connection.
-			key := uint32(v.SvcIdx)*maxEPs + uint32(v.Ep)
+			key := uint32(v.SvcIdx)*maxEPs + uint32(v.Cell)
 			var n int64
-			if d.objs.LbActiveConns.Lookup(key, &n) == nil && n > 0 {
-				d.objs.LbActiveConns.Put(key, n-1)
+			if conns.Lookup(key, &n) == nil && n > 0 {
+				conns.Put(key, n-1)
 			}
 		}
 	}
+	d.mu.Lock()
 	d.ctEntries = total - removed
+	d.mu.Unlock()
 	return removed
 }
 

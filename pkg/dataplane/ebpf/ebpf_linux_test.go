@@ -149,11 +149,14 @@ func TestConntrackGC(t *testing.T) {
 	}
 	f.run(step{name: "late packet of the expired flow", in: tcp(client, 51000, vip, 80, fACK), verdict: actShot,
 		counters: map[string]uint64{"drop_not_syn": 1}})
-	// Deleting a service flushes its flows at once.
+	// Deleting a service makes its flows stale: the GC drops them at once.
 	f.run(step{name: "SYN", in: tcp(client, 51001, vip, 80, fSYN), verdict: actRedirect,
 		out: fwd(tcp(client, 51001, backend1, 80, fSYN)), counters: map[string]uint64{"new_flow": 1, "fwd_redirect": 1}, ct: 2})
 	if err := d.DeleteService(context.Background(), 1); err != nil {
 		t.Fatal(err)
+	}
+	if n := d.GC(); n != 2 {
+		t.Fatalf("GC removed %d entries of the deleted service, want 2", n)
 	}
 	if n := len(f.ct()); n != 0 {
 		t.Fatalf("%d conntrack entries after delete", n)

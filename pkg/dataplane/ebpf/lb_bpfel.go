@@ -34,7 +34,7 @@ type lbBackend struct {
 	SnatAddr uint32
 	Port     uint16
 	Flags    uint8
-	Pad      uint8
+	Cell     uint8
 }
 
 type lbCtKey struct {
@@ -58,11 +58,13 @@ type lbCtVal struct {
 	NewDport   uint16
 	TimeoutS   uint32
 	SvcIdx     uint16
-	Ep         uint16
+	Cell       uint16
 	Flags      uint8
 	State      uint8
 	Mode       uint8
 	Pad        uint8
+	Epoch      uint32
+	Pad2       uint32
 }
 
 type lbLbCounter uint32
@@ -89,7 +91,8 @@ const (
 	lbLbCounterCNT_PROXY_STEERED       lbLbCounter = 18
 	lbLbCounterCNT_PROXY_NO_LISTENER   lbLbCounter = 19
 	lbLbCounterCNT_PROXY_ASSIGN_FAILED lbLbCounter = 20
-	lbLbCounterCNT_MAX                 lbLbCounter = 21
+	lbLbCounterCNT_FLOW_STALE          lbLbCounter = 21
+	lbLbCounterCNT_MAX                 lbLbCounter = 22
 )
 
 type lbProxyVal struct {
@@ -137,6 +140,7 @@ const (
 	lbMapLbBackends      = "lb_backends"
 	lbMapLbConntrack     = "lb_conntrack"
 	lbMapLbCounters      = "lb_counters"
+	lbMapLbEpEpoch       = "lb_ep_epoch"
 	lbMapLbProxySocks    = "lb_proxy_socks"
 	lbMapLbProxyVips     = "lb_proxy_vips"
 	lbMapLbRrCursor      = "lb_rr_cursor"
@@ -205,6 +209,7 @@ type lbMapSpecs struct {
 	LbBackends    *ebpf.MapSpec `ebpf:"lb_backends"`
 	LbConntrack   *ebpf.MapSpec `ebpf:"lb_conntrack"`
 	LbCounters    *ebpf.MapSpec `ebpf:"lb_counters"`
+	LbEpEpoch     *ebpf.MapSpec `ebpf:"lb_ep_epoch"`
 	LbProxySocks  *ebpf.MapSpec `ebpf:"lb_proxy_socks"`
 	LbProxyVips   *ebpf.MapSpec `ebpf:"lb_proxy_vips"`
 	LbRrCursor    *ebpf.MapSpec `ebpf:"lb_rr_cursor"`
@@ -247,6 +252,7 @@ type lbMaps struct {
 	LbBackends    *ebpf.Map `ebpf:"lb_backends"`
 	LbConntrack   *ebpf.Map `ebpf:"lb_conntrack"`
 	LbCounters    *ebpf.Map `ebpf:"lb_counters"`
+	LbEpEpoch     *ebpf.Map `ebpf:"lb_ep_epoch"`
 	LbProxySocks  *ebpf.Map `ebpf:"lb_proxy_socks"`
 	LbProxyVips   *ebpf.Map `ebpf:"lb_proxy_vips"`
 	LbRrCursor    *ebpf.Map `ebpf:"lb_rr_cursor"`
@@ -262,6 +268,7 @@ func (m *lbMaps) Close() error {
 		m.LbBackends,
 		m.LbConntrack,
 		m.LbCounters,
+		m.LbEpEpoch,
 		m.LbProxySocks,
 		m.LbProxyVips,
 		m.LbRrCursor,

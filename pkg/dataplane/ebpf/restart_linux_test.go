@@ -177,6 +177,7 @@ func TestRecoveredServicesReconciled(t *testing.T) {
 	if got := d2.StaleServicesRemoved(); got != 2 {
 		t.Fatalf("stale services removed by upserts: %d, want 2", got)
 	}
+	d2.GC() // the predecessors' flows are stale
 	st, err := d2.Stats(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -255,5 +256,51 @@ func TestRecoveredVIPRouteRemoved(t *testing.T) {
 	}
 	if local() {
 		t.Fatal("VIP still local after its last recovered service was deleted")
+	}
+}
+
+// TestIncompatiblePinnedMapRecreated: a pin directory left by a version
+// with another map layout (here: a conntrack value of the old size and a
+// shorter counter array) does not stop the start; those maps are created
+// afresh, the compatible ones are kept.
+func TestIncompatiblePinnedMapRecreated(t *testing.T) {
+	if !dataplanetest.Isolated(t, "lbcompat") {
+		return
+	}
+	pin := testPin(t)
+	if err := os.MkdirAll(pin, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*ebpf.MapSpec{
+		{Name: "lb_conntrack", Type: ebpf.LRUHash, KeySize: 16, ValueSize: 48, MaxEntries: 1024},
+		{Name: "lb_counters", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 21},
+		{Name: "lb_rr_cursor", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: dataplane.MaxServices},
+	} {
+		old, err := ebpf.NewMap(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := old.Pin(filepath.Join(pin, m.Name)); err != nil {
+			t.Fatal(err)
+		}
+		if m.Name == "lb_rr_cursor" {
+			old.Put(uint32(7), uint32(42))
+		}
+		old.Close()
+	}
+	d, err := New(Config{PinPath: pin, GCInterval: time.Hour}, nil)
+	if err != nil {
+		t.Fatalf("start on a pin directory of another layout: %v", err)
+	}
+	defer d.Purge()
+	if vs := d.objs.LbConntrack.ValueSize(); vs != 56 {
+		t.Fatalf("conntrack value size %d: the old map was kept", vs)
+	}
+	var cur uint32
+	if err := d.objs.LbRrCursor.Lookup(uint32(7), &cur); err != nil || cur != 42 {
+		t.Fatalf("a compatible pinned map was not kept: cursor %d, %v", cur, err)
+	}
+	if _, err := d.Stats(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }
