@@ -13,6 +13,7 @@ import (
 
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 )
 
@@ -42,6 +43,7 @@ type config struct {
 	tokConcurrency int
 	proxyLimits    proxyLimits
 	resilience     resilience
+	outlier        outlier.Config
 	scrapeInterval time.Duration
 	logLevel       slog.Level
 	logJSON        bool
@@ -160,6 +162,9 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 		}
 	}
 	if err := c.proxyLimits.validate(c.maxBodyBytes); err != nil {
+		return nil, err
+	}
+	if c.outlier, err = c.resilience.outlierConfig(func(k string) string { v, _ := env(k); return v }); err != nil {
 		return nil, err
 	}
 	for _, i := range strings.Split(ifaces, ",") {

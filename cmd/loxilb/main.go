@@ -14,9 +14,24 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
+// exitSecondSignal is the exit status when a second SIGTERM (or SIGINT)
+// ends the graceful drain early.
+const exitSecondSignal = 2
+
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		// The first signal starts the graceful drain; the second stops
+		// waiting for it.
+		<-sigs
+		cancel()
+		s := <-sigs
+		fmt.Fprintf(os.Stderr, "loxilb: second %v during the drain: exiting now, requests still in flight are cut\n", s)
+		os.Exit(exitSecondSignal)
+	}()
 	if err := run(ctx, os.Args[1:], os.LookupEnv); err != nil {
 		fmt.Fprintln(os.Stderr, "loxilb:", err)
 		os.Exit(1)

@@ -114,11 +114,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
-	ocfg, err := cfg.resilience.outlierConfig(getenv)
-	if err != nil {
-		return err
-	}
-	outliers, err := outlier.New(ocfg, logger, reg)
+	outliers, err := outlier.New(cfg.outlier, logger, reg)
 	if err != nil {
 		return err
 	}
@@ -187,6 +183,10 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if steered != nil {
 		runners = append(runners, runner{"proxy-steered", func(ctx context.Context) error { return px.ServeListener(ctx, steered) }})
 	}
+	// The management API (metrics included) keeps serving while the proxy
+	// drains: it stops after every runner has returned.
+	apiCtx, stopAPI := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAPI()
 	var wg sync.WaitGroup
 	errc := make(chan error, len(runners)+1)
 	for _, r := range runners {
@@ -252,14 +252,14 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		"proxy_receipts", cfg.receipts.String(), "tokenize_max_bytes", cfg.tokMaxBytes, "tokenize_max_tokens", cfg.tokMaxTokens,
 		"tokenize_concurrency", cfg.tokConcurrency)
 	go func() {
-		if err := srv.Serve(ctx, ln); err != nil {
+		if err := srv.Serve(apiCtx, ln); err != nil {
 			errc <- fmt.Errorf("management API: %w", err)
 		}
 		cancel()
 	}()
 	select {
 	case <-ctx.Done():
-		logger.Info("loxilb stopping")
+		logger.Info("loxilb stopping: mode-4 listeners closed, draining requests in flight", "drain_timeout", cfg.resilience.drainTimeout)
 		return nil
 	case err := <-errc:
 		logger.Error("component failed, stopping", "err", err)

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/testbed/enginesim"
 )
@@ -61,6 +62,8 @@ type fleet struct {
 	kv      KVScorer
 	session string // header carrying the session id
 	keys    func(body []byte) []uint64
+	// observe, when set, receives every leg's outcome.
+	observe func(ep Endpoint, prefill bool, o outlier.Outcome)
 }
 
 type fleetOpts struct {
@@ -109,7 +112,7 @@ func newFleet(t *testing.T, o fleetOpts) *fleet {
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		req := &Request{Pool: f.pool, Method: r.Method, Path: r.URL.Path, Header: r.Header, Body: body,
-			Session: r.Header.Get(f.session), KV: f.kv}
+			Session: r.Header.Get(f.session), KV: f.kv, Observe: f.observe}
 		if f.keys != nil {
 			req.PrefixKeys = f.keys(body)
 		}

@@ -216,8 +216,8 @@ func (d *Detector) Observe(p Pool, ep int, addr string, o Outcome) bool {
 	eps := d.pools[pk]
 	st := eps[addr]
 	if o == Success {
-		if st == nil {
-			return false
+		if st == nil || st.until.After(now) {
+			return false // nothing to reset, or a request routed before the ejection
 		}
 		st.gw, st.srv, st.probation = 0, 0, false
 		if !st.until.After(now) && now.Sub(st.until) >= d.cfg.MaxEjection {

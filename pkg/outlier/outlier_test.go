@@ -67,6 +67,9 @@ func TestBackoffProbationAndDecay(t *testing.T) {
 	want := []time.Duration{30 * time.Second, 60 * time.Second, 120 * time.Second, 240 * time.Second, 300 * time.Second, 300 * time.Second}
 	observeN(d, p, 0, "a", GatewayFailure, 3)
 	for i, w := range want {
+		// A request routed before the ejection that succeeds late does
+		// not lift the coming probation.
+		d.Observe(p, 0, "a", Success)
 		c.advance(w - time.Millisecond)
 		if !d.Ejected(1, RoleNone, "a") {
 			t.Fatalf("ejection %d ended before %v", i+1, w)

@@ -55,6 +55,7 @@ var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 // http.Server and relies on the connection's local address to find the
 // rule, so it is not meant to be mounted elsewhere.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer s.dr.begin()()
 	ctx, release := r.Context(), func() {}
 	if !s.abortOnClose {
 		ctx, release = requestContext(ctx)

@@ -37,6 +37,7 @@ type Server struct {
 	maxConns     int
 	abortOnClose bool
 	rare         *rareLog
+	dr           drainState
 
 	// inflight counts requests being relayed per (service, endpoint
 	// index). It lives outside the table so an Update that rebuilds a
@@ -122,6 +123,9 @@ func New(cfg Config, picker Picker, logger *slog.Logger, reg prometheus.Register
 		rare:      newRareLog(logger, 10*time.Second),
 	}
 	s.maxConns, s.abortOnClose = cfg.MaxConnsPerListener, cfg.AbortOnClientClose
+	if err := s.dr.init(reg); err != nil {
+		return nil, fmt.Errorf("register proxy metrics: %w", err)
+	}
 	if reg != nil {
 		held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "loxilb_proxy_body_bytes_inflight",
@@ -389,25 +393,6 @@ func (s *Server) wait(ctx context.Context) error {
 		s.gracefulStop()
 		return nil
 	}
-}
-
-func (s *Server) gracefulStop() {
-	s.mu.Lock()
-	if s.shutdown {
-		s.mu.Unlock()
-		return
-	}
-	s.shutdown = true
-	close(s.done)
-	grace := s.table.Load().cfg.ShutdownGrace
-	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), grace)
-	defer cancel()
-	if err := s.srv.Shutdown(ctx); err != nil {
-		s.logger.Warn("proxy: graceful shutdown incomplete, closing remaining connections", "grace", grace, "err", err)
-		_ = s.srv.Close()
-	}
-	s.closeTransports()
 }
 
 func (s *Server) closeTransports() {

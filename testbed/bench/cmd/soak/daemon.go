@@ -126,8 +126,12 @@ func startDaemon(ctx context.Context, bin, stateDir, tokenizerDir string, env, a
 		return nil, err
 	}
 	d := &daemon{port: port, done: make(chan struct{}), api: &http.Client{Timeout: 5 * time.Second}}
+	// Outlier ejection is off: it would take the bad backend out of
+	// rotation after a few failures, and the soak exists to keep its
+	// attacks flowing through the proxy for the whole run.
 	a := append([]string{"--api-addr", fmt.Sprintf("127.0.0.1:%d", port), "--state-dir", stateDir,
-		"--no-dataplane", "--tokenizer-dir", tokenizerDir, "--metrics", "--log-level", "warn"}, args...)
+		"--no-dataplane", "--tokenizer-dir", tokenizerDir, "--metrics", "--log-level", "warn",
+		"--outlier-max-ejected-percent", "0"}, args...)
 	d.cmd = exec.Command(bin, a...)
 	d.cmd.Env = append(os.Environ(), env...)
 	d.cmd.Stdout, d.cmd.Stderr = d, d
