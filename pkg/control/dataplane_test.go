@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/loxilb-llm/loxilb/pkg/dataplane"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane/fake"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 )
@@ -62,5 +63,25 @@ func TestKernelUnavailableRefusesL4(t *testing.T) {
 	err = KernelUnavailable{Why: "no interface", Code: ReasonNoInterfaces}.Reconcile(context.Background(), []Service{{ID: 1, Rule: l4}})
 	if !errors.As(err, &re) || !errors.Is(err, lbrule.ErrPrecondition) || re.Reason != ReasonNoInterfaces {
 		t.Fatalf("no interfaces: got %v", err)
+	}
+}
+
+func TestKernelSelector(t *testing.T) {
+	for sel, want := range map[int]int{lbrule.SelRR: 0, lbrule.SelHash: 1, lbrule.SelPriority: 2, lbrule.SelPersist: 3, lbrule.SelLC: 4, lbrule.SelCHWBL: 8} {
+		if got, ok := KernelSelector(sel); !ok || got != want {
+			t.Errorf("sel %d: kernel selector %d %v, want %d", sel, got, ok, want)
+		}
+	}
+	for _, sel := range []int{lbrule.SelN2, lbrule.SelN3, lbrule.SelGPUAware, lbrule.SelWRRHash} {
+		if _, ok := KernelSelector(sel); ok {
+			t.Errorf("sel %d mapped onto a kernel selector", sel)
+		}
+	}
+	// A chwbl rule of mode 0 is installed with the Maglev selector.
+	r := prepared(t, &lbrule.Rule{Service: lbrule.ServiceArgs{ExternalIP: "127.0.9.9", Port: 80, Protocol: "tcp", Mode: lbrule.ModeDNAT, Sel: lbrule.SelCHWBL},
+		Endpoints: []lbrule.Endpoint{{IP: "127.0.9.10", Port: 8080, Weight: 1}}})
+	svc, _, ok, err := KernelService(1, r, 0)
+	if err != nil || !ok || svc.Sel != dataplane.SelConsistentHash {
+		t.Fatalf("chwbl rule: %+v %v %v", svc, ok, err)
 	}
 }

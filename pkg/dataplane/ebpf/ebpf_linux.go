@@ -109,6 +109,7 @@ var (
 	_ dataplane.Dataplane    = (*Dataplane)(nil)
 	_ dataplane.ProxySteerer = (*Dataplane)(nil)
 	_ dataplane.Recoverer    = (*Dataplane)(nil)
+	_ dataplane.Checker      = (*Dataplane)(nil)
 )
 
 // Open loads and attaches the data plane. On failure (not root, no BPF or
@@ -707,6 +708,58 @@ func (d *Dataplane) UpsertService(ctx context.Context, svc dataplane.Service, ep
 	return nil
 }
 
+// CheckService implements dataplane.Checker: what UpsertService would
+// refuse, found without changing anything.
+func (d *Dataplane) CheckService(ctx context.Context, svc dataplane.Service, eps []dataplane.Endpoint) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := dataplane.Validate(svc, eps); err != nil {
+		return err
+	}
+	proto, _ := dataplane.ProtoNumber(svc.Proto)
+	keys, err := frontendKeys(svc, proto)
+	if err != nil {
+		return err
+	}
+	if svc.Mode != dataplane.ModeFullProxy {
+		for _, ep := range eps {
+			if _, err := snatAddr(svc, ep); err != nil {
+				return err
+			}
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return dataplane.ErrClosed
+	}
+	for _, k := range keys {
+		id, ok := d.frontends[k]
+		if !ok || (id == svc.ID && svc.ID != 0) {
+			continue
+		}
+		if other := d.services[id]; other != nil && other.recovered {
+			continue // a leftover of a previous run: the upsert removes it
+		}
+		return fmt.Errorf("%w: service %d has %s:%d/%s", dataplane.ErrConflict, id, addrFrom(k.Vip), svc.Port, svc.Proto)
+	}
+	if st := d.services[svc.ID]; st != nil && svc.ID != 0 {
+		return nil // an update keeps its table index
+	}
+	for _, used := range d.idxUsed {
+		if !used {
+			return nil
+		}
+	}
+	for _, st := range d.services {
+		if st.recovered {
+			return nil // PruneRecovered or an upsert frees it
+		}
+	}
+	return fmt.Errorf("%w: %d services", dataplane.ErrCapacity, dataplane.MaxServices)
+}
+
 // frontendKeys lists the {vip, port, proto} keys of a service: one, or one
 // per local IPv4 address for host one-arm (as loxilb replicates such rules).
 func frontendKeys(svc dataplane.Service, proto uint8) ([]lbSvcKey, error) {
@@ -903,7 +956,7 @@ func snatAddr(svc dataplane.Service, ep dataplane.Endpoint) (uint32, error) {
 		routes, err := netlink.RouteGet(ep.Addr.AsSlice())
 		if err != nil || len(routes) == 0 || routes[0].Src == nil {
 			return 0, fmt.Errorf("%w: derive the one-arm source address toward endpoint %v: no route with a source address (%v)",
-				dataplane.ErrInvalid, ep.Addr, err)
+				dataplane.ErrUnroutable, ep.Addr, err)
 		}
 		src, _ := netip.AddrFromSlice(routes[0].Src.To4())
 		return nbo32(src), nil

@@ -4,6 +4,7 @@ package ebpf
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -162,5 +163,38 @@ func TestDeletedServiceFlowsCollected(t *testing.T) {
 	}
 	if n := len(f.ct()); n != 0 {
 		t.Fatalf("%d conntrack entries left", n)
+	}
+}
+
+// CheckService refuses, without changing anything, what UpsertService
+// would: a taken frontend, a full table, a one-arm endpoint with no route.
+func TestCheckService(t *testing.T) {
+	if !dataplanetest.Isolated(t, "lbcheck") {
+		return
+	}
+	fixtureNet(t)
+	d := newTestDP(t, Config{GCInterval: time.Hour})
+	f := &fixture{t: t, d: d}
+	ctx := context.Background()
+	one := []dataplane.Endpoint{ep(backend1, 80)}
+	f.upsert(dataplane.Service{ID: 1, VIP: vipN(1), Port: 80}, one...)
+	if err := d.CheckService(ctx, dataplane.Service{VIP: vipN(1), Port: 80, Proto: "tcp"}, one); !errors.Is(err, dataplane.ErrConflict) {
+		t.Fatalf("taken frontend: %v", err)
+	}
+	if err := d.CheckService(ctx, dataplane.Service{ID: 1, VIP: vipN(1), Port: 80, Proto: "tcp"}, one); err != nil {
+		t.Fatalf("update of the holder: %v", err)
+	}
+	far := []dataplane.Endpoint{ep(netip.MustParseAddr("172.29.250.9"), 80)}
+	if err := d.CheckService(ctx, dataplane.Service{VIP: vipN(2), Port: 80, Proto: "tcp", Mode: dataplane.ModeOneArm}, far); !errors.Is(err, dataplane.ErrUnroutable) {
+		t.Fatalf("one-arm endpoint without a route: %v", err)
+	}
+	for id := uint32(2); id <= dataplane.MaxServices; id++ {
+		f.upsert(dataplane.Service{ID: id, VIP: netip.AddrFrom4([4]byte{172, 31, 10 + byte(id>>8), byte(id)}), Port: 80}, one...)
+	}
+	if err := d.CheckService(ctx, dataplane.Service{VIP: vipN(3), Port: 80, Proto: "tcp"}, one); !errors.Is(err, dataplane.ErrCapacity) {
+		t.Fatalf("full table: %v", err)
+	}
+	if err := d.UpsertService(ctx, dataplane.Service{ID: 999, VIP: vipN(3), Port: 80, Proto: "tcp"}, one); !errors.Is(err, dataplane.ErrCapacity) {
+		t.Fatalf("upsert into the full table: %v", err)
 	}
 }
