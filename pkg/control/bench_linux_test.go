@@ -43,8 +43,6 @@ func fillConntrack(b *testing.B, pin string, n, services int) {
 	}
 	defer m.Close()
 	ks, vs := int(m.KeySize()), int(m.ValueSize())
-	keys := make([]byte, 0, n*ks)
-	vals := make([]byte, 0, n*vs)
 	var ts unix_timespec
 	now := ts.monotonic()
 	for i := range n {
@@ -63,10 +61,9 @@ func fillConntrack(b *testing.B, pin string, n, services int) {
 		binary.NativeEndian.PutUint16(v[40:], uint16(svc))            // svc_idx
 		v[44] = 0x02                                                  // flags: rewrite destination
 		v[45] = 1                                                     // state: established
-		keys, vals = append(keys, k...), append(vals, v...)
-	}
-	if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
-		b.Fatalf("fill conntrack: %v", err)
+		if err := m.Put(k, v); err != nil {
+			b.Fatalf("fill conntrack: %v", err)
+		}
 	}
 }
 
