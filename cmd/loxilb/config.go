@@ -41,6 +41,7 @@ type config struct {
 	tokMaxTokens   int
 	tokConcurrency int
 	proxyLimits    proxyLimits
+	resilience     resilience
 	scrapeInterval time.Duration
 	logLevel       slog.Level
 	logJSON        bool
@@ -57,6 +58,9 @@ type apiLimits struct {
 	maxConns          int
 	allowCleartext    bool
 }
+
+// defaultPinPath is where the data plane pins its maps and links.
+const defaultPinPath = "/sys/fs/bpf/loxilb"
 
 func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer) (*config, error) {
 	c := &config{}
@@ -84,7 +88,7 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	fs.StringVar(&c.tokenizerDir, "tokenizer-dir", getenv("LOXILB_TOKENIZER_DIR", "/etc/loxilb/tokenizers"), "staged tokenizers: <dir>/<model-slug>/tokenizer.json")
 	fs.StringVar(&ifaces, "interfaces", "", "comma-separated interfaces the eBPF data plane attaches to (none by default)")
 	fs.BoolVar(&c.noDataplane, "no-dataplane", false, "run proxy-only: never load BPF programs")
-	fs.StringVar(&c.bpfPinPath, "bpf-pin-path", "/sys/fs/bpf/loxilb", "bpffs directory where data-plane maps are pinned")
+	fs.StringVar(&c.bpfPinPath, "bpf-pin-path", defaultPinPath, "bpffs directory where data-plane maps and links are pinned; one daemon per directory (a second refuses to start)")
 	fs.StringVar(&c.proxyCert, "proxy-tls-cert", "", "certificate (PEM) served by mode-4 rules with security 1 or 2")
 	fs.StringVar(&c.proxyKey, "proxy-tls-key", "", "private key (PEM) for --proxy-tls-cert")
 	fs.StringVar(&c.proxyCA, "proxy-tls-ca", "", "CA (PEM) that endpoint certificates are verified against for security 2 (default: system roots)")
@@ -95,6 +99,7 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	fs.IntVar(&c.tokMaxTokens, "tokenize-max-tokens", 0, "most prompt tokens per request (1..16777216; 400 beyond); 0: the model's context length from its staged config.json or tokenizer_config.json, else 262144")
 	fs.IntVar(&c.tokConcurrency, "tokenize-concurrency", 0, "requests tokenized at once; the others wait while their client does (1..1024; 0: one per CPU, GOMAXPROCS)")
 	c.proxyLimits.register(fs)
+	c.resilience.register(fs, env)
 	fs.DurationVar(&c.scrapeInterval, "engine-metrics-interval", time.Second, "how often mode-4 endpoints' /metrics are read for load-aware routing")
 	fs.BoolVar(&c.metrics, "metrics", false, "enable the Prometheus export at start (otherwise POST /netlox/v1/config/metrics)")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
@@ -232,6 +237,8 @@ func (c *config) proxyConfig() proxy.Config {
 		MaxInflightBodyBytes:   l.maxInflightBody,
 		MaxConnsPerListener:    l.maxConns,
 		AbortOnClientClose:     l.abortOnClientClose,
+		MaxRetries:             c.resilience.proxyRetries(),
+		ShutdownGrace:          max(c.resilience.drainTimeout, time.Nanosecond), // 0 is the proxy's default
 	}
 }
 

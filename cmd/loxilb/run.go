@@ -26,6 +26,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/pkg/store"
@@ -39,6 +40,9 @@ type runner struct {
 }
 
 func run(ctx context.Context, args []string, env func(string) (string, bool)) error {
+	if len(args) > 0 && args[0] == "cleanup" {
+		return cleanup(args[1:], os.Stdout, os.Stderr)
+	}
 	cfg, err := parseFlags(args, env, os.Stderr)
 	if err != nil {
 		return err
@@ -91,7 +95,9 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
-	rt, err := router.New(rcfg, index, logger, reg)
+	// The zero-hit watchdog reads the event plane's parity verdicts to tell
+	// uncached prompts from a hash mismatch.
+	rt, err := router.New(rcfg, index, logger, reg, router.WithAttestation(events))
 	if err != nil {
 		return err
 	}
@@ -108,7 +114,15 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
-	gw, err := gateway.New(gateway.Config{Seed: seed, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
+	ocfg, err := cfg.resilience.outlierConfig(getenv)
+	if err != nil {
+		return err
+	}
+	outliers, err := outlier.New(ocfg, logger, reg)
+	if err != nil {
+		return err
+	}
+	gw, err := gateway.New(gateway.Config{Seed: seed, Outliers: outliers, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
 		Receipts: cfg.receipts, Proxy: cfg.proxyConfig(), CoalesceWait: coalesceWait,
 		PrefillSlots: prefillSlots, PrefillQueueWait: prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
@@ -144,6 +158,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	gw.SetProxy(px)
 
 	ctl := control.New(st, lbrule.LookupEnv(env), logger)
+	reg.MustRegister(control.ServiceInfoCollector(ctl))
 	ctl.AddReconciler(&gateway.HealthReconciler{Prober: prober})
 	kernel, err := openDataplane(cfg, ctl, prober, logger, reg)
 	if err != nil {

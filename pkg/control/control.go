@@ -3,12 +3,15 @@ package control
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/store"
@@ -21,6 +24,9 @@ type Service struct {
 	Rule      *lbrule.Rule
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// Status is read-back only (List, Get): whether the rule is in effect.
+	// Stages receive only the rules they are asked to apply and ignore it.
+	Status RuleStatus
 }
 
 // Reconciler is a stage that makes its own state match the desired services.
@@ -32,7 +38,8 @@ type Reconciler interface {
 }
 
 // ErrApply marks a rule that validated but could not be put into effect by a
-// stage (for example its VIP:port cannot be bound). The rule is rolled back.
+// stage (for example its VIP:port cannot be bound). A create or update that
+// fails so is rolled back.
 var ErrApply = errors.New("rule could not be applied")
 
 // Controller owns the rule table.
@@ -42,18 +49,48 @@ type Controller struct {
 	logger *slog.Logger
 	now    func() time.Time
 
+	retryMin, retryMax time.Duration
+	m                  *ctlMetrics
+	wake               chan struct{} // the retry schedule changed
+
 	mu       sync.Mutex // serializes changes; readers use the snapshot
 	services map[uint32]Service
-	recs     []Reconciler
+	// invalid holds the stored rules that no longer validate (for example
+	// a vLLM rule loaded without LLB_KV_NONE_HASH_SEED): kept, listed with
+	// their error, deletable, never handed to a stage.
+	invalid map[uint32]error
+	status  map[uint32]RuleStatus
+	recs    []Reconciler
 }
 
 // New builds a controller over st. env is the environment lookup used for
 // launch preconditions (os.LookupEnv in the daemon).
-func New(st store.Store, env lbrule.LookupEnv, logger *slog.Logger) *Controller {
+func New(st store.Store, env lbrule.LookupEnv, logger *slog.Logger, opts ...Option) *Controller {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Controller{store: st, env: env, logger: logger, now: time.Now, services: map[uint32]Service{}}
+	c := &Controller{store: st, env: env, logger: logger, now: time.Now, services: map[uint32]Service{},
+		invalid: map[uint32]error{}, status: map[uint32]RuleStatus{}, wake: make(chan struct{}, 1),
+		retryMin: DefaultRetryMin, retryMax: DefaultRetryMax, m: newCtlMetrics()}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.retryMin <= 0 {
+		c.retryMin = DefaultRetryMin
+	}
+	c.retryMax = max(c.retryMax, c.retryMin)
+	return c
+}
+
+// RegisterMetrics registers the controller's metrics (loxilb_rules,
+// loxilb_rule_apply_failures_total) with reg.
+func (c *Controller) RegisterMetrics(reg prometheus.Registerer) error {
+	for _, col := range []prometheus.Collector{c.m.rules, c.m.failures} {
+		if err := reg.Register(col); err != nil {
+			return fmt.Errorf("register control metrics: %w", err)
+		}
+	}
+	return nil
 }
 
 // AddReconciler registers a stage; call before Load.
@@ -63,10 +100,13 @@ func (c *Controller) AddReconciler(r Reconciler) {
 	c.recs = append(c.recs, r)
 }
 
-// Load reads the store and applies every rule. A stored rule that no longer
-// validates (for example the seed variable was removed from the environment)
-// is kept in the store, reported, and not applied: it is never dropped
-// silently, and the error lists every such rule.
+// Load reads the store and applies every rule, each on its own: a rule
+// that cannot be applied never holds the others back. A stored rule that
+// no longer validates (for example the seed variable was removed from the
+// environment) is kept in the table with status failed, listed and
+// deletable, but not applied; one that a stage could not apply (its
+// VIP:port is held) is failed and retried by Run. The error lists every
+// rule that is not in effect.
 func (c *Controller) Load(ctx context.Context) error {
 	recs, err := c.store.List()
 	if err != nil {
@@ -76,21 +116,39 @@ func (c *Controller) Load(ctx context.Context) error {
 	defer c.mu.Unlock()
 	var problems []error
 	for _, rec := range recs {
-		r, err := lbrule.Decode(rec.Rule)
+		raw, err := lbrule.Decode(rec.Rule)
+		if err != nil {
+			// Written by an older build with other field names: read it
+			// leniently so it can at least be listed and deleted.
+			var lenient lbrule.Rule
+			if jerr := json.Unmarshal(rec.Rule, &lenient); jerr != nil {
+				problems = append(problems, fmt.Errorf("stored rule %d cannot be read: %w", rec.ID, err))
+				c.logger.Error("stored rule cannot be read, not listed", "id", rec.ID, "err", err)
+				c.m.failures.WithLabelValues(ReasonInvalid).Inc()
+				continue
+			}
+			raw = &lenient
+		}
+		svc := Service{ID: rec.ID, Rule: raw, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt}
 		if err == nil {
-			r, err = lbrule.Prepare(r, c.env)
+			svc.Rule, err = lbrule.Prepare(raw, c.env)
 		}
 		if err != nil {
-			problems = append(problems, fmt.Errorf("stored rule %d not applied: %w", rec.ID, err))
-			c.logger.Error("stored rule not applied", "id", rec.ID, "err", err)
+			svc.Rule = raw
+			c.invalid[rec.ID] = err
+		}
+		c.services[rec.ID] = svc
+	}
+	c.reconcileLocked(ctx)
+	n := 0
+	for _, s := range c.snapshotLocked() {
+		if s.Status.State == StateApplied {
+			n++
 			continue
 		}
-		c.services[rec.ID] = Service{ID: rec.ID, Rule: r, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt}
+		problems = append(problems, fmt.Errorf("rule %d (%s) %s %s: %s", s.ID, s.Rule.Key(), s.Status.State, s.Status.Reason, s.Status.Message))
 	}
-	if err := c.reconcileLocked(ctx); err != nil {
-		problems = append(problems, err)
-	}
-	c.logger.Info("rules loaded", "count", len(c.services))
+	c.logger.Info("rules loaded", "count", len(c.services), "applied", n)
 	return errors.Join(problems...)
 }
 
@@ -116,13 +174,14 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 	}
 	now := c.now().UTC()
 	svc := Service{Rule: r, CreatedAt: now, UpdatedAt: now}
+	oldInvalid := c.invalid[old.ID]
 	if exists {
 		if old.Rule.Engine() != r.Engine() {
 			return Service{}, false, &lbrule.RuleError{Class: lbrule.ErrConflict, Field: "serviceArguments.kvEngineType",
 				Msg: fmt.Sprintf("lbrule-exist error: cant modify rule kv engine type (%s to %s): delete and recreate the rule", old.Rule.Engine(), r.Engine())}
 		}
 		if sameRule(old.Rule, r) {
-			return Service{}, false, &lbrule.RuleError{Class: lbrule.ErrConflict,
+			return Service{}, false, &lbrule.RuleError{Class: lbrule.ErrConflict, Reason: ReasonDuplicate,
 				Msg: fmt.Sprintf("lbrule-exists error: rule %s already exists with the same configuration", key)}
 		}
 		svc.ID, svc.CreatedAt = old.ID, old.CreatedAt
@@ -135,19 +194,32 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 	}
 
 	if other, ok := c.listenerTakenLocked(svc.ID, r); ok {
-		return Service{}, false, &lbrule.RuleError{Class: lbrule.ErrConflict, Field: "serviceArguments.block",
+		return Service{}, false, &lbrule.RuleError{Class: lbrule.ErrConflict, Field: "serviceArguments.block", Reason: ReasonDuplicate,
 			Msg: fmt.Sprintf("mode-4 rule %d (%s) already listens on %s:%d: the proxy tells rules apart by address, not by block mark; use another VIP or port",
 				other.ID, other.Rule.Key(), r.Service.ExternalIP, r.Service.Port)}
 	}
 	c.services[svc.ID] = svc
-	if err := c.reconcileLocked(ctx); err != nil {
+	delete(c.invalid, svc.ID)
+	failures, stageErr := c.reconcileLocked(ctx)
+	// Only this rule's own failure, or a stage failing as a whole, refuses
+	// the change: rules that were failing before stay failed and retried.
+	err = nil
+	if re := failures[svc.ID]; re != nil && !re.Degraded {
+		err = fmt.Errorf("%w: %w", ErrApply, re)
+	} else if stageErr != nil {
+		err = fmt.Errorf("%w: %w", ErrApply, stageErr)
+	}
+	if err != nil {
 		// Roll back to the previous table so stages and store agree again.
 		if exists {
 			c.services[svc.ID] = old
+			if oldInvalid != nil {
+				c.invalid[svc.ID] = oldInvalid
+			}
 		} else {
 			delete(c.services, svc.ID)
 		}
-		if rbErr := c.reconcileLocked(ctx); rbErr != nil {
+		if _, rbErr := c.reconcileLocked(ctx); rbErr != nil {
 			c.logger.Error("rollback reconcile failed", "err", rbErr)
 		}
 		return Service{}, false, err
@@ -160,6 +232,7 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 		return Service{}, false, fmt.Errorf("persist rule %d: %w", svc.ID, err)
 	}
 	c.logger.Info("rule applied", "id", svc.ID, "key", key.String(), "mode", r.Service.Mode, "engine", r.Engine(), "update", exists)
+	svc.Status = c.status[svc.ID]
 	return svc, !exists, nil
 }
 
@@ -171,7 +244,8 @@ func sameRule(a, b *lbrule.Rule) bool {
 
 // listenerTakenLocked finds another mode-4 rule on the same VIP:port (they
 // differ by block mark only): the proxy has one listener per VIP:port, so
-// the second could never be served.
+// the second could never be served. Rules that are not in effect count:
+// a VIP:port is never stored twice.
 func (c *Controller) listenerTakenLocked(id uint32, r *lbrule.Rule) (Service, bool) {
 	if r.Service.Mode != lbrule.ModeFullProxy {
 		return Service{}, false
@@ -194,15 +268,21 @@ func (c *Controller) findLocked(k lbrule.Key) (Service, bool) {
 	return Service{}, false
 }
 
-// Delete removes the rule with key k.
+// Delete removes the rule with key k, whatever its status. A store that
+// holds the key twice (written by an older build) loses every copy.
 func (c *Controller) Delete(ctx context.Context, k lbrule.Key) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s, ok := c.findLocked(k)
-	if !ok {
+	var victims []Service
+	for _, s := range c.snapshotLocked() {
+		if s.Rule.Key() == k {
+			victims = append(victims, s)
+		}
+	}
+	if len(victims) == 0 {
 		return &lbrule.RuleError{Class: lbrule.ErrNotFound, Msg: fmt.Sprintf("lbrule not-exists error: no rule %s", k)}
 	}
-	return c.deleteLocked(ctx, []Service{s})
+	return c.deleteLocked(ctx, victims)
 }
 
 // DeleteByName removes every rule with that name and reports how many.
@@ -227,11 +307,12 @@ func (c *Controller) deleteLocked(ctx context.Context, victims []Service) error 
 			return fmt.Errorf("delete rule %d from store: %w", s.ID, err)
 		}
 		delete(c.services, s.ID)
+		delete(c.invalid, s.ID)
 		c.logger.Info("rule deleted", "id", s.ID, "key", s.Rule.Key().String())
 	}
-	if err := c.reconcileLocked(ctx); err != nil {
+	if _, err := c.reconcileLocked(ctx); err != nil {
 		c.logger.Error("reconcile after delete", "err", err)
-		return err
+		return fmt.Errorf("%w: %w", ErrApply, err)
 	}
 	return nil
 }
@@ -248,28 +329,70 @@ func (c *Controller) Get(id uint32) (Service, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, ok := c.services[id]
+	s.Status = c.status[id]
 	return s, ok
 }
 
 func (c *Controller) snapshotLocked() []Service {
 	out := make([]Service, 0, len(c.services))
 	for _, s := range c.services {
+		s.Status = c.status[s.ID]
 		out = append(out, s)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
 }
 
-func (c *Controller) reconcileLocked(ctx context.Context) error {
-	snap := c.snapshotLocked()
+// reconcileLocked hands every rule that can be applied to every stage and
+// records each rule's status. Invalid rules, and a rule whose key (or
+// mode-4 VIP:port) an older rule already holds, are not handed over. It
+// returns the first failure each stage reported per rule, and what the
+// stages reported without naming a rule.
+func (c *Controller) reconcileLocked(ctx context.Context) (map[uint32]*RuleError, error) {
+	all := c.snapshotLocked()
+	desired := make([]Service, 0, len(all))
+	blocked := map[uint32]*RuleError{}
+	keys := map[lbrule.Key]uint32{}
+	listeners := map[string]uint32{}
+	for _, s := range all {
+		if err := c.invalid[s.ID]; err != nil {
+			blocked[s.ID] = &RuleError{ID: s.ID, Reason: reasonOf(err, ReasonInvalid), Err: fmt.Errorf("stored rule does not validate: %w", err)}
+			continue
+		}
+		k := s.Rule.Key()
+		if first, ok := keys[k]; ok {
+			blocked[s.ID] = &RuleError{ID: s.ID, Reason: ReasonDuplicate,
+				Err: fmt.Errorf("rule %d already holds %s; delete the rule and create it again", first, k)}
+			continue
+		}
+		if s.Rule.Service.Mode == lbrule.ModeFullProxy {
+			l := fmt.Sprintf("%s:%d", k.IP, s.Rule.Service.Port)
+			if first, ok := listeners[l]; ok {
+				blocked[s.ID] = &RuleError{ID: s.ID, Reason: ReasonDuplicate,
+					Err: fmt.Errorf("mode-4 rule %d already listens on %s", first, l)}
+				continue
+			}
+			listeners[l] = s.ID
+		}
+		keys[k] = s.ID
+		desired = append(desired, s)
+	}
+	failures := map[uint32]*RuleError{}
 	var errs []error
 	for _, r := range c.recs {
-		if err := r.Reconcile(ctx, snap); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", r.Name(), err))
+		rules, rest := splitRuleErrors(r.Reconcile(ctx, desired))
+		for _, re := range rules {
+			if prev, ok := failures[re.ID]; ok && (!prev.Degraded || re.Degraded) {
+				continue // the first failure that stops the rule serving wins
+			}
+			failures[re.ID] = &RuleError{ID: re.ID, Reason: reasonOf(re, ReasonStageFailed), Degraded: re.Degraded,
+				Err: fmt.Errorf("%s: %w", r.Name(), re.Err)}
+		}
+		if rest != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", r.Name(), rest))
 		}
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("%w: %w", ErrApply, errors.Join(errs...))
-	}
-	return nil
+	stageErr := errors.Join(errs...)
+	c.updateStatusLocked(blocked, failures, stageErr)
+	return failures, stageErr
 }

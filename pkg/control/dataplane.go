@@ -96,7 +96,7 @@ func (k *KernelReconciler) Reconcile(ctx context.Context, services []Service) er
 	for _, s := range services {
 		svc, eps, ok, err := KernelService(s.ID, s.Rule, k.ProxyPort)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("rule %d: %w", s.ID, err))
+			errs = append(errs, &RuleError{ID: s.ID, Reason: ReasonNotInstalled, Err: fmt.Errorf("rule %d: %w", s.ID, err)})
 			continue
 		}
 		if !ok {
@@ -108,7 +108,8 @@ func (k *KernelReconciler) Reconcile(ctx context.Context, services []Service) er
 			}
 		}
 		if err := k.DP.UpsertService(ctx, svc, eps); err != nil {
-			errs = append(errs, fmt.Errorf("rule %d (%s): %w", s.ID, s.Rule.Key(), err))
+			// The others are installed all the same; this one is retried.
+			errs = append(errs, &RuleError{ID: s.ID, Reason: ReasonNotInstalled, Err: fmt.Errorf("rule %d (%s): %w", s.ID, s.Rule.Key(), err)})
 			continue
 		}
 		want[s.ID] = true
@@ -166,9 +167,9 @@ func (k KernelUnavailable) Reconcile(_ context.Context, services []Service) erro
 	var errs []error
 	for _, s := range services {
 		if s.Rule.Service.Mode != lbrule.ModeFullProxy {
-			errs = append(errs, &lbrule.RuleError{Class: lbrule.ErrPrecondition, Field: "serviceArguments.mode", Reason: code,
+			errs = append(errs, &RuleError{ID: s.ID, Reason: code, Err: &lbrule.RuleError{Class: lbrule.ErrPrecondition, Field: "serviceArguments.mode", Reason: code,
 				Msg: fmt.Sprintf("rule %d (%s) is mode %d (%s), which needs the eBPF data plane: %s", s.ID, s.Rule.Key(),
-					s.Rule.Service.Mode, lbrule.ModeName(s.Rule.Service.Mode), k.Why)})
+					s.Rule.Service.Mode, lbrule.ModeName(s.Rule.Service.Mode), k.Why)}})
 		}
 	}
 	return errors.Join(errs...)

@@ -8,6 +8,9 @@ type RuleError struct {
 	ID     uint32 // the rule's service id
 	Reason string // stable reason code for the API and metrics, e.g. "LISTEN_FAILED"
 	Err    error  // what went wrong, naming the resource
+	// Degraded says the rule still serves without this stage's part (KV
+	// subscriptions, health probes); otherwise it does not serve.
+	Degraded bool
 }
 
 func (e *RuleError) Error() string { return e.Err.Error() }

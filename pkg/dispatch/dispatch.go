@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/selector"
 )
@@ -86,6 +87,12 @@ type Request struct {
 	PrefixKeys []uint64
 	// KV is Tier 1.5 (kvExactMode 1); nil skips the tier (base P/D).
 	KV KVScorer
+	// Observe, if not nil, is told what every leg showed about its
+	// endpoint (passive health checking, the P/D circuit breaker): a
+	// gateway failure (connect, reset or timeout before the response),
+	// a 5xx answer, or a success once the response headers arrived. Legs
+	// the client or the other leg abandoned report nothing.
+	Observe func(ep Endpoint, prefill bool, o outlier.Outcome)
 }
 
 // Choice is the ladder's decision for one request.

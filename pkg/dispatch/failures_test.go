@@ -69,7 +69,7 @@ func TestPrefillConnectFailover(t *testing.T) {
 				t.Fatalf("status %d err %v: %s", r.status, r.err, r.body)
 			}
 			text(t, r)
-			if got := metricSum(t, f.reg, "loxilb_pd_connect_failover_total", "endpoint", "9"); got != 1 {
+			if got := metricSum(t, f.reg, "loxilb_pd_connect_failover_total", "ep_idx", "9"); got != 1 {
 				t.Fatalf("failover counter %v, want 1", got)
 			}
 			if got := metricSum(t, f.reg, "loxilb_ai_pd_leg_errors_total", "leg", "prefill", "class", "connect"); got != 1 {
@@ -116,22 +116,22 @@ func TestLegFailures(t *testing.T) {
 		}, status: 400, code: "400", msg: "injected", metric: "loxilb_ai_pd_requests_total", labels: []string{"outcome", "prefill_error"}},
 		{name: "vllm no params", engine: "vllm", setup: func(t *testing.T, f *fleet) {
 			f.pool.Prefill = []Endpoint{fakePrefill(t, 0, 200, missing)}
-		}, status: 502, code: "pd_params_missing", msg: "prefill returned no kv_transfer_params", metric: "loxilb_ai_pd_kv_params_missing_total", labels: []string{"endpoint", "0"}},
+		}, status: 502, code: "pd_params_missing", msg: "prefill returned no kv_transfer_params", metric: "loxilb_ai_pd_kv_params_missing_total", labels: []string{"ep_idx", "0"}},
 		{name: "vllm params not an object", engine: "vllm", setup: func(t *testing.T, f *fleet) {
 			f.pool.Prefill = []Endpoint{fakePrefill(t, 0, 200, `{"choices":[],"kv_transfer_params":"oops"}`)}
-		}, status: 502, code: "pd_params_malformed", msg: "must be a JSON object", metric: "loxilb_ai_pd_kv_params_malformed_total", labels: []string{"endpoint", "0"}},
+		}, status: 502, code: "pd_params_malformed", msg: "must be a JSON object", metric: "loxilb_ai_pd_kv_params_malformed_total", labels: []string{"ep_idx", "0"}},
 		{name: "vllm params wrong field type", engine: "vllm", setup: func(t *testing.T, f *fleet) {
 			f.pool.Prefill = []Endpoint{fakePrefill(t, 0, 200, `{"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":"x"}}`)}
-		}, status: 502, code: "pd_params_malformed", msg: "remote_block_ids", metric: "loxilb_ai_pd_kv_params_malformed_total", labels: []string{"endpoint", "0"}},
+		}, status: 502, code: "pd_params_malformed", msg: "remote_block_ids", metric: "loxilb_ai_pd_kv_params_malformed_total", labels: []string{"ep_idx", "0"}},
 		{name: "vllm params over cap", engine: "vllm", cfg: Config{MaxParamsBytes: 64}, setup: func(t *testing.T, f *fleet) {
 			f.pool.Prefill = []Endpoint{fakePrefill(t, 0, 200, `{"kv_transfer_params":{"remote_block_ids":[`+strings.Repeat("1,", 100)+`1]}}`)}
-		}, status: 502, code: "pd_params_malformed", msg: "over the 64 byte cap", metric: "loxilb_ai_pd_kv_params_malformed_total", labels: []string{"endpoint", "0"}},
+		}, status: 502, code: "pd_params_malformed", msg: "over the 64 byte cap", metric: "loxilb_ai_pd_kv_params_malformed_total", labels: []string{"ep_idx", "0"}},
 		{name: "trt no params", engine: "trtllm", setup: func(t *testing.T, f *fleet) {
 			f.pool.Prefill = []Endpoint{fakePrefill(t, 0, 200, missing)}
-		}, status: 502, code: "pd_params_missing", msg: "no disaggregated_params", metric: "loxilb_ai_pd_kv_params_missing_total", labels: []string{"endpoint", "0"}},
+		}, status: 502, code: "pd_params_missing", msg: "no disaggregated_params", metric: "loxilb_ai_pd_kv_params_missing_total", labels: []string{"ep_idx", "0"}},
 		{name: "trt params malformed", engine: "trtllm", setup: func(t *testing.T, f *fleet) {
 			f.pool.Prefill = []Endpoint{fakePrefill(t, 0, 200, `{"choices":[{"finish_reason":"length","disaggregated_params":[1]}]}`)}
-		}, status: 502, code: "pd_params_malformed", msg: "must be a JSON object", metric: "loxilb_ai_pd_kv_params_malformed_total", labels: []string{"endpoint", "0"}},
+		}, status: 502, code: "pd_params_malformed", msg: "must be a JSON object", metric: "loxilb_ai_pd_kv_params_malformed_total", labels: []string{"ep_idx", "0"}},
 		{name: "slow prefill", engine: "vllm", cfg: Config{PrefillTimeout: 200 * time.Millisecond}, setup: func(t *testing.T, f *fleet) {
 			_ = f.prefill[0].SetFaults(enginesim.Faults{StallMs: 20000})
 		}, status: 504, code: "upstream_timeout", msg: "no complete prefill response", metric: "loxilb_pd_leg_timeouts_total", labels: []string{"leg", "prefill"}},
@@ -146,7 +146,7 @@ func TestLegFailures(t *testing.T) {
 		}, status: 502, code: "upstream_error", msg: "decode leg", metric: "loxilb_ai_pd_leg_errors_total", labels: []string{"leg", "decode", "class", "protocol"}},
 		{name: "decode cut mid stream", engine: "vllm", stream: true, setup: func(t *testing.T, f *fleet) {
 			_ = f.decode[0].SetFaults(enginesim.Faults{CloseMidStream: 1})
-		}, noClean: true, metric: "loxilb_pd_decode_stream_aborted_total", labels: []string{"endpoint", "1"}},
+		}, noClean: true, metric: "loxilb_pd_decode_stream_aborted_total", labels: []string{"ep_idx", "1"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -223,7 +223,7 @@ func TestDecodeConnectFailover(t *testing.T) {
 			if got := f.decode[0].Stats().Completed; got != 4 {
 				t.Fatalf("live decode completed %d of 4", got)
 			}
-			if got := metricSum(t, f.reg, "loxilb_pd_connect_failover_total", "endpoint", "8"); got < 1 {
+			if got := metricSum(t, f.reg, "loxilb_pd_connect_failover_total", "ep_idx", "8"); got < 1 {
 				t.Fatalf("no decode failover counted in 4 requests")
 			}
 		})

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 )
 
@@ -204,6 +205,7 @@ func (x *exchange) prefillOnce(ctx context.Context, ep Endpoint, body []byte) pr
 	epl := strconv.Itoa(ep.Idx)
 	resp, err := x.d.client.Do(x.newLeg(lctx, ep, body, true))
 	if err == nil {
+		x.observe(ep, true, statusOutcome(resp.StatusCode))
 		defer resp.Body.Close()
 		out.status, out.header = resp.StatusCode, resp.Header
 		out.body, err = io.ReadAll(io.LimitReader(resp.Body, x.d.cfg.MaxPrefillBody+1))
@@ -224,6 +226,9 @@ func (x *exchange) prefillOnce(ctx context.Context, ep Endpoint, body []byte) pr
 		if errors.Is(err, ErrLegProtocol) {
 			wrapped, class = err, "protocol"
 		}
+		if out.status == 0 {
+			x.observe(ep, true, outlier.GatewayFailure)
+		}
 		if class == "timeout" {
 			wrapped = fmt.Errorf("%w: no complete prefill response within %v: %w", ErrLegTimeout, x.d.cfg.PrefillTimeout, err)
 			x.d.m.legTimeouts.WithLabelValues(x.label, epl, legPrefill).Inc()
@@ -239,6 +244,21 @@ func (x *exchange) prefillOnce(ctx context.Context, ep Endpoint, body []byte) pr
 	}
 	x.d.m.prefillDur.WithLabelValues(x.label, epl).Observe(x.d.now().Sub(start).Seconds())
 	return out
+}
+
+// observe reports a leg's outcome to the request's passive health check.
+func (x *exchange) observe(ep Endpoint, prefill bool, o outlier.Outcome) {
+	if f := x.req.Observe; f != nil {
+		f(ep, prefill, o)
+	}
+}
+
+// statusOutcome is what an endpoint's response status says about it.
+func statusOutcome(status int) outlier.Outcome {
+	if status >= 500 {
+		return outlier.ServerError
+	}
+	return outlier.Success
 }
 
 // errOtherLeg is the cancel cause when one SGLang leg aborts the other.
@@ -391,15 +411,18 @@ func (x *exchange) decodeOnce(ctx context.Context, ep Endpoint, body []byte) (er
 	resp, err := x.d.client.Do(x.newLeg(lctx, ep, body, false))
 	if err != nil {
 		if timedOutNow() {
+			x.observe(ep, false, outlier.GatewayFailure)
 			return legErr("timeout", fmt.Errorf("%w: no response within %v: %w", ErrLegTimeout, x.d.cfg.DecodeFirstByteTimeout, err)), false
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: %w", context.Canceled, err), false
 		}
+		x.observe(ep, false, outlier.GatewayFailure)
 		wrapped, class, connect := transportError(err)
 		return legErr(class, wrapped), connect
 	}
 	defer resp.Body.Close()
+	x.observe(ep, false, statusOutcome(resp.StatusCode))
 
 	bp := x.d.bufs.Get().(*[]byte)
 	defer x.d.bufs.Put(bp)

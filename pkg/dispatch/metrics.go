@@ -28,7 +28,7 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	se := []string{"service", "endpoint"}
+	se := []string{"service", "ep_idx"}
 	buckets := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_ai_pd_requests_total",
@@ -46,15 +46,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Prefill responses whose transfer parameters were malformed or over the size cap; the request failed with 502."}, se),
 		legErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_ai_pd_leg_errors_total",
 			Help: "Failed legs by leg (prefill, decode) and class (connect, timeout, protocol, status)."},
-			[]string{"service", "endpoint", "leg", "class"}),
+			[]string{"service", "ep_idx", "leg", "class"}),
 		legTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_pd_leg_timeouts_total",
 			Help: "Legs that exceeded their timeout (prefill: whole leg; decode: first byte or idle)."},
-			[]string{"service", "endpoint", "leg"}),
+			[]string{"service", "ep_idx", "leg"}),
 		queued: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_pd_admission_queued_total",
 			Help: "Legs that waited for an endpoint slot because it was at LLB_PD_MAX_INFLIGHT_PER_EP."}, se),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_pd_admission_shed_total",
 			Help: "Requests refused by admission: queue_full (429), park_timeout (503), total_cap (429)."},
-			[]string{"service", "endpoint", "reason"}),
+			[]string{"service", "ep_idx", "reason"}),
 		failover: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_pd_connect_failover_total",
 			Help: "Prefill legs moved to the next prefill endpoint because connecting to this one failed."}, se),
 		streamAborted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_pd_decode_stream_aborted_total",

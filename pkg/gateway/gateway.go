@@ -109,6 +109,9 @@ type Config struct {
 	// (--tokenize-concurrency); the others wait, for as long as their
 	// client does. 0 means GOMAXPROCS.
 	TokenizeConcurrency int
+	// Outliers, when not nil, is passive health checking: attempts are
+	// reported to it and the endpoints it ejected are left out.
+	Outliers Outliers
 }
 
 // Defaults of the request bounds.
@@ -278,7 +281,10 @@ func (g *Gateway) Name() string { return "proxy" }
 // Reconcile implements control.Reconciler: it rebuilds the mode-4 table and
 // applies the listener set to the proxy. Selectors survive when a rule's
 // selector settings and endpoints are unchanged, so round-robin positions
-// and persistence tables are not reset by unrelated rule changes.
+// and persistence tables are not reset by unrelated rule changes. Rules
+// are applied one by one: a rule that cannot be (its VIP:port is held, it
+// needs TLS files the daemon lacks) is reported as a control.RuleError and
+// the others are served.
 func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -287,6 +293,7 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 	pcfg := g.cfg.Proxy
 	pcfg.Services = nil
 	var models []string
+	var errs []error
 	for _, cs := range services {
 		r := cs.Rule
 		if r.Service.Mode != lbrule.ModeFullProxy {
@@ -297,24 +304,34 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 		}
 		st, err := g.buildService(cs, old[cs.ID])
 		if err != nil {
-			return fmt.Errorf("rule %d (%s): %w", cs.ID, r.Key(), err)
+			errs = append(errs, &control.RuleError{ID: cs.ID, Reason: control.ReasonStageFailed, Err: fmt.Errorf("rule %d (%s): %w", cs.ID, r.Key(), err)})
+			continue
 		}
-		next[cs.ID] = st
 		vip, err := netip.ParseAddr(r.Service.ExternalIP)
 		if err != nil {
-			return fmt.Errorf("rule %d: %w", cs.ID, err)
+			errs = append(errs, &control.RuleError{ID: cs.ID, Reason: control.ReasonStageFailed, Err: fmt.Errorf("rule %d: %w", cs.ID, err)})
+			continue
 		}
 		ps := proxy.Service{ID: cs.ID, Listen: netip.AddrPortFrom(vip, uint16(r.Service.Port)), Security: proxy.Security(r.Service.Security),
 			CertFile: g.cfg.CertFile, KeyFile: g.cfg.KeyFile, CAFile: g.cfg.CAFile, Receipts: g.cfg.Receipts}
 		if ps.Security != proxy.SecurityPlain && (ps.CertFile == "" || ps.KeyFile == "") {
-			return &lbrule.RuleError{Class: lbrule.ErrPrecondition, Field: "serviceArguments.security", Reason: lbrule.ReasonProxyTLSUnset,
-				Msg: fmt.Sprintf("rule %d: security %d needs the daemon started with --proxy-tls-cert and --proxy-tls-key", cs.ID, r.Service.Security)}
+			errs = append(errs, &control.RuleError{ID: cs.ID, Reason: lbrule.ReasonProxyTLSUnset, Err: &lbrule.RuleError{Class: lbrule.ErrPrecondition,
+				Field: "serviceArguments.security", Reason: lbrule.ReasonProxyTLSUnset,
+				Msg: fmt.Sprintf("rule %d: security %d needs the daemon started with --proxy-tls-cert and --proxy-tls-key", cs.ID, r.Service.Security)}})
+			continue
 		}
+		next[cs.ID] = st
 		pcfg.Services = append(pcfg.Services, ps)
 	}
 	if p := g.proxyTable(); p != nil {
-		if err := p.Update(pcfg); err != nil {
-			return err
+		err := p.Update(pcfg)
+		if err != nil && len(listenErrors(err)) == 0 {
+			return errors.Join(append(errs, err)...)
+		}
+		// The proxy applied the table; these rules have no listener yet
+		// and get one at a later reconcile (the controller retries).
+		for _, le := range listenErrors(err) {
+			errs = append(errs, &control.RuleError{ID: le.ID, Reason: le.Reason(), Err: le})
 		}
 	}
 	g.table.Store(&next)
@@ -324,7 +341,27 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 			g.router.Forget(id)
 			g.m.forget(old[id].label)
 			g.leaders.forget(id)
+			if g.cfg.Outliers != nil {
+				g.cfg.Outliers.Forget(id)
+			}
 		}
+	}
+	return errors.Join(errs...)
+}
+
+// listenErrors returns the proxy's per-rule listen failures inside err.
+func listenErrors(err error) []*proxy.ListenError {
+	switch e := err.(type) {
+	case *proxy.ListenError:
+		return []*proxy.ListenError{e}
+	case interface{ Unwrap() []error }:
+		var out []*proxy.ListenError
+		for _, x := range e.Unwrap() {
+			out = append(out, listenErrors(x)...)
+		}
+		return out
+	case interface{ Unwrap() error }:
+		return listenErrors(e.Unwrap())
 	}
 	return nil
 }

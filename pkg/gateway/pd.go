@@ -9,6 +9,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/dispatch"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/pkg/selector"
@@ -135,6 +136,8 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 		return proxy.Plan{}, nil, err
 	}
 	pool := g.pdPool(st)
+	ejected := append(g.ejectPD(st, outlier.RolePrefill, pool.Prefill), g.ejectPD(st, outlier.RoleDecode, pool.Decode)...)
+	observe := g.pdObserver(st, pool)
 	if !isInference(req.Method, req.Path) {
 		var cands []proxy.Endpoint
 		for _, e := range pool.Decode {
@@ -145,9 +148,15 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 		if len(cands) == 0 {
 			return proxy.Plan{}, nil, fmt.Errorf("%w: rule %d has no healthy decode endpoint", proxy.ErrUnavailable, st.id)
 		}
-		return proxy.Plan{Candidates: cands, Receipt: "pd passthrough"}, nil, nil
+		plan := proxy.Plan{Candidates: cands, Receipt: "pd passthrough" + ejectedField(ejected)}
+		if observe != nil {
+			plan.Observe = func(ep proxy.Endpoint, o outlier.Outcome) {
+				observe(dispatch.Endpoint{Idx: ep.Idx, Host: st.rule.Endpoints[ep.Idx].IP, Port: st.rule.Endpoints[ep.Idx].Port}, false, o)
+			}
+		}
+		return plan, nil, nil
 	}
-	dreq := &dispatch.Request{Pool: pool, Method: req.Method, Path: req.Path, Header: req.Header, Body: req.Body}
+	dreq := &dispatch.Request{Pool: pool, Method: req.Method, Path: req.Path, Header: req.Header, Body: req.Body, Observe: observe}
 	if h := r.Service.SessionHeaderName; h != "" {
 		dreq.Session = req.Header.Get(h)
 	}
@@ -199,7 +208,7 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 	}
 	plan := proxy.Plan{
 		Candidates: []proxy.Endpoint{{Idx: choice.Decode.Idx, Addr: choice.Decode.Addr()}},
-		Receipt:    choice.Receipt(),
+		Receipt:    choice.Receipt() + ejectedField(ejected),
 	}
 	fn := func(ctx context.Context, w http.ResponseWriter, preq *proxy.Request) proxy.Result {
 		run := *dreq

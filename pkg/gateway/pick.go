@@ -52,6 +52,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		return proxy.Plan{}, err
 	}
 	cands := g.candidates(st)
+	ejected := g.ejectCandidates(st, cands)
 	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode, ShortestFirst: g.prefill.slots > 0}
 	freq := selector.Request{ClientIP: req.ClientAddr.Addr()}
 	if h := r.Service.SessionHeaderName; h != "" {
@@ -105,7 +106,8 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		// events arrive (the index copies the keys).
 		g.inv.StoreSpeculative(st.id, d.EP, keys, g.cfg.SpeculativeTTL)
 	}
-	plan := proxy.Plan{Candidates: g.order(st, d.EP, cands), Receipt: d.Receipt().String()}
+	plan := proxy.Plan{Candidates: g.order(st, d.EP, cands), Receipt: d.Receipt().String() + ejectedField(ejected),
+		Observe: g.observer(st, len(cands))}
 	// The engine recomputes at least the prompt's last token.
 	uncached := int64(max(promptTokens-d.PredictedCachedTokens(), 1))
 	lead := func() {} // ends this request's coalescing leadership

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -81,7 +82,12 @@ type Prober interface {
 	Set(targets []health.Target) error
 }
 
-// HealthReconciler hands every rule's endpoints to the prober.
+// ReasonHealthProbe: a rule's health probe could not be set up; the rule
+// serves unprobed (degraded).
+const ReasonHealthProbe = "HEALTH_PROBE_FAILED"
+
+// HealthReconciler hands every rule's endpoints to the prober; a rule whose
+// probe cannot be built is reported (degraded) and the others are probed.
 type HealthReconciler struct {
 	Prober Prober
 }
@@ -92,6 +98,7 @@ func (h *HealthReconciler) Name() string { return "health" }
 // Reconcile implements control.Reconciler.
 func (h *HealthReconciler) Reconcile(_ context.Context, services []control.Service) error {
 	var targets []health.Target
+	var errs []error
 	for _, s := range services {
 		r := s.Rule
 		monitor := health.MonitorEnabled(r.Service.Monitor, r.Service.ProbeType)
@@ -100,19 +107,32 @@ func (h *HealthReconciler) Reconcile(_ context.Context, services []control.Servi
 			p, err := health.ProbeFromRule(r.Service.ProbeType, r.Service.ProbePort, r.Service.ProbeReq, r.Service.ProbeResp,
 				r.Service.ProbeTimeout, r.Service.ProbeRetries)
 			if err != nil {
-				return fmt.Errorf("rule %d (%s): %w", s.ID, r.Key(), err)
+				// The rule serves unprobed; the others keep their probes.
+				errs = append(errs, &control.RuleError{ID: s.ID, Reason: ReasonHealthProbe, Degraded: true, Err: fmt.Errorf("rule %d (%s): %w", s.ID, r.Key(), err)})
+				continue
 			}
 			probe = p
 		}
+		var ts []health.Target
+		var bad error
 		for i, ep := range r.Endpoints {
 			addr, err := netip.ParseAddr(ep.IP)
 			if err != nil {
-				return fmt.Errorf("rule %d endpoint %d: %w", s.ID, i, err)
+				bad = fmt.Errorf("rule %d endpoint %d: %w", s.ID, i, err)
+				break
 			}
-			targets = append(targets, health.Target{Service: s.ID, EP: i, Addr: addr, Port: uint16(ep.Port), Monitor: monitor, Probe: probe})
+			ts = append(ts, health.Target{Service: s.ID, EP: i, Addr: addr, Port: uint16(ep.Port), Monitor: monitor, Probe: probe})
 		}
+		if bad != nil {
+			errs = append(errs, &control.RuleError{ID: s.ID, Reason: ReasonHealthProbe, Degraded: true, Err: bad})
+			continue
+		}
+		targets = append(targets, ts...)
 	}
-	return h.Prober.Set(targets)
+	if err := h.Prober.Set(targets); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // EndpointState renders health for rule read-back: "active" or "inactive"

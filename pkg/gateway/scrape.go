@@ -95,7 +95,7 @@ func NewScraper(cfg ScraperConfig, logger *slog.Logger, reg prometheus.Registere
 	s := &Scraper{cfg: cfg, logger: logger, targets: map[epKey]scrapeTarget{}, samples: map[epKey]sample{},
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_engine_scrape_errors_total",
 			Help: "Failed scrapes of an engine's /metrics (load signals for gpu-aware selection and the KV load blend), by reason."},
-			[]string{"service", "ep", "reason"}),
+			[]string{"service", "ep_idx", "reason"}),
 		// Load hints only: an https endpoint's certificate is not verified
 		// here (the proxy verifies it for traffic).
 		client: &http.Client{Timeout: cfg.Timeout, Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 1,
@@ -134,7 +134,7 @@ func (s *Scraper) Reconcile(_ context.Context, services []control.Service) error
 	for k, t := range s.targets {
 		if n, ok := next[k]; !ok || n != t {
 			delete(s.samples, k)
-			s.errs.DeletePartialMatch(prometheus.Labels{"service": strconv.FormatUint(uint64(k.service), 10), "ep": strconv.Itoa(k.ep)})
+			s.errs.DeletePartialMatch(prometheus.Labels{"service": strconv.FormatUint(uint64(k.service), 10), "ep_idx": strconv.Itoa(k.ep)})
 		}
 	}
 	s.targets = next

@@ -126,15 +126,15 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Prober, e
 			healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 				Name: "loxilb_endpoint_healthy",
 				Help: "1 when the endpoint passes its health probe, 0 when it is down. Only monitored endpoints have a series.",
-			}, []string{"service", "ep"}),
+			}, []string{"service", "ep_idx"}),
 			failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "loxilb_endpoint_probe_failures_total",
 				Help: "Failed health probes by reason.",
-			}, []string{"service", "ep", "reason"}),
+			}, []string{"service", "ep_idx", "reason"}),
 			changes: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "loxilb_endpoint_state_changes_total",
 				Help: "Endpoint up/down transitions.",
-			}, []string{"service", "ep"}),
+			}, []string{"service", "ep_idx"}),
 		},
 	}
 	p.http = newHTTPClient(nil)
@@ -280,7 +280,7 @@ func (p *Prober) stopLocked(k key, w *worker, deleteSeries bool) {
 	}
 	delete(p.workers, k)
 	if deleteSeries {
-		l := prometheus.Labels{"service": w.labels[0], "ep": w.labels[1]}
+		l := prometheus.Labels{"service": w.labels[0], "ep_idx": w.labels[1]}
 		p.m.healthy.DeletePartialMatch(l)
 		p.m.failures.DeletePartialMatch(l)
 		p.m.changes.DeletePartialMatch(l)

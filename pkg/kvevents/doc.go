@@ -108,8 +108,8 @@
 //
 // # Metrics
 //
-// All carry labels service (Spec.ServiceName, else the rule number) and ep
-// (the endpoint index), and are deleted when the subscription stops:
+// All carry labels service (the rule number) and ep_idx (the endpoint
+// index), the label set of every per-endpoint metric of the daemon, and are deleted when the subscription stops:
 // loxilb_kv_subscriber_connected, loxilb_kv_subscriber_reconnect_total,
 // loxilb_kv_subscriber_recv_error_total, loxilb_kv_subscriber_degraded,
 // loxilb_kv_events_applied_total{type}, loxilb_kv_block_events_applied_total{op},

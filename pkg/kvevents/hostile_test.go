@@ -110,7 +110,7 @@ func TestHugeFrameHeaderOnLivePort(t *testing.T) {
 			runtime.ReadMemStats(&ms)
 			before := ms.TotalAlloc
 			h := startManager(t, fastConfig(), vllmSpec(hp.port))
-			l := map[string]string{"service": "svc7", "ep": "2", "reason": rejectMessageTooLarge}
+			l := map[string]string{"service": "7", "ep_idx": "2", "reason": rejectMessageTooLarge}
 			waitFor(t, "two refusals", func() bool { return h.metric("loxilb_kv_rejected_total", l) >= 2 })
 			if hp.conns.Load() < 2 {
 				t.Fatalf("subscriber dialled %d times, want a redial", hp.conns.Load())
@@ -139,9 +139,9 @@ func TestHugeFrameHeaderOnReplayPort(t *testing.T) {
 			spec.ReplayEndpoint = "tcp://127.0.0.1:" + strconv.Itoa(hp.port)
 			h := startManager(t, fastConfig(), spec)
 			p.handshake(h, 7, 2, 0, 0, storedBatch(11))
-			l := map[string]string{"service": "svc7", "ep": "2", "reason": rejectMessageTooLarge}
+			l := map[string]string{"service": "7", "ep_idx": "2", "reason": rejectMessageTooLarge}
 			waitFor(t, "replay refusal", func() bool { return h.metric("loxilb_kv_rejected_total", l) >= 1 })
-			if h.metric("loxilb_kv_replays_total", map[string]string{"service": "svc7", "ep": "2", "result": replayUnavailable}) < 1 {
+			if h.metric("loxilb_kv_replays_total", map[string]string{"service": "7", "ep_idx": "2", "result": replayUnavailable}) < 1 {
 				t.Fatal("replay not counted unavailable")
 			}
 			if got := h.sink.keys(7, 2, 0); len(got) != 1 || got[0] != 11 {
@@ -160,7 +160,7 @@ func TestTooManyFramesRefused(t *testing.T) {
 	}
 	hp := newHostilePeer(t, script)
 	h := startManager(t, fastConfig(), vllmSpec(hp.port))
-	l := map[string]string{"service": "svc7", "ep": "2", "reason": rejectMessageTooLarge}
+	l := map[string]string{"service": "7", "ep_idx": "2", "reason": rejectMessageTooLarge}
 	waitFor(t, "refusal", func() bool { return h.metric("loxilb_kv_rejected_total", l) >= 1 })
 }
 
@@ -172,7 +172,7 @@ func TestMalformedReadyRefused(t *testing.T) {
 	script := append(zmtpGreeting(), append([]byte{zmtpFlagCommand, byte(len(body))}, body...)...)
 	hp := newHostilePeer(t, script)
 	h := startManager(t, fastConfig(), vllmSpec(hp.port))
-	l := map[string]string{"service": "svc7", "ep": "2", "reason": rejectBadFraming}
+	l := map[string]string{"service": "7", "ep_idx": "2", "reason": rejectBadFraming}
 	waitFor(t, "refusal", func() bool { return h.metric("loxilb_kv_rejected_total", l) >= 1 })
 }
 
@@ -182,7 +182,7 @@ func TestUnknownPeerSocketTypeRefused(t *testing.T) {
 	for _, typ := range []string{"", "BOGUS", "PULL"} {
 		hp := newHostilePeer(t, append(zmtpGreeting(), zmtpReady(typ)...))
 		h := startManager(t, fastConfig(), vllmSpec(hp.port))
-		l := map[string]string{"service": "svc7", "ep": "2", "reason": rejectBadFraming}
+		l := map[string]string{"service": "7", "ep_idx": "2", "reason": rejectBadFraming}
 		waitFor(t, "refusal of "+typ, func() bool { return h.metric("loxilb_kv_rejected_total", l) >= 1 })
 		h.stop()
 	}
@@ -217,7 +217,7 @@ func TestSubscriberPanicRecovered(t *testing.T) {
 	waitFor(t, "panic counted", func() bool {
 		p.send(0, storedBatch(5))
 		time.Sleep(10 * time.Millisecond)
-		return h.metric("loxilb_kv_subscriber_panics_total", map[string]string{"service": "svc7", "ep": "2"}) == 1
+		return h.metric("loxilb_kv_subscriber_panics_total", map[string]string{"service": "7", "ep_idx": "2"}) == 1
 	})
 	p.handshake(h, 7, 2, 0, 1, storedBatch(6))
 	if st := h.status(7, 2); st.Panics != 1 || !strings.Contains(st.Ranks[0].LastError, "") {
@@ -299,7 +299,7 @@ func TestBatchLimitIsAtomic(t *testing.T) {
 	p.handshake(h, 7, 2, 0, 0, storedBatch(9))
 	p.send(1, batchStoredThenTokens(65))
 	waitFor(t, "refusal", func() bool {
-		return h.metric("loxilb_kv_rejected_total", map[string]string{"service": "svc7", "ep": "2", "reason": rejectBatchLimit}) == 1
+		return h.metric("loxilb_kv_rejected_total", map[string]string{"service": "7", "ep_idx": "2", "reason": rejectBatchLimit}) == 1
 	})
 	if got := h.sink.keys(7, 2, 0); len(got) != 1 || got[0] != 9 {
 		t.Fatalf("inventory = %v, want [9]", got)
@@ -360,7 +360,7 @@ func TestTRTBodyOverLimitRefused(t *testing.T) {
 	t.Cleanup(srv.Close)
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
 	h := startManager(t, fastConfig(), trtSpec(port, 4))
-	l := map[string]string{"service": "4", "ep": "1", "reason": rejectBodyTooLarge}
+	l := map[string]string{"service": "4", "ep_idx": "1", "reason": rejectBodyTooLarge}
 	waitFor(t, "refusal", func() bool { return h.metric("loxilb_kv_rejected_total", l) >= 1 })
 	if st := h.status(4, 1); !st.Degraded {
 		t.Fatalf("status = %+v", st)
@@ -413,7 +413,7 @@ func TestReplayTooLongRefused(t *testing.T) {
 	cfg := fastConfig()
 	cfg.ReplayMaxBatches = 10
 	h := startManager(t, cfg, spec)
-	l := map[string]string{"service": "svc7", "ep": "2", "reason": rejectReplayTooLong}
+	l := map[string]string{"service": "7", "ep_idx": "2", "reason": rejectReplayTooLong}
 	waitFor(t, "refusal", func() bool { return h.metric("loxilb_kv_rejected_total", l) >= 1 })
 	if got := len(h.sink.keys(7, 2, 0)); got > 10 {
 		t.Fatalf("%d replayed batches applied, cap 10", got)
@@ -436,7 +436,7 @@ func TestTRTRankOutOfRangeSkipped(t *testing.T) {
 	b.WriteString("]")
 	ts.push(b.String())
 	h := startManager(t, fastConfig(), trtSpec(ts.port(t), 4))
-	l := map[string]string{"service": "4", "ep": "1", "reason": skipRank}
+	l := map[string]string{"service": "4", "ep_idx": "1", "reason": skipRank}
 	waitFor(t, "skipped", func() bool { return h.metric("loxilb_kv_events_skipped_total", l) == 100 })
 	if n := len(h.sink.keys(4, 1, -1)); n != 0 {
 		t.Fatalf("%d keys stored for out-of-range ranks", n)
@@ -457,7 +457,7 @@ func TestTRTAnnouncedBodyOverLimitRefused(t *testing.T) {
 	t.Cleanup(srv.Close)
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
 	h := startManager(t, fastConfig(), trtSpec(port, 4))
-	l := map[string]string{"service": "4", "ep": "1", "reason": rejectBodyTooLarge}
+	l := map[string]string{"service": "4", "ep_idx": "1", "reason": rejectBodyTooLarge}
 	waitFor(t, "refusal", func() bool { return h.metric("loxilb_kv_rejected_total", l) >= 1 })
 	if st := h.status(4, 1); !strings.Contains(st.Ranks[0].LastError, "announced") {
 		t.Fatalf("status = %+v", st)

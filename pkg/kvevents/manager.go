@@ -53,7 +53,8 @@ const DefaultReplayPortOffset = 1000
 type Spec struct {
 	// Service is the rule number (service_id in the API).
 	Service uint32
-	// ServiceName labels metrics; the decimal Service is used when empty.
+	// ServiceName is the rule name, shown in logs and parity reports (metrics
+	// use the decimal Service so they join with every other stage's).
 	ServiceName string
 	// EPIdx is the endpoint's index in the rule (ep_idx in the API).
 	EPIdx int
@@ -104,10 +105,10 @@ func (s Spec) algo() blockhash.Algo {
 	}
 }
 
+// serviceLabel is the metric label of the subscription's service: the
+// numeric rule id, as on every other per-service metric, so dashboards can
+// join them (loxilb_service_info maps it to the rule name).
 func (s Spec) serviceLabel() string {
-	if s.ServiceName != "" {
-		return s.ServiceName
-	}
 	return strconv.FormatUint(uint64(s.Service), 10)
 }
 
@@ -439,6 +440,19 @@ func (m *Manager) Status(service uint32, ep int) (EndpointStatus, bool) {
 		return EndpointStatus{}, false
 	}
 	return s.status(), true
+}
+
+// ParityOK reports whether the endpoint's parity verdict is ok and it is
+// not quarantined: the keys its engine publishes were recomputed from the
+// events' tokens and found equal to the gateway's. False when no
+// subscription exists for (service, ep). It satisfies router.Attestation,
+// so the zero-hit watchdog can tell prompts that were not cached from a
+// probable hash mismatch.
+func (m *Manager) ParityOK(service uint32, ep int) bool {
+	m.mu.Lock()
+	s, ok := m.subs[subKey{service, ep}]
+	m.mu.Unlock()
+	return ok && s.parity.status().Verdict == VerdictOK && !s.quar.active()
 }
 
 // Statuses reports every subscription, ordered by service then endpoint.

@@ -105,7 +105,7 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
-	se := []string{"service", "ep"}
+	se := []string{"service", "ep_idx"}
 	m := &metrics{
 		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "loxilb_kv_subscriber_connected",
@@ -237,7 +237,7 @@ type subMetrics struct {
 }
 
 func (m *metrics) forSub(service, ep string) *subMetrics {
-	l := prometheus.Labels{"service": service, "ep": ep}
+	l := prometheus.Labels{"service": service, "ep_idx": ep}
 	s := &subMetrics{
 		m:       m,
 		labels:  l,
@@ -281,7 +281,7 @@ func (m *metrics) forSub(service, ep string) *subMetrics {
 
 func (s *subMetrics) setParity(verdict string) {
 	for _, v := range allVerdicts {
-		g := s.m.parity.WithLabelValues(s.labels["service"], s.labels["ep"], v)
+		g := s.m.parity.WithLabelValues(s.labels["service"], s.labels["ep_idx"], v)
 		if v == verdict {
 			g.Set(1)
 		} else {
@@ -292,7 +292,7 @@ func (s *subMetrics) setParity(verdict string) {
 
 func (s *subMetrics) setAdmission(verdict string) {
 	for _, v := range allAdmissions {
-		g := s.m.admission.WithLabelValues(s.labels["service"], s.labels["ep"], v)
+		g := s.m.admission.WithLabelValues(s.labels["service"], s.labels["ep_idx"], v)
 		if v == verdict {
 			g.Set(1)
 		} else {

@@ -57,12 +57,15 @@ func TestForgedPublisherQuarantined(t *testing.T) {
 	cfg := fastConfig()
 	cfg.QuarantineVerifyBlocks = 4
 	h := startManager(t, cfg, spec)
-	l := map[string]string{"service": "svc7", "ep": "2"}
+	l := map[string]string{"service": "7", "ep_idx": "2"}
 
 	good, goodKeys := tokenBatch(t, spec, 1000, 2, false)
 	p.handshake(h, 7, 2, 0, 0, good)
 	if got := h.sink.keys(7, 2, -1); !slices.Equal(got, sorted(goodKeys...)) {
 		t.Fatalf("inventory = %v, want %v", got, goodKeys)
+	}
+	if !h.m.ParityOK(7, 2) || h.m.ParityOK(7, 3) {
+		t.Fatalf("ParityOK(7,2)=%v (verdict %s), ParityOK of an unknown endpoint=%v", h.m.ParityOK(7, 2), h.status(7, 2).Parity.Verdict, h.m.ParityOK(7, 3))
 	}
 
 	forged, _ := tokenBatch(t, spec, 5000, 2, true)
@@ -74,6 +77,9 @@ func TestForgedPublisherQuarantined(t *testing.T) {
 	st := h.status(7, 2)
 	if !st.Parity.Quarantine.Quarantined || st.Parity.Verdict != VerdictHashMismatch || st.Parity.Quarantine.Entered != 1 {
 		t.Fatalf("parity = %+v", st.Parity)
+	}
+	if h.m.ParityOK(7, 2) {
+		t.Fatal("ParityOK while quarantined with a hash mismatch")
 	}
 	if rep := h.m.Parity(); len(rep) != 1 || !rep[0].Quarantined || rep[0].QuarantineReason == "" {
 		t.Fatalf("parity report = %+v", rep)
@@ -92,7 +98,7 @@ func TestForgedPublisherQuarantined(t *testing.T) {
 	if !h.status(7, 2).Parity.Quarantine.Quarantined || len(h.sink.keys(7, 2, -1)) != 0 {
 		t.Fatalf("after 3 verified, 1 forged, 3 verified: %+v, inventory %v", h.status(7, 2).Parity, h.sink.keys(7, 2, -1))
 	}
-	if h.metric("loxilb_kv_events_skipped_total", map[string]string{"service": "svc7", "ep": "2", "reason": skipQuarantined}) != 4 {
+	if h.metric("loxilb_kv_events_skipped_total", map[string]string{"service": "7", "ep_idx": "2", "reason": skipQuarantined}) != 4 {
 		t.Fatal("quarantined events not counted as skipped")
 	}
 
@@ -105,6 +111,9 @@ func TestForgedPublisherQuarantined(t *testing.T) {
 	waitFor(t, "stored after lift", func() bool { return slices.Equal(h.sink.keys(7, 2, -1), sorted(keys...)) })
 	if st := h.status(7, 2); st.Parity.Quarantine.Quarantined || st.Parity.Verdict != VerdictOK {
 		t.Fatalf("parity after lift = %+v", st.Parity)
+	}
+	if !h.m.ParityOK(7, 2) {
+		t.Fatal("ParityOK false after the quarantine lifted")
 	}
 }
 

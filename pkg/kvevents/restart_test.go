@@ -67,7 +67,7 @@ func restartEngine(t *testing.T, h *harness, p *publisher, rs *replayServer) {
 	if st.Resets != 1 || st.Degraded || st.Gaps != 0 || st.ReplayFailures != 0 {
 		t.Fatalf("status after restart = %+v", st)
 	}
-	if n := h.metric("loxilb_kv_resets_total", map[string]string{"service": "svc7", "ep": "2", "reason": resetSeqBackwards}); n != 1 {
+	if n := h.metric("loxilb_kv_resets_total", map[string]string{"service": "7", "ep_idx": "2", "reason": resetSeqBackwards}); n != 1 {
 		t.Fatalf("seq_backwards resets = %v, want 1", n)
 	}
 }
@@ -98,7 +98,7 @@ func TestRestartAfterReplayedDuplicates(t *testing.T) {
 	if st.Resets != 0 || st.Ranks[0].LastSeq != 2 || !slices.Equal(h.sink.keys(7, 2, 0), []uint64{1, 2, 3}) {
 		t.Fatalf("a duplicate changed the state: %+v, inventory %v", st, h.sink.keys(7, 2, 0))
 	}
-	if n := h.metric("loxilb_kv_events_skipped_total", map[string]string{"service": "svc7", "ep": "2", "reason": skipDuplicate}); n == 0 {
+	if n := h.metric("loxilb_kv_events_skipped_total", map[string]string{"service": "7", "ep_idx": "2", "reason": skipDuplicate}); n == 0 {
 		t.Fatal("duplicate not counted")
 	}
 	restartEngine(t, h, p, rs)

@@ -167,7 +167,7 @@ func TestTRTLLMAdmission(t *testing.T) {
 	if ts.pending() != 1 {
 		t.Fatal("a refused endpoint was drained")
 	}
-	if h.metric("loxilb_kv_trtllm_admission", map[string]string{"ep": "1", "verdict": AdmissionRefused}) != 1 {
+	if h.metric("loxilb_kv_trtllm_admission", map[string]string{"ep_idx": "1", "verdict": AdmissionRefused}) != 1 {
 		t.Fatal("admission metric")
 	}
 	// The engine is relaunched with the rule's geometry: admitted on recheck.

@@ -58,14 +58,14 @@ func TestVLLMVectorsEndToEnd(t *testing.T) {
 	if st.Parity.Verdict != VerdictOK {
 		t.Fatalf("parity = %+v", st.Parity)
 	}
-	l := map[string]string{"service": "svc7", "ep": "2"}
+	l := map[string]string{"service": "7", "ep_idx": "2"}
 	if h.metric("loxilb_kv_subscriber_connected", l) != 1 {
 		t.Fatal("connected gauge not 1")
 	}
-	if h.metric("loxilb_kv_block_events_applied_total", map[string]string{"service": "svc7", "ep": "2", "op": "stored"}) != 10 {
+	if h.metric("loxilb_kv_block_events_applied_total", map[string]string{"service": "7", "ep_idx": "2", "op": "stored"}) != 10 {
 		t.Fatal("stored block counter wrong")
 	}
-	if h.metric("loxilb_kv_parity_verdict", map[string]string{"service": "svc7", "ep": "2", "verdict": "ok"}) != 1 {
+	if h.metric("loxilb_kv_parity_verdict", map[string]string{"service": "7", "ep_idx": "2", "verdict": "ok"}) != 1 {
 		t.Fatal("parity gauge not ok")
 	}
 	if rep := h.m.Parity(); len(rep) != 1 || rep[0].Verdict != VerdictOK || rep[0].Service != 7 || rep[0].EPIdx != 2 {
@@ -127,7 +127,7 @@ func TestGapWithoutReplay(t *testing.T) {
 	if got := h.sink.keys(7, 2, 0); !slices.Equal(got, []uint64{10, 30}) {
 		t.Fatalf("small gap keeps blocks, got %v", got)
 	}
-	if h.metric("loxilb_kv_subscriber_degraded", map[string]string{"service": "svc7", "ep": "2"}) != 1 {
+	if h.metric("loxilb_kv_subscriber_degraded", map[string]string{"service": "7", "ep_idx": "2"}) != 1 {
 		t.Fatal("degraded gauge not set")
 	}
 	p.send(200, storedBatch(40)) // 196 lost: more than GapKeepWindow
@@ -198,7 +198,7 @@ func TestGapReplayUnavailable(t *testing.T) {
 	if st.Gaps != 1 || !st.Degraded || st.ReplayFailures == 0 {
 		t.Fatalf("status = %+v", st)
 	}
-	if h.metric("loxilb_kv_replays_total", map[string]string{"service": "svc7", "ep": "2", "result": "unavailable"}) == 0 {
+	if h.metric("loxilb_kv_replays_total", map[string]string{"service": "7", "ep_idx": "2", "result": "unavailable"}) == 0 {
 		t.Fatal("unavailable replay not counted")
 	}
 	if got := h.sink.keys(7, 2, 0); !slices.Equal(got, []uint64{1, 5}) {
@@ -220,7 +220,7 @@ func TestEngineRestartSeqBackwards(t *testing.T) {
 	if st.Resets != 1 || st.Ranks[0].LastSeq != 0 || st.Degraded {
 		t.Fatalf("status = %+v", st)
 	}
-	if h.metric("loxilb_kv_resets_total", map[string]string{"service": "svc7", "ep": "2", "reason": resetSeqBackwards}) != 1 {
+	if h.metric("loxilb_kv_resets_total", map[string]string{"service": "7", "ep_idx": "2", "reason": resetSeqBackwards}) != 1 {
 		t.Fatal("reset not counted")
 	}
 }
@@ -235,7 +235,7 @@ func TestPublisherDownAndBack(t *testing.T) {
 
 	p.sock.Close()
 	waitFor(t, "disconnect", func() bool { return !h.status(7, 2).Connected })
-	if h.metric("loxilb_kv_subscriber_connected", map[string]string{"service": "svc7", "ep": "2"}) != 0 {
+	if h.metric("loxilb_kv_subscriber_connected", map[string]string{"service": "7", "ep_idx": "2"}) != 0 {
 		t.Fatal("connected gauge still 1")
 	}
 	time.Sleep(50 * time.Millisecond) // a few failed redials
@@ -325,7 +325,7 @@ func TestGarbageFrames(t *testing.T) {
 	if got := h.sink.keys(7, 2, 0); !slices.Equal(got, []uint64{4}) {
 		t.Fatalf("inventory = %v", got)
 	}
-	if h.metric("loxilb_kv_decode_errors_total", map[string]string{"service": "svc7", "ep": "2"}) != 5 {
+	if h.metric("loxilb_kv_decode_errors_total", map[string]string{"service": "7", "ep_idx": "2"}) != 5 {
 		t.Fatal("decode errors metric")
 	}
 }
@@ -370,7 +370,7 @@ func TestSyncLifecycle(t *testing.T) {
 	if h.sink.callCount("clear_ep") != 2 || len(h.sink.keys(7, 2, -1)) != 0 {
 		t.Fatalf("calls %v", h.sink.calls)
 	}
-	if n := h.seriesCount(map[string]string{"service": "svc7", "ep": "2"}); n != 0 {
+	if n := h.seriesCount(map[string]string{"service": "7", "ep_idx": "2"}); n != 0 {
 		t.Fatalf("%d series left", n)
 	}
 }
@@ -416,8 +416,8 @@ func TestParityMismatchEndToEnd(t *testing.T) {
 	}
 	waitFor(t, "verdict", func() bool { return h.status(7, 2).Parity.Verdict == VerdictHashMismatch })
 	waitFor(t, "seq 3", func() bool { return h.status(7, 2).Ranks[0].LastSeq == 3 })
-	if h.metric("loxilb_kv_parity_verdict", map[string]string{"ep": "2", "verdict": VerdictHashMismatch}) != 1 ||
-		h.metric("loxilb_kv_parity_verdict", map[string]string{"ep": "2", "verdict": VerdictOK}) != 0 {
+	if h.metric("loxilb_kv_parity_verdict", map[string]string{"ep_idx": "2", "verdict": VerdictHashMismatch}) != 1 ||
+		h.metric("loxilb_kv_parity_verdict", map[string]string{"ep_idx": "2", "verdict": VerdictOK}) != 0 {
 		t.Fatal("parity gauges")
 	}
 	mu.Lock()

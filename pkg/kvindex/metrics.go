@@ -22,11 +22,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_kv_inv_cap_evictions_total",
 			Help: "Blocks evicted from an endpoint inventory because it reached its cap (oldest inserted first).",
-		}, []string{"service", "ep"}),
+		}, []string{"service", "ep_idx"}),
 		specDrops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_kv_inv_speculative_dropped_total",
 			Help: "Speculative entries not recorded because the endpoint's speculative cap was reached.",
-		}, []string{"service", "ep"}),
+		}, []string{"service", "ep_idx"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_kv_inv_rejected_total",
 			Help: "Inventory updates rejected, by reason (endpoint or rank index out of range).",

@@ -41,6 +41,7 @@ const (
 	DefaultMaxInflightBodyBytes   = 256 << 20
 	DefaultMaxConnsPerListener    = 10000
 	DefaultMaxResponseHeaderBytes = 1 << 20
+	DefaultMaxRetries             = 2
 )
 
 // Config is the proxy's whole configuration: process-wide knobs plus one
@@ -100,6 +101,13 @@ type Config struct {
 	UpstreamIdleTimeout time.Duration
 	// MaxIdleConnsPerHost sizes the keep-alive pool per endpoint.
 	MaxIdleConnsPerHost int
+	// MaxRetries bounds how many further candidates a request is sent to
+	// after an attempt that failed before the endpoint could have started
+	// it (connect refused or timed out, TLS handshake, connection broken
+	// while the request was written). A request an endpoint may have
+	// started is never sent again. 0 means DefaultMaxRetries; negative
+	// means no retry.
+	MaxRetries int
 	// ShutdownGrace is how long Serve waits for in-flight requests when
 	// its context is cancelled before closing them.
 	ShutdownGrace time.Duration
@@ -206,6 +214,9 @@ func (c Config) withDefaults() Config {
 	def(&c.ShutdownGrace, DefaultShutdownGrace)
 	if c.MaxIdleConnsPerHost == 0 {
 		c.MaxIdleConnsPerHost = DefaultMaxIdleConnsPerHost
+	}
+	if c.MaxRetries == 0 {
+		c.MaxRetries = DefaultMaxRetries
 	}
 	if c.UsageScanBytes == 0 {
 		c.UsageScanBytes = DefaultUsageScanBytes

@@ -9,7 +9,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
+	"syscall"
+
+	"github.com/loxilb-llm/loxilb/pkg/outlier"
 )
 
 // Sentinel errors. Callers (and the Picker) wrap them with fmt.Errorf("%w")
@@ -48,6 +52,51 @@ var (
 	// shortly (503 with Retry-After).
 	ErrOverloaded = errors.New("proxy overloaded")
 )
+
+// Reason codes of ListenError, the same the management API answers a
+// create with.
+const (
+	// ReasonVIPPortInUse: another process (or rule) holds the VIP:port.
+	ReasonVIPPortInUse = "VIP_PORT_IN_USE"
+	// ReasonVIPNotLocal: the VIP is not an address of this host and no
+	// data plane makes it one.
+	ReasonVIPNotLocal = "VIP_NOT_LOCAL"
+	// ReasonListenPermission: a port below 1024 without
+	// CAP_NET_BIND_SERVICE.
+	ReasonListenPermission = "LISTEN_PERMISSION_DENIED"
+	// ReasonListenFailed: any other listen failure.
+	ReasonListenFailed = "LISTEN_FAILED"
+)
+
+// ListenError is one rule whose VIP:port listener could not be opened.
+// The proxy serves every other rule; this one stays in the table and its
+// listener is tried again at the next Update. errors.Is matches ErrListen
+// and the cause (syscall.EADDRINUSE, ...).
+type ListenError struct {
+	ID   uint32         // the rule's service id
+	Addr netip.AddrPort // the VIP:port
+	Err  error          // from net.Listen
+}
+
+func (e *ListenError) Error() string {
+	return fmt.Sprintf("%v: service %d: listen on %s: %v", ErrListen, e.ID, e.Addr, e.Err)
+}
+
+// Unwrap matches ErrListen and the cause.
+func (e *ListenError) Unwrap() []error { return []error{ErrListen, e.Err} }
+
+// Reason is the failure's reason code.
+func (e *ListenError) Reason() string {
+	switch {
+	case errors.Is(e.Err, syscall.EADDRINUSE):
+		return ReasonVIPPortInUse
+	case errors.Is(e.Err, syscall.EADDRNOTAVAIL):
+		return ReasonVIPNotLocal
+	case errors.Is(e.Err, syscall.EACCES), errors.Is(e.Err, syscall.EPERM):
+		return ReasonListenPermission
+	}
+	return ReasonListenFailed
+}
 
 // StatusClientClosed is the status recorded (never sent) for requests
 // whose client disconnected; nginx's 499 convention.
@@ -96,6 +145,17 @@ func classify(err error) errorInfo {
 	}
 }
 
+// outcomeOf is what a failed attempt says about its endpoint, from the
+// class classify gives its error: failing to reach it or to get an answer
+// from it is a gateway failure; the client leaving says nothing.
+func outcomeOf(err error) outlier.Outcome {
+	switch classify(err).class {
+	case ClassConnect, ClassTLS, ClassTimeout, ClassProtocol:
+		return outlier.GatewayFailure
+	}
+	return outlier.Ignore
+}
+
 // StatusFor returns the HTTP status the proxy answers for err. It is the
 // exported face of the single mapping function, for tests and callers that
 // need to predict the proxy's answer.
@@ -104,7 +164,8 @@ func StatusFor(err error) int { return classify(err).status }
 // upstreamError classifies a transport error from one attempt against the
 // endpoint at addr and wraps it with the matching sentinel. retryable is
 // true when the request cannot have reached the endpoint's application
-// (dial or TLS handshake failed), so another candidate may be tried.
+// (dial or TLS handshake failed, or the connection broke before the whole
+// request was written), so another candidate may be tried.
 func upstreamError(addr string, err error) (wrapped error, retryable bool) {
 	var (
 		opErr   *net.OpError
@@ -126,6 +187,11 @@ func upstreamError(addr string, err error) (wrapped error, retryable bool) {
 		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamTimeout, addr, err), dial
 	case dial:
 		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamConnect, addr, err), true
+	case errors.Is(err, errWriteFailed):
+		// The connection broke before the whole request was written: the
+		// endpoint cannot have started it (a request is only run once its
+		// body is complete), so another endpoint may take it.
+		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamProtocol, addr, err), true
 	default:
 		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamProtocol, addr, err), false
 	}

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/loxilb-llm/loxilb/pkg/outlier"
 )
 
 // Headers the proxy reads or writes.
@@ -177,12 +179,16 @@ func (ex *exchange) dispatch(req *Request) {
 	ex.abort = res.Err != nil && res.Status/100 == 2 && res.Class != ClassClientCanceled
 }
 
-// forward tries the candidates in order. Only failures that prove the
-// endpoint never saw the request (connect refused, TLS handshake) move on
-// to the next one: anything later may have started generation, and
-// replaying a POST would run it twice.
+// forward tries the candidates in order, at most 1 + Config.MaxRetries of
+// them. Only failures that prove the endpoint never started the request
+// (connect refused, TLS handshake, connection broken while the request was
+// written) move on to the next one: anything later may have started
+// generation, and replaying a POST would run it twice.
 func (ex *exchange) forward(body []byte) {
 	cands := ex.plan.Candidates
+	if n := 1 + max(ex.t.cfg.MaxRetries, 0); len(cands) > n {
+		cands = cands[:n]
+	}
 	for i, ep := range cands {
 		ex.res.Endpoint = ep.Idx
 		ex.res.Attempts++
@@ -215,9 +221,22 @@ func (ex *exchange) attempt(ep Endpoint, body []byte) (retryable bool, err error
 		}
 		wrapped, retryable := upstreamError(ep.Addr, err)
 		ex.countUpstreamErr(ep, wrapped)
+		ex.observe(ep, outcomeOf(wrapped))
 		return retryable, wrapped
 	}
+	o := outlier.Success
+	if resp.StatusCode >= 500 {
+		o = outlier.ServerError
+	}
+	ex.observe(ep, o)
 	return false, ex.relay(ep, resp)
+}
+
+// observe hands one attempt's outcome to the plan's passive health check.
+func (ex *exchange) observe(ep Endpoint, o outlier.Outcome) {
+	if f := ex.plan.Observe; f != nil && o != outlier.Ignore {
+		f(ep, o)
+	}
 }
 
 // countUpstreamErr counts a failed attempt by class and, when a proxy

@@ -29,7 +29,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_ai_requests_total",
 			Help: "Requests answered by the mode-4 proxy, by service, endpoint index (\"none\" if no endpoint was reached) and HTTP status (499 = client went away).",
-		}, []string{"service", "ep", "status"}),
+		}, []string{"service", "ep_idx", "status"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "loxilb_ai_request_duration_seconds",
 			Help:    "Time from request arrival to the last response byte, by service.",
@@ -42,7 +42,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		upstreamErrs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_ai_upstream_errors_total",
 			Help: "Failed attempts against an endpoint, by service, endpoint index and class (connect, tls, timeout, protocol, client_canceled).",
-		}, []string{"service", "ep", "class"}),
+		}, []string{"service", "ep_idx", "class"}),
 		failover: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_proxy_connect_failover_total",
 			Help: "Requests moved to the next candidate endpoint after a connect failure, by service.",
@@ -50,7 +50,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_ai_bytes_total",
 			Help: "Body bytes relayed, by service, endpoint index and direction (in = request, out = response).",
-		}, []string{"service", "ep", "direction"}),
+		}, []string{"service", "ep_idx", "direction"}),
 		connRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_proxy_conn_rejected_total",
 			Help: "Client connections or requests refused before routing, by reason (no_service: local address matches no rule; conn_limit: the listener holds MaxConnsPerListener connections, closed at accept; body_memory: request bodies in flight hold MaxInflightBodyBytes, answered 503).",
@@ -58,11 +58,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		upstreamLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_proxy_upstream_limit_total",
 			Help: "Endpoint responses cut by a proxy limit, by service, endpoint index and limit (response_header_bytes: 502; response_header_timeout: no headers or first body byte in time; stream_idle: no byte for StreamIdleTimeout mid-body).",
-		}, []string{"service", "ep", "limit"}),
+		}, []string{"service", "ep_idx", "limit"}),
 		usageSeen: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_ai_usage_reported_total",
 			Help: "Responses whose usage block was extracted, by service, endpoint and whether cached_tokens was present.",
-		}, []string{"service", "ep", "cached"}),
+		}, []string{"service", "ep_idx", "cached"}),
 	}
 	if reg == nil {
 		return m, nil

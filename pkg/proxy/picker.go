@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/netip"
 	"time"
+
+	"github.com/loxilb-llm/loxilb/pkg/outlier"
 )
 
 // Request is what the proxy knows about one client request when it asks
@@ -61,6 +63,13 @@ type Plan struct {
 	// response has no body or Dispatch handles the exchange; Done always
 	// follows.
 	FirstByte func()
+	// Observe, if not nil, is called once per attempt against a candidate
+	// with what it showed about the endpoint (passive health checking): a
+	// gateway failure (connect, reset or timeout before the response
+	// headers), a 5xx answer, or a success once the response headers
+	// arrived. Attempts the client abandoned report nothing. It runs on
+	// the request goroutine and must not block.
+	Observe func(ep Endpoint, o outlier.Outcome)
 	// Dispatch, when set, takes the exchange over instead of the proxy's
 	// single-endpoint forwarding: prefill/decode flows need several
 	// upstream legs per request. The proxy has read the body (req.Body) and

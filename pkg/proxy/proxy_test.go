@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -665,19 +666,27 @@ func TestServeOwnedListeners(t *testing.T) {
 	if _, err := c.Get("http://" + a1.String() + "/ping"); err == nil {
 		t.Error("removed rule's listener still accepts")
 	}
-	// A bind failure leaves the configuration untouched.
+	// A bind failure is that rule's alone: the others are applied, and
+	// the next Update tries again once the address is free.
 	busy, err := net.Listen("tcp", "127.0.0.42:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer busy.Close()
-	bad := Config{Services: []Service{{ID: 2, Listen: a2}, {ID: 3, Listen: busy.Addr().(*net.TCPAddr).AddrPort()}}}
-	if err := s.Update(bad); err == nil {
-		t.Error("Update binding a busy address succeeded")
+	held := busy.Addr().(*net.TCPAddr).AddrPort()
+	a4 := freeAddr(t, "127.0.0.43")
+	bad := Config{Services: []Service{{ID: 2, Listen: a2}, {ID: 3, Listen: held}, {ID: 4, Listen: a4}}}
+	err = s.Update(bad)
+	var le *ListenError
+	if !errors.As(err, &le) || le.ID != 3 || le.Addr != held || le.Reason() != ReasonVIPPortInUse ||
+		!errors.Is(err, ErrListen) || !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("Update binding a busy address: %v", err)
 	}
-	if len(s.table.Load().list) != 1 {
-		t.Error("failed Update changed the configuration")
+	_ = decodeEcho(t, waitUp(a4.String()))
+	busy.Close()
+	if err := s.Update(bad); err != nil {
+		t.Fatalf("Update after the address freed: %v", err)
 	}
+	_ = decodeEcho(t, waitUp(held.String()))
 	cancel()
 	if err := <-errc; err != nil {
 		t.Fatalf("Serve: %v", err)
@@ -822,11 +831,11 @@ func TestMetricNamesAndLabels(t *testing.T) {
 		}
 	}
 	want := map[string]string{
-		"loxilb_ai_requests_total":            "ep=1,service=5,status=200",
+		"loxilb_ai_requests_total":            "ep_idx=1,service=5,status=200",
 		"loxilb_ai_request_duration_seconds":  "service=5",
-		"loxilb_ai_upstream_errors_total":     "class=connect,ep=0,service=5",
+		"loxilb_ai_upstream_errors_total":     "class=connect,ep_idx=0,service=5",
 		"loxilb_proxy_connect_failover_total": "service=5",
-		"loxilb_ai_bytes_total":               "direction=in,ep=1,service=5",
+		"loxilb_ai_bytes_total":               "direction=in,ep_idx=1,service=5",
 	}
 	for name, labels := range want {
 		if !slices.Contains(got[name], labels) {

@@ -50,6 +50,9 @@ type Server struct {
 	shutdown bool
 	errc     chan error // a listener failed unexpectedly
 	done     chan struct{}
+	// listening is closed once Serve manages the listeners: rules
+	// given to Update from then on get theirs at once.
+	listening chan struct{}
 }
 
 type inflightKey struct {
@@ -108,14 +111,15 @@ func New(cfg Config, picker Picker, logger *slog.Logger, reg prometheus.Register
 		return nil, fmt.Errorf("proxy config: %w", err)
 	}
 	s := &Server{
-		logger: logger,
-		picker: picker,
-		m:      m,
-		owned:  map[netip.AddrPort]*ownedListener{},
-		errc:   make(chan error, 1),
-		done:   make(chan struct{}),
-		budget: bodyBudget{max: cfg.MaxInflightBodyBytes},
-		rare:   newRareLog(logger, 10*time.Second),
+		logger:    logger,
+		picker:    picker,
+		m:         m,
+		owned:     map[netip.AddrPort]*ownedListener{},
+		errc:      make(chan error, 1),
+		done:      make(chan struct{}),
+		listening: make(chan struct{}),
+		budget:    bodyBudget{max: cfg.MaxInflightBodyBytes},
+		rare:      newRareLog(logger, 10*time.Second),
 	}
 	s.maxConns, s.abortOnClose = cfg.MaxConnsPerListener, cfg.AbortOnClientClose
 	if reg != nil {
@@ -215,9 +219,11 @@ func buildService(cfg Config, sc Service, old *table, m *metrics) (*service, err
 // snapshot, new requests (also on existing keep-alive connections) see
 // the new one. Services whose upstream TLS and transport settings are
 // unchanged keep their pooled endpoint connections. When Serve manages
-// the listeners, listeners of new rules are opened (before the swap, so a
-// bind failure leaves the old configuration in place) and listeners of
-// removed rules are closed.
+// the listeners, listeners of rules that have none are opened and
+// listeners of removed rules are closed. A rule whose listener cannot be
+// opened (its VIP:port is held) does not hold the others back: the new
+// configuration is applied, Update returns a *ListenError per such rule
+// (joined), and the next Update tries its listener again.
 //
 // ReadHeaderTimeout, IdleTimeout, ShutdownGrace, MaxInflightBodyBytes and
 // MaxConnsPerListener and AbortOnClientClose are fixed at New.
@@ -241,11 +247,9 @@ func (s *Server) Update(cfg Config) error {
 		return fmt.Errorf("proxy config: %w", err)
 	}
 	var added []*ownedListener
+	var listenErrs error
 	if s.serving {
-		added, err = s.bindMissingLocked(nt)
-		if err != nil {
-			return err
-		}
+		added, listenErrs = s.bindMissingLocked(nt)
 	}
 	s.table.Store(nt)
 	for _, ol := range added {
@@ -268,13 +272,14 @@ func (s *Server) Update(cfg Config) error {
 			s.m.forget(o.label)
 		}
 	}
-	return nil
+	return listenErrs
 }
 
 // Serve opens a listener on every rule's VIP:port and serves until ctx
 // ends (graceful shutdown, bounded by ShutdownGrace) or Close is called.
-// Rules added later by Update get listeners too. Loopback VIPs such as
-// 127.0.0.10 need no privileges on Linux.
+// Rules added later by Update get listeners too. A listener that cannot
+// be opened is logged and tried again at the next Update; the other rules
+// are served. Loopback VIPs such as 127.0.0.10 need no privileges on Linux.
 func (s *Server) Serve(ctx context.Context) error {
 	s.mu.Lock()
 	if s.shutdown {
@@ -287,16 +292,21 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	added, err := s.bindMissingLocked(s.table.Load())
 	if err != nil {
-		s.mu.Unlock()
-		return err
+		s.logger.Warn("proxy: some rules have no listener yet", "err", err)
 	}
 	s.serving = true
+	close(s.listening)
 	for _, ol := range added {
 		s.serveOwned(ol)
 	}
 	s.mu.Unlock()
 	return s.wait(ctx)
 }
+
+// Listening is closed once Serve has opened the listeners of the rules it
+// was given and opens those of later Updates itself. Load rules after it,
+// so that a rule's listener failure is reported to its Update.
+func (s *Server) Listening() <-chan struct{} { return s.listening }
 
 // ServeListener serves an externally created listener, for instance the
 // socket the eBPF sk_lookup program steers VIP traffic to. One listener
@@ -413,10 +423,12 @@ func (s *Server) fail(err error) {
 	}
 }
 
-// bindMissingLocked opens listeners for rules of t that have none. On
-// error it closes what it opened, so the caller can keep the old state.
+// bindMissingLocked opens listeners for rules of t that have none, each
+// on its own: it returns the listeners it opened and a *ListenError
+// (joined) for every rule whose listener could not be opened.
 func (s *Server) bindMissingLocked(t *table) ([]*ownedListener, error) {
 	var added []*ownedListener
+	var errs []error
 	for _, svc := range t.list {
 		ap := normAddrPort(svc.cfg.Listen)
 		if _, ok := s.owned[ap]; ok {
@@ -424,17 +436,14 @@ func (s *Server) bindMissingLocked(t *table) ([]*ownedListener, error) {
 		}
 		ln, err := net.Listen("tcp", ap.String())
 		if err != nil {
-			for _, ol := range added {
-				_ = ol.ln.Close()
-				delete(s.owned, normAddrPort(addrPortOf(ol.ln.Addr())))
-			}
-			return nil, fmt.Errorf("%w: service %d: listen on %s: %w", ErrListen, svc.cfg.ID, ap, err)
+			errs = append(errs, &ListenError{ID: svc.cfg.ID, Addr: ap, Err: err})
+			continue
 		}
 		ol := &ownedListener{ln: ln}
 		s.owned[ap] = ol
 		added = append(added, ol)
 	}
-	return added, nil
+	return added, errors.Join(errs...)
 }
 
 func (s *Server) serveOwned(ol *ownedListener) {

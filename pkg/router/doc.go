@@ -42,6 +42,8 @@
 // loxilb_pd_kv_tier15_spills_total{service,ep_idx},
 // loxilb_pd_kv_tier15_cold_seeds_total{service,ep_idx},
 // loxilb_pd_kv_tier15_miss_reason_total{service,reason},
-// loxilb_pd_kv_zero_hit_watchdog_total{service} and
+// loxilb_pd_kv_zero_hit_watchdog_total{service,reason} (reason not_cached
+// when every non-empty inventory attests hash parity, parity_suspect
+// otherwise; see WithAttestation) and
 // loxilb_pd_kv_tier15_decision_seconds{service}.
 package router

@@ -39,6 +39,43 @@ type ConfirmedInventory interface {
 	PrefixMatchConfirmed(service uint32, keys []uint64, eps []int, out []int)
 }
 
+// Attestation reports the hash-contract attestation of the endpoints'
+// event streams. *kvevents.Manager satisfies it. The zero-hit watchdog
+// consults it once a run of misses reaches ZeroHitN: when every non-empty
+// inventory comes from a publisher whose keys were recomputed and found
+// equal, prompts that match nothing were simply not cached, and blaming
+// the block size, hash or tokenizer would send an operator after a fault
+// that is not there.
+type Attestation interface {
+	// ParityOK reports whether the endpoint's parity verdict is ok and it
+	// is not quarantined. Unknown endpoints report false. Safe for
+	// concurrent use; called only on a zero-hit lookup past ZeroHitN.
+	ParityOK(service uint32, ep int) bool
+}
+
+// Option configures a Router beyond its Config.
+type Option func(*Router)
+
+// WithAttestation lets the zero-hit watchdog tell prompts that were not
+// cached (every non-empty inventory attests parity) from a probable hash
+// mismatch. Without it every zero-hit run is a parity suspect.
+func WithAttestation(a Attestation) Option {
+	return func(r *Router) { r.att = a }
+}
+
+// Zero-hit watchdog reasons, the values of the reason label of
+// loxilb_pd_kv_zero_hit_watchdog_total.
+const (
+	// WatchdogNotCached: every non-empty inventory's publisher attests hash
+	// parity, so the requests' prefixes were simply not cached (unique
+	// prompts, or blocks evicted before reuse).
+	WatchdogNotCached = "not_cached"
+	// WatchdogParitySuspect: some non-empty inventory's parity verdict is
+	// not ok (unverified, mismatched or quarantined), so the misses may be
+	// a block-size, hash or tokenizer mismatch.
+	WatchdogParitySuspect = "parity_suspect"
+)
+
 // Tiers of a Decision.
 const (
 	TierKV       = "tier1.5"   // routed to the endpoint with the best overlap/load score
@@ -104,6 +141,7 @@ func (d Decision) Receipt() Receipt {
 type Router struct {
 	cfg    Config
 	inv    Inventory
+	att    Attestation // nil: every zero-hit run is a parity suspect
 	logger *slog.Logger
 	m      metrics
 
@@ -119,7 +157,9 @@ type serviceState struct {
 	label  string
 	tick   atomic.Uint64
 	streak atomic.Int64
-	warned atomic.Bool
+	// warned holds a bit per watchdog reason already logged in the
+	// current zero-hit episode (warnNotCached, warnSuspect).
+	warned atomic.Uint32
 	// work estimates (math.Float64bits) the median of the prompt tokens a
 	// Tier-1.5 hit of the service leaves uncached on its warmest endpoint:
 	// the prefill work one more request of load typically represents. 0
@@ -133,6 +173,11 @@ type serviceState struct {
 // compare-and-swap, and a minority of long misses cannot drag it up the
 // way they drag a mean.
 const workStep = 1.0 / 8
+
+const (
+	warnNotCached uint32 = 1 << iota
+	warnSuspect
+)
 
 // observeWork folds one request's uncached prompt tokens into the
 // estimate. A compare-and-swap loop rather than a lock: Decide stays
@@ -226,8 +271,8 @@ func newMetrics() metrics {
 		}, []string{"service", "reason"}),
 		watchdog: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_pd_kv_zero_hit_watchdog_total",
-			Help: "Zero-overlap lookups against non-empty inventories once the run reached LOXILB_KV_ZERO_HIT_N; any increase means a probable hash-parity mismatch.",
-		}, []string{"service"}),
+			Help: "Zero-overlap lookups against non-empty inventories once the run reached LOXILB_KV_ZERO_HIT_N, by reason: not_cached (every such inventory attests hash parity; the prompts were not cached) or parity_suspect (some parity verdict is not ok; a probable block-size, hash or tokenizer mismatch).",
+		}, []string{"service", "reason"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "loxilb_pd_kv_tier15_decision_seconds",
 			Help:    "Time to score inventories and choose an endpoint (excludes tokenizing and hashing).",
@@ -240,7 +285,7 @@ func newMetrics() metrics {
 
 // New returns a Router scoring against inv. reg may be nil (metrics are
 // then kept but not exported).
-func New(cfg Config, inv Inventory, logger *slog.Logger, reg prometheus.Registerer) (*Router, error) {
+func New(cfg Config, inv Inventory, logger *slog.Logger, reg prometheus.Registerer, opts ...Option) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -259,6 +304,9 @@ func New(cfg Config, inv Inventory, logger *slog.Logger, reg prometheus.Register
 		logger:   logger,
 		m:        newMetrics(),
 		services: make(map[uint32]*serviceState),
+	}
+	for _, o := range opts {
+		o(r)
 	}
 	r.scratch.New = func() any { return &scratch{} }
 	if reg != nil {
@@ -425,9 +473,13 @@ func (r *Router) spillRelief(svc ServiceView) bool {
 //
 // Zero-hit watchdog: every lookup where all healthy inventories miss
 // although one is non-empty extends a per-service run; a hit resets it. When
-// the run reaches ZeroHitN, one warning is logged for the episode and
-// loxilb_pd_kv_zero_hit_watchdog_total counts each further such lookup
-// (as loxilb does, so rate() stays positive while the mismatch lasts).
+// the run reaches ZeroHitN, loxilb_pd_kv_zero_hit_watchdog_total counts each
+// further such lookup (as loxilb does, so rate() stays positive while the
+// condition lasts) with a reason: not_cached when every non-empty
+// inventory's publisher attests hash parity (the prompts were simply not
+// cached; logged once per episode at info), parity_suspect otherwise (a
+// probable block-size, hash or tokenizer mismatch; one warning per episode
+// naming the endpoints whose verdict is not ok).
 func (r *Router) Decide(svc ServiceView, keys []uint64, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
 	start := time.Now()
 	st := r.service(svc.ID)
@@ -492,7 +544,7 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		if !nonEmpty {
 			return r.fallback(st, ReasonEmptyInventory, total, blockSize, cands, fallback, freq)
 		}
-		r.zeroHit(st, svc)
+		r.zeroHit(st, svc, s.eps)
 		return r.fallback(st, ReasonNoMatch, total, blockSize, cands, fallback, freq)
 	}
 	r.confirmHit(st, svc, keys, s)
@@ -627,7 +679,7 @@ func (r *Router) confirmHit(st *serviceState, svc ServiceView, keys []uint64, s 
 	ci, ok := r.inv.(ConfirmedInventory)
 	if !ok {
 		st.streak.Store(0)
-		st.warned.Store(false)
+		st.warned.Store(0)
 		return
 	}
 	if cap(s.conf) < len(s.eps) {
@@ -638,28 +690,64 @@ func (r *Router) confirmHit(st *serviceState, svc ServiceView, keys []uint64, s 
 	for _, m := range s.conf {
 		if m > 0 {
 			st.streak.Store(0)
-			st.warned.Store(false)
+			st.warned.Store(0)
 			return
 		}
 	}
 	for _, ep := range s.eps {
 		if r.inv.Len(svc.ID, ep) > 0 {
-			r.zeroHit(st, svc)
+			r.zeroHit(st, svc, s.eps)
 			return
 		}
 	}
 }
 
-func (r *Router) zeroHit(st *serviceState, svc ServiceView) {
+func (r *Router) zeroHit(st *serviceState, svc ServiceView, eps []int) {
 	run := st.streak.Add(1)
 	if run < int64(r.cfg.ZeroHitN) {
 		return
 	}
-	r.m.watchdog.WithLabelValues(st.label).Inc()
-	if st.warned.CompareAndSwap(false, true) {
-		r.logger.Warn("kv zero-hit watchdog: inventories are non-empty but no request prefix matched",
-			slog.Uint64("service", uint64(svc.ID)),
-			slog.Int64("consecutive_lookups", run),
-			slog.String("probable_cause", "kvBlockSize/page-size mismatch, hash-algo or seed drift, or tokenizer/chat-template mismatch"))
+	reason, bit := WatchdogNotCached, warnNotCached
+	if r.att == nil || r.unattested(svc.ID, eps, nil) != nil {
+		reason, bit = WatchdogParitySuspect, warnSuspect
 	}
+	r.m.watchdog.WithLabelValues(st.label, reason).Inc()
+	if st.warned.Or(bit)&bit != 0 {
+		return // this episode already logged this reason
+	}
+	if reason == WatchdogNotCached {
+		r.logger.Info("kv zero-hit watchdog: no request prefix was cached; every non-empty inventory attests hash parity, so the prompts were simply not cached",
+			slog.Uint64("service", uint64(svc.ID)),
+			slog.Int64("consecutive_lookups", run))
+		return
+	}
+	attrs := []any{slog.Uint64("service", uint64(svc.ID)), slog.Int64("consecutive_lookups", run),
+		slog.String("probable_cause", "kvBlockSize/page-size mismatch, hash-algo or seed drift, or tokenizer/chat-template mismatch")}
+	if r.att == nil {
+		attrs = append(attrs, slog.String("parity", "no attestation available"))
+	} else {
+		attrs = append(attrs, slog.Any("parity_not_ok_eps", r.unattested(svc.ID, eps, []int{})))
+	}
+	r.logger.Warn("kv zero-hit watchdog: inventories are non-empty but no request prefix matched", attrs...)
+}
+
+// unattested appends to out the endpoints among eps whose inventory is
+// non-empty and whose parity verdict is not ok. With a nil out it stops at
+// the first such endpoint and returns a non-nil empty slice, so the
+// counting path does not allocate. Nil when there is none.
+func (r *Router) unattested(service uint32, eps []int, out []int) []int {
+	found := false
+	for _, ep := range eps {
+		if r.inv.Len(service, ep) > 0 && !r.att.ParityOK(service, ep) {
+			if out == nil {
+				return eps[:0]
+			}
+			found = true
+			out = append(out, ep)
+		}
+	}
+	if !found {
+		return nil
+	}
+	return out
 }

@@ -418,6 +418,7 @@ func TestColdSeedEveryNth(t *testing.T) {
 type countHandler struct {
 	mu    sync.Mutex
 	warns int
+	infos []string
 	buf   bytes.Buffer
 }
 
@@ -425,9 +426,16 @@ func (h *countHandler) Enabled(context.Context, slog.Level) bool { return true }
 func (h *countHandler) Handle(_ context.Context, rec slog.Record) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if rec.Level == slog.LevelWarn {
+	switch rec.Level {
+	case slog.LevelWarn:
 		h.warns++
 		h.buf.WriteString(rec.Message)
+		rec.Attrs(func(a slog.Attr) bool {
+			h.buf.WriteString(" " + a.String())
+			return true
+		})
+	case slog.LevelInfo:
+		h.infos = append(h.infos, rec.Message)
 	}
 	return nil
 }
@@ -454,7 +462,7 @@ func TestZeroHitWatchdog(t *testing.T) {
 		}
 	}
 	miss(4)
-	if h.warns != 0 || testutil.ToFloat64(r.m.watchdog.WithLabelValues("7")) != 0 {
+	if h.warns != 0 || testutil.ToFloat64(r.m.watchdog.WithLabelValues("7", WatchdogParitySuspect)) != 0 {
 		t.Fatal("watchdog fired before the run reached ZeroHitN")
 	}
 	miss(8)
@@ -464,14 +472,14 @@ func TestZeroHitWatchdog(t *testing.T) {
 	if !strings.Contains(h.buf.String(), "zero-hit") {
 		t.Errorf("warning text %q", h.buf.String())
 	}
-	if got := testutil.ToFloat64(r.m.watchdog.WithLabelValues("7")); got != 8 {
+	if got := testutil.ToFloat64(r.m.watchdog.WithLabelValues("7", WatchdogParitySuspect)); got != 8 {
 		t.Errorf("watchdog counter %v, want 8 (lookups 5..12)", got)
 	}
 	if r.ZeroHitStreak(7) != 12 {
 		t.Errorf("streak %d", r.ZeroHitStreak(7))
 	}
 	// Another service is unaffected.
-	if testutil.ToFloat64(r.m.watchdog.WithLabelValues("8")) != 0 {
+	if testutil.ToFloat64(r.m.watchdog.WithLabelValues("8", WatchdogParitySuspect)) != 0 {
 		t.Error("watchdog leaked across services")
 	}
 	// A hit resets the episode; a new run warns again.
@@ -493,6 +501,80 @@ func TestZeroHitWatchdog(t *testing.T) {
 	}
 	if r2.ZeroHitStreak(7) != 0 {
 		t.Error("empty inventories counted as zero hits")
+	}
+}
+
+// fakeAtt is an Attestation with a settable verdict per endpoint.
+type fakeAtt struct {
+	mu sync.Mutex
+	ok map[int]bool
+}
+
+func (a *fakeAtt) ParityOK(_ uint32, ep int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ok[ep]
+}
+
+func (a *fakeAtt) set(ep int, ok bool) {
+	a.mu.Lock()
+	a.ok[ep] = ok
+	a.mu.Unlock()
+}
+
+func TestZeroHitWatchdogAttestation(t *testing.T) {
+	inv := newFakeInv()
+	inv.add(7, 0, chain(2, 50)...) // non-empty, never matches the unique prompts below
+	inv.add(7, 1, chain(3, 50)...)
+	att := &fakeAtt{ok: map[int]bool{0: true, 1: true}} // ep 2 is empty: its verdict must not matter
+	cfg := DefaultConfig()
+	cfg.ZeroHitN = 5
+	h := &countHandler{}
+	r, err := New(cfg, inv, slog.New(h), prometheus.NewRegistry(), WithAttestation(att))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := cands(3)
+	next := uint64(1000)
+	miss := func(n int) {
+		for i := 0; i < n; i++ {
+			next += 100
+			if d := r.Decide(mode3, chain(next, 8), 16, cs, rr(t), selector.Request{}); d.Reason != ReasonNoMatch {
+				t.Fatalf("want no_match, got %+v", d)
+			}
+		}
+	}
+	count := func(reason string) float64 { return testutil.ToFloat64(r.m.watchdog.WithLabelValues("7", reason)) }
+
+	// Every non-empty inventory attests parity: unique prompts were simply
+	// not cached. No warning, one info line for the episode.
+	miss(12)
+	if got := count(WatchdogNotCached); got != 8 {
+		t.Errorf("not_cached counter %v, want 8 (lookups 5..12)", got)
+	}
+	if got := count(WatchdogParitySuspect); got != 0 {
+		t.Errorf("parity_suspect counter %v with every verdict ok", got)
+	}
+	if h.warns != 0 {
+		t.Fatalf("watchdog warned (%q) although every endpoint attests parity", h.buf.String())
+	}
+	if len(h.infos) != 1 || !strings.Contains(h.infos[0], "not cached") {
+		t.Fatalf("info lines %q, want one saying the prompts were not cached", h.infos)
+	}
+
+	// Endpoint 1 loses parity within the same episode: now it is a suspect,
+	// warned once, naming the endpoint.
+	att.set(1, false)
+	miss(3)
+	if got := count(WatchdogParitySuspect); got != 3 {
+		t.Errorf("parity_suspect counter %v, want 3", got)
+	}
+	if h.warns != 1 || !strings.Contains(h.buf.String(), "parity_not_ok_eps=[1]") {
+		t.Fatalf("warnings %d %q, want one naming ep 1", h.warns, h.buf.String())
+	}
+	miss(3)
+	if h.warns != 1 || count(WatchdogNotCached) != 8 {
+		t.Fatalf("warned %d times, not_cached %v; want one warning and no more not_cached", h.warns, count(WatchdogNotCached))
 	}
 }
 

@@ -163,6 +163,20 @@ func (d *Daemon) Exited() bool {
 	}
 }
 
+// Signal sends sig to the daemon process.
+func (d *Daemon) Signal(sig os.Signal) error { return d.cmd.Process.Signal(sig) }
+
+// Wait waits up to timeout for the daemon to exit and returns its exit
+// status (-1 when a signal killed it); ok is false if it is still running.
+func (d *Daemon) Wait(timeout time.Duration) (code int, ok bool) {
+	select {
+	case <-d.done:
+		return d.cmd.ProcessState.ExitCode(), true
+	case <-time.After(timeout):
+		return 0, false
+	}
+}
+
 // Stop interrupts the daemon and waits for it (killing it after 10s).
 func (d *Daemon) Stop() {
 	select {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -127,4 +128,38 @@ func metrics(t *testing.T, d *daemontest.Daemon) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// checkMetricLabels asserts the export's label contract: an endpoint is
+// always `ep_idx` and a rule is always `service`, whose value names a rule of
+// loxilb_service_info, so every per-service series joins with every other.
+func checkMetricLabels(t *testing.T, text string) {
+	t.Helper()
+	label := regexp.MustCompile(`([a-z_]+)="([^"]*)"`)
+	known := map[string]bool{}
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "loxilb_service_info{") {
+			for _, m := range label.FindAllStringSubmatch(line, -1) {
+				if m[1] == "service" {
+					known[m[2]] = true
+				}
+			}
+		}
+	}
+	if len(known) == 0 {
+		t.Fatal("no loxilb_service_info series in the export")
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, "loxilb_") {
+			continue
+		}
+		for _, m := range label.FindAllStringSubmatch(line, -1) {
+			switch {
+			case m[1] == "ep" || m[1] == "endpoint":
+				t.Errorf("series labels an endpoint %q, want ep_idx: %s", m[1], line)
+			case m[1] == "service" && !known[m[2]]:
+				t.Errorf("series labels service %q, which no loxilb_service_info names: %s", m[2], line)
+			}
+		}
+	}
 }

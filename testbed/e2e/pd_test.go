@@ -209,6 +209,8 @@ func TestPDKVExactMode1(t *testing.T) {
 			t.Fatalf("session request %d: %+v, session is on prefill %d decode %d", n, r, s.prefill, s.decode)
 		}
 	}
+	// Subscriber, inventory, proxy, P/D and health series join on one label set.
+	checkMetricLabels(t, metrics(t, p.d))
 }
 
 // TestPDFailures: a stopped prefill worker is skipped by connect

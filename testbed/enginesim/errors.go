@@ -3,6 +3,9 @@ package enginesim
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 )
 
@@ -84,4 +87,29 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// errReset is returned after a request's connection was reset on purpose;
+// nothing more can be written.
+var errReset = errors.New("connection reset by fault injection")
+
+// resetConn reads the whole request body, then aborts the connection with
+// a TCP RST (SO_LINGER 0): the client has sent everything and gets no
+// answer.
+func resetConn(w *trackingWriter, r *http.Request) error {
+	_, _ = io.Copy(io.Discard, r.Body)
+	hj, ok := w.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return errors.New("reset fault: connection cannot be hijacked")
+	}
+	conn, _, err := hj.Hijack()
+	if err != nil {
+		return fmt.Errorf("reset fault: %w", err)
+	}
+	w.written = true
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = conn.Close()
+	return errReset
 }

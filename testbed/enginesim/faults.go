@@ -34,6 +34,10 @@ type Faults struct {
 	// CloseMidStream cuts the connection of the next N responses halfway
 	// through the output (a non-streaming response is cut before the body).
 	CloseMidStream int `json:"close_mid_stream"`
+	// ResetRequests reads the next N inference requests whole and then
+	// resets their connection (TCP RST) without answering: an engine that
+	// may have started the request and crashed. Negative: all of them.
+	ResetRequests int `json:"reset_requests"`
 	// HealthFail makes /health answer 503.
 	HealthFail bool `json:"health_fail"`
 }
@@ -120,6 +124,18 @@ func (s *faultState) requestFault() (status int, stall time.Duration) {
 		}
 	}
 	return status, stall
+}
+
+func (s *faultState) takeReset() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.f.ResetRequests != 0 {
+		if s.f.ResetRequests > 0 {
+			s.f.ResetRequests--
+		}
+		return true
+	}
+	return false
 }
 
 func (s *faultState) takeCloseMidStream() bool {

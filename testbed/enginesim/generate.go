@@ -27,6 +27,9 @@ type usage struct {
 // modelled decode and the response.
 func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 	ctx := r.Context()
+	if e.faults.takeReset() {
+		return resetConn(w, r)
+	}
 	status, stall := e.faults.requestFault()
 	if stall > 0 {
 		t := time.NewTimer(stall)

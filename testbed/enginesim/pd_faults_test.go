@@ -346,3 +346,17 @@ func TestQueueBoundAndTimeModel(t *testing.T) {
 		t.Fatalf("metrics:\n%s", m.body)
 	}
 }
+
+// TestResetRequestsFault: the request is read whole, then the connection
+// is reset with no answer; the fault counts down.
+func TestResetRequestsFault(t *testing.T) {
+	e := startEngine(t, Config{Engine: "vllm", Listen: "127.0.0.1:0", ZMQPort: -1}, Deps{})
+	do(t, "POST", e.URL()+"/sim/fault", map[string]any{"reset_requests": 1})
+	_, err := http.Post(e.URL()+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "hello", "max_tokens": 2}`))
+	if err == nil || !strings.Contains(err.Error(), "reset") && !strings.Contains(err.Error(), "EOF") {
+		t.Fatalf("reset fault: err %v, want a connection reset", err)
+	}
+	if r := do(t, "POST", e.URL()+"/v1/completions", map[string]any{"prompt": "hello", "max_tokens": 2}); r.status != 200 {
+		t.Fatalf("fault did not clear after one request: %d", r.status)
+	}
+}

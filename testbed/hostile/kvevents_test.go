@@ -398,17 +398,17 @@ func TestKVForgedPublisherQuarantined(t *testing.T) {
 	// arrived: publish (bounded) until the daemon has seen the batch.
 	forged := kvForgedStored(keys)
 	seq := make([]byte, 8)
-	for i := 0; i < 50 && metricSum(t, d, "loxilb_kv_quarantined", `ep="1"`) == 0; i++ {
+	for i := 0; i < 50 && metricSum(t, d, "loxilb_kv_quarantined", `ep_idx="1"`) == 0; i++ {
 		binary.BigEndian.PutUint64(seq, uint64(i))
 		if err := forger.SendMulti(zmq4.NewMsgFrom([]byte("kv"), seq, forged)); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if metricSum(t, d, "loxilb_kv_quarantined", `ep="1"`) != 1 {
+	if metricSum(t, d, "loxilb_kv_quarantined", `ep_idx="1"`) != 1 {
 		t.Fatalf("forged endpoint not quarantined:\n%s", d.Logs())
 	}
-	if metricSum(t, d, "loxilb_kv_quarantines_total", `ep="1"`) < 1 || metricSum(t, d, "loxilb_kv_events_skipped_total", `ep="1"`, `reason="quarantined"`) < 1 {
+	if metricSum(t, d, "loxilb_kv_quarantines_total", `ep_idx="1"`) < 1 || metricSum(t, d, "loxilb_kv_events_skipped_total", `ep_idx="1"`, `reason="quarantined"`) < 1 {
 		t.Fatal("quarantine or its skipped events not counted")
 	}
 

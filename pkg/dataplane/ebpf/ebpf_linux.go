@@ -51,6 +51,9 @@ type Config struct {
 type Dataplane struct {
 	cfg Config
 	log *slog.Logger
+	// pinLock holds the pin path's lock (see lockPinPath) from load until
+	// Close, Purge or an abandoned start.
+	pinLock *os.File
 
 	mu         sync.Mutex
 	gcMu       sync.Mutex // serialises GC passes, which run without mu
@@ -195,6 +198,7 @@ func New(cfg Config, logger *slog.Logger) (*Dataplane, error) {
 	}
 	if err := d.recover(); err != nil {
 		d.objs.Close()
+		d.unlockPinPath()
 		return nil, err
 	}
 	for _, ifname := range cfg.Interfaces {
@@ -239,6 +243,11 @@ func (d *Dataplane) load() error {
 		if err := os.MkdirAll(d.cfg.PinPath, 0o700); err != nil {
 			return fmt.Errorf("create pin directory: %w", err)
 		}
+		lock, err := lockPinPath(d.cfg.PinPath)
+		if err != nil {
+			return err
+		}
+		d.pinLock = lock
 		opts.Maps.PinPath = d.cfg.PinPath
 		d.dropIncompatiblePins(spec)
 	} else {
@@ -247,6 +256,7 @@ func (d *Dataplane) load() error {
 		}
 	}
 	if err := spec.LoadAndAssign(&d.objs, opts); err != nil {
+		d.unlockPinPath()
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			d.log.Error("BPF verifier rejected the program", "log", fmt.Sprintf("%+v", ve))
@@ -527,6 +537,15 @@ func (d *Dataplane) abandon() {
 		d.skLink = nil
 	}
 	d.objs.Close()
+	d.unlockPinPath()
+}
+
+// unlockPinPath releases the pin path's lock, if held.
+func (d *Dataplane) unlockPinPath() {
+	if d.pinLock != nil {
+		d.pinLock.Close()
+		d.pinLock = nil
+	}
 }
 
 // detachUnconfigured detaches tc_lb from interfaces a previous run attached
@@ -592,6 +611,7 @@ func (d *Dataplane) Close() error {
 			d.skLink.Close()
 		}
 	}
+	defer d.unlockPinPath()
 	return d.objs.Close()
 }
 

@@ -26,3 +26,8 @@ func Open(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (dataplane
 	err := fmt.Errorf("%w: the eBPF data plane needs Linux", dataplane.ErrUnsupported)
 	return nil, dataplane.Capability{Name: CapabilityName, Reason: err.Error()}, err
 }
+
+// Cleanup reports that the eBPF data plane needs Linux.
+func Cleanup(pinPath string) (CleanupReport, error) {
+	return CleanupReport{}, fmt.Errorf("%w: the eBPF data plane needs Linux", dataplane.ErrUnsupported)
+}

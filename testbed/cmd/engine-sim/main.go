@@ -90,6 +90,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&f.FailRequests, "fault-fail-requests", 0, "fail the next N requests (-1: all)")
 	fs.IntVar(&f.FailStatus, "fault-fail-status", 500, "status of failed requests")
 	fs.IntVar(&f.CloseMidStream, "fault-close-mid-stream", 0, "cut the next N responses halfway")
+	fs.IntVar(&f.ResetRequests, "fault-reset-requests", 0, "read the next N requests whole, then reset the connection without answering (-1: all)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
