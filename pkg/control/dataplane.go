@@ -25,6 +25,15 @@ type KernelReconciler struct {
 
 	mu        sync.Mutex
 	installed map[uint32]bool
+	// applied is the fingerprint of what each installed service was last
+	// given: Reconcile upserts only the services whose fingerprint changed,
+	// so one rule change costs one data-plane update, not one per rule.
+	applied map[uint32]string
+}
+
+// fingerprint identifies a service and its endpoints as given to the data plane.
+func fingerprint(svc dataplane.Service, eps []dataplane.Endpoint) string {
+	return fmt.Sprintf("%+v|%+v", svc, eps)
 }
 
 // Name implements Reconciler.
@@ -107,11 +116,21 @@ func (k *KernelReconciler) Reconcile(ctx context.Context, services []Service) er
 				eps[i].Healthy = k.Healthy(s.ID, i)
 			}
 		}
+		fp := fingerprint(svc, eps)
+		if k.installed[s.ID] && k.applied[s.ID] == fp {
+			want[s.ID] = true
+			continue
+		}
 		if err := k.DP.UpsertService(ctx, svc, eps); err != nil {
 			// The others are installed all the same; this one is retried.
 			errs = append(errs, &RuleError{ID: s.ID, Reason: ReasonNotInstalled, Err: fmt.Errorf("rule %d (%s): %w", s.ID, s.Rule.Key(), err)})
+			delete(k.applied, s.ID)
 			continue
 		}
+		if k.applied == nil {
+			k.applied = map[uint32]string{}
+		}
+		k.applied[s.ID] = fp
 		want[s.ID] = true
 	}
 	for id := range k.installed {
@@ -119,6 +138,11 @@ func (k *KernelReconciler) Reconcile(ctx context.Context, services []Service) er
 			if err := k.DP.DeleteService(ctx, id); err != nil && !errors.Is(err, dataplane.ErrNotFound) {
 				errs = append(errs, fmt.Errorf("remove rule %d from the data plane: %w", id, err))
 			}
+		}
+	}
+	for id := range k.applied {
+		if !want[id] {
+			delete(k.applied, id)
 		}
 	}
 	k.installed = want
