@@ -193,6 +193,7 @@ func New(cfg Config, logger *slog.Logger) (*Dataplane, error) {
 		return nil, fmt.Errorf("count CPUs: %w", err)
 	}
 	d.nCPU = n
+	d.reserveSNATPorts()
 	if err := d.load(); err != nil {
 		return nil, err
 	}
@@ -267,6 +268,53 @@ func (d *Dataplane) load() error {
 		return fmt.Errorf("%w: load BPF objects: %w", dataplane.ErrUnsupported, err)
 	}
 	return nil
+}
+
+// Sysctls of the host stack's ephemeral ports (per network namespace).
+const (
+	sysctlPortRange     = "/proc/sys/net/ipv4/ip_local_port_range"
+	sysctlReservedPorts = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+)
+
+// reserveSNATPorts keeps the one-arm SNAT ports (snatLocalPortMin-Max) out
+// of the host stack's ephemeral range: when ip_local_port_range overlaps
+// them, they are added to ip_local_reserved_ports (logged), so a socket of
+// the LB never gets a port a translated flow may use. A failure is logged,
+// not fatal: one-arm then risks clashing with local sockets.
+func (d *Dataplane) reserveSNATPorts() {
+	raw, err := os.ReadFile(sysctlPortRange)
+	if err != nil {
+		d.log.Warn("read the ephemeral port range", "err", err)
+		return
+	}
+	var lo, hi int
+	if _, err := fmt.Sscanf(string(raw), "%d %d", &lo, &hi); err != nil {
+		d.log.Warn("parse the ephemeral port range", "value", strings.TrimSpace(string(raw)), "err", err)
+		return
+	}
+	if hi < snatLocalPortMin || lo > snatLocalPortMax {
+		return
+	}
+	want := fmt.Sprintf("%d-%d", snatLocalPortMin, snatLocalPortMax)
+	cur, err := os.ReadFile(sysctlReservedPorts)
+	if err != nil {
+		d.log.Warn("read the reserved ports", "err", err)
+		return
+	}
+	list := strings.TrimSpace(string(cur))
+	if slices.Contains(strings.Split(list, ","), want) {
+		return
+	}
+	next := want
+	if list != "" {
+		next = list + "," + want
+	}
+	if err := os.WriteFile(sysctlReservedPorts, []byte(next), 0o644); err != nil {
+		d.log.Warn("reserve the one-arm SNAT ports: local sockets may clash with one-arm flows", "ports", want, "err", err)
+		return
+	}
+	d.log.Info("ip_local_port_range overlaps the one-arm SNAT ports: reserved them for the data plane",
+		"ip_local_port_range", fmt.Sprintf("%d-%d", lo, hi), "ip_local_reserved_ports", next)
 }
 
 // dropIncompatiblePins removes pinned maps whose layout differs from this

@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,5 +198,31 @@ func TestCheckService(t *testing.T) {
 	}
 	if err := d.UpsertService(ctx, dataplane.Service{ID: 999, VIP: vipN(3), Port: 80, Proto: "tcp"}, one); !errors.Is(err, dataplane.ErrCapacity) {
 		t.Fatalf("upsert into the full table: %v", err)
+	}
+}
+
+// When the host's ephemeral range reaches into the one-arm SNAT ports,
+// starting the data plane reserves them; with the default range it leaves
+// the reserved list alone.
+func TestSNATPortsReserved(t *testing.T) {
+	if !dataplanetest.Isolated(t, "lbports") {
+		return
+	}
+	d := newTestDP(t, Config{GCInterval: time.Hour})
+	d.Close()
+	if b, _ := os.ReadFile(sysctlReservedPorts); strings.TrimSpace(string(b)) != "" {
+		t.Fatalf("default range: reserved ports %q, want none", b)
+	}
+	if err := os.WriteFile(sysctlPortRange, []byte("20000 65000"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(sysctlReservedPorts, []byte("8080"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	newTestDP(t, Config{GCInterval: time.Hour})
+	newTestDP(t, Config{GCInterval: time.Hour}) // a second start adds nothing
+	b, _ := os.ReadFile(sysctlReservedPorts)
+	if got := strings.TrimSpace(string(b)); got != "8080,61000-65535" {
+		t.Fatalf("reserved ports %q, want 8080,61000-65535", got)
 	}
 }
