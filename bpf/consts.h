@@ -48,9 +48,16 @@
 #define CT_SYN_TIMEOUT 60
 #define CT_FIN_TIMEOUT 10
 
-/* Ports handed out for source NAT when the client port collides. */
+/* Ports handed out for full NAT (mode 2) when the client port collides. */
 #define SNAT_PORT_MIN 32768
 #define SNAT_PORT_SPAN 28232
+/* Ports for one-arm SNAT (modes 1, 5), whose source is an address of the LB
+ * itself: 61000-65535, outside the host stack's ephemeral range (Go keeps it
+ * there via ip_local_reserved_ports when ip_local_port_range overlaps), so a
+ * translated flow never takes the 4-tuple of a socket on the LB. Twin of
+ * snatLocalPortMin/Max in pkg/dataplane/ebpf. */
+#define SNAT_LOCAL_PORT_MIN 61000
+#define SNAT_LOCAL_PORT_SPAN 4536
 #define SNAT_TRIES 8
 
 /* Counter indices: one per verdict and drop reason. */

@@ -293,15 +293,20 @@ static __always_inline int select_ep(const struct pkt *p, const struct svc_val *
 }
 
 /* snat_insert stores the reply-direction entry for a source-NATed flow,
- * choosing a source port whose reply tuple is free: the client's port when
- * possible, else a few hashed ports. Returns the port or 0. */
-static __always_inline __u16 snat_insert(const struct pkt *p, struct ct_key *rk, struct ct_val *rv)
+ * choosing a source port whose reply tuple is free. Full NAT tries the
+ * client's port, then a few hashed ports; one-arm (the LB's own address)
+ * only hashed ports of the range the host's stack does not use, so a
+ * socket on the LB never shares a tuple with a translated flow.
+ * Returns the port or 0. */
+static __always_inline __u16 snat_insert(const struct pkt *p, struct ct_key *rk, struct ct_val *rv, int local)
 {
 	__u32 h = hash_tuple(p, cfg_hash_seed ^ 0x5bd1e995);
 
 	for (int i = 0; i <= SNAT_TRIES; i++) {
 		__u16 port = p->sport;
-		if (i > 0)
+		if (local)
+			port = bpf_htons(SNAT_LOCAL_PORT_MIN + (fmix32(h + i) % SNAT_LOCAL_PORT_SPAN));
+		else if (i > 0)
 			port = bpf_htons(SNAT_PORT_MIN + (fmix32(h + i) % SNAT_PORT_SPAN));
 		rk->dport = port;
 		if (!bpf_map_update_elem(&lb_conntrack, rk, rv, BPF_NOEXIST))
@@ -400,7 +405,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 			rv.flags |= CT_F_XLATE_DST;
 			rv.new_daddr = p->saddr;
 			rv.new_dport = p->sport;
-			__u16 port = snat_insert(p, &rk, &rv);
+			__u16 port = snat_insert(p, &rk, &rv, mode != MODE_FULLNAT);
 			if (!port) {
 				count(CNT_DROP_SNAT_EXHAUSTED);
 				return TC_ACT_SHOT;

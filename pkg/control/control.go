@@ -169,6 +169,9 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 
 	key := r.Key()
 	old, exists := c.findLocked(key)
+	if err := c.precheckLocked(ctx, old.ID, r); err != nil { // old.ID is 0 for a new rule
+		return Service{}, false, err
+	}
 	now := c.now().UTC()
 	svc := Service{Rule: r, CreatedAt: now, UpdatedAt: now}
 	oldInvalid := c.invalid[old.ID]

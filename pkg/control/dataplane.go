@@ -25,6 +25,15 @@ type KernelReconciler struct {
 
 	mu        sync.Mutex
 	installed map[uint32]bool
+	// applied is the fingerprint of what each installed service was last
+	// given: Reconcile upserts only the services whose fingerprint changed,
+	// so one rule change costs one data-plane update, not one per rule.
+	applied map[uint32]string
+}
+
+// fingerprint identifies a service and its endpoints as given to the data plane.
+func fingerprint(svc dataplane.Service, eps []dataplane.Endpoint) string {
+	return fmt.Sprintf("%+v|%+v", svc, eps)
 }
 
 // Name implements Reconciler.
@@ -41,11 +50,17 @@ func KernelService(id uint32, r *lbrule.Rule, proxyPort uint16) (dataplane.Servi
 	if err != nil {
 		return dataplane.Service{}, nil, false, err
 	}
-	svc := dataplane.Service{ID: id, VIP: vip, Port: uint16(s.Port), Proto: s.Protocol, Mode: s.Mode, Sel: s.Sel,
+	svc := dataplane.Service{ID: id, VIP: vip, Port: uint16(s.Port), Proto: s.Protocol, Mode: s.Mode,
 		InactiveTimeout: time.Duration(s.InactiveTimeOut) * time.Second}
 	if s.Mode == lbrule.ModeFullProxy {
 		// The kernel only steers; the proxy applies the rule's selector.
 		svc.Sel, svc.ProxyPort = dataplane.SelRoundRobin, proxyPort
+	} else {
+		sel, ok := KernelSelector(s.Sel)
+		if !ok {
+			return dataplane.Service{}, nil, false, fmt.Errorf("%w: sel %d (%s) has no kernel selector", dataplane.ErrUnsupported, s.Sel, lbrule.SelName(s.Sel))
+		}
+		svc.Sel = sel
 	}
 	eps := make([]dataplane.Endpoint, 0, len(r.Endpoints))
 	for _, ep := range r.Endpoints {
@@ -56,6 +71,29 @@ func KernelService(id uint32, r *lbrule.Rule, proxyPort uint16) (dataplane.Servi
 		eps = append(eps, dataplane.Endpoint{Addr: a, Port: uint16(ep.Port), Weight: ep.Weight, Healthy: true})
 	}
 	return svc, eps, true, nil
+}
+
+// KernelSelector maps a rule's selector (loxilb's sel numbering) onto the
+// kernel data path's selector for the L4 modes. chwbl (8) becomes Maglev
+// consistent hashing (without chwbl's load bound, which needs per-request
+// load the kernel does not see). ok is false for selectors the kernel has no
+// equivalent of (n2, n3, gpu-aware, wrr-hash): they need mode 4.
+func KernelSelector(sel int) (int, bool) {
+	switch sel {
+	case lbrule.SelRR:
+		return dataplane.SelRoundRobin, true
+	case lbrule.SelHash:
+		return dataplane.SelHash, true
+	case lbrule.SelPriority:
+		return dataplane.SelPriority, true
+	case lbrule.SelPersist:
+		return dataplane.SelPersist, true
+	case lbrule.SelLC:
+		return dataplane.SelLeastConn, true
+	case lbrule.SelCHWBL:
+		return dataplane.SelConsistentHash, true
+	}
+	return 0, false
 }
 
 // Reconcile implements Reconciler.
@@ -78,11 +116,21 @@ func (k *KernelReconciler) Reconcile(ctx context.Context, services []Service) er
 				eps[i].Healthy = k.Healthy(s.ID, i)
 			}
 		}
+		fp := fingerprint(svc, eps)
+		if k.installed[s.ID] && k.applied[s.ID] == fp {
+			want[s.ID] = true
+			continue
+		}
 		if err := k.DP.UpsertService(ctx, svc, eps); err != nil {
 			// The others are installed all the same; this one is retried.
 			errs = append(errs, &RuleError{ID: s.ID, Reason: ReasonNotInstalled, Err: fmt.Errorf("rule %d (%s): %w", s.ID, s.Rule.Key(), err)})
+			delete(k.applied, s.ID)
 			continue
 		}
+		if k.applied == nil {
+			k.applied = map[uint32]string{}
+		}
+		k.applied[s.ID] = fp
 		want[s.ID] = true
 	}
 	for id := range k.installed {
@@ -90,6 +138,11 @@ func (k *KernelReconciler) Reconcile(ctx context.Context, services []Service) er
 			if err := k.DP.DeleteService(ctx, id); err != nil && !errors.Is(err, dataplane.ErrNotFound) {
 				errs = append(errs, fmt.Errorf("remove rule %d from the data plane: %w", id, err))
 			}
+		}
+	}
+	for id := range k.applied {
+		if !want[id] {
+			delete(k.applied, id)
 		}
 	}
 	k.installed = want

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/loxilb-llm/loxilb/pkg/dataplane"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane/fake"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 )
@@ -62,5 +63,68 @@ func TestKernelUnavailableRefusesL4(t *testing.T) {
 	err = KernelUnavailable{Why: "no interface", Code: ReasonNoInterfaces}.Reconcile(context.Background(), []Service{{ID: 1, Rule: l4}})
 	if !errors.As(err, &re) || !errors.Is(err, lbrule.ErrPrecondition) || re.Reason != ReasonNoInterfaces {
 		t.Fatalf("no interfaces: got %v", err)
+	}
+}
+
+func TestKernelSelector(t *testing.T) {
+	for sel, want := range map[int]int{lbrule.SelRR: 0, lbrule.SelHash: 1, lbrule.SelPriority: 2, lbrule.SelPersist: 3, lbrule.SelLC: 4, lbrule.SelCHWBL: 8} {
+		if got, ok := KernelSelector(sel); !ok || got != want {
+			t.Errorf("sel %d: kernel selector %d %v, want %d", sel, got, ok, want)
+		}
+	}
+	for _, sel := range []int{lbrule.SelN2, lbrule.SelN3, lbrule.SelGPUAware, lbrule.SelWRRHash} {
+		if _, ok := KernelSelector(sel); ok {
+			t.Errorf("sel %d mapped onto a kernel selector", sel)
+		}
+	}
+	// A chwbl rule of mode 0 is installed with the Maglev selector.
+	r := prepared(t, &lbrule.Rule{Service: lbrule.ServiceArgs{ExternalIP: "127.0.9.9", Port: 80, Protocol: "tcp", Mode: lbrule.ModeDNAT, Sel: lbrule.SelCHWBL},
+		Endpoints: []lbrule.Endpoint{{IP: "127.0.9.10", Port: 8080, Weight: 1}}})
+	svc, _, ok, err := KernelService(1, r, 0)
+	if err != nil || !ok || svc.Sel != dataplane.SelConsistentHash {
+		t.Fatalf("chwbl rule: %+v %v %v", svc, ok, err)
+	}
+}
+
+type countingDP struct {
+	*fake.Dataplane
+	upserts int
+}
+
+func (c *countingDP) UpsertService(ctx context.Context, svc dataplane.Service, eps []dataplane.Endpoint) error {
+	c.upserts++
+	return c.Dataplane.UpsertService(ctx, svc, eps)
+}
+
+// A reconcile upserts only the services that changed.
+func TestKernelReconcilerIncremental(t *testing.T) {
+	dp := &countingDP{Dataplane: fake.New()}
+	k := &KernelReconciler{DP: dp}
+	rule := func(vip string, port int) *lbrule.Rule {
+		return prepared(t, &lbrule.Rule{Service: lbrule.ServiceArgs{ExternalIP: vip, Port: port, Protocol: "tcp", Mode: lbrule.ModeDNAT},
+			Endpoints: []lbrule.Endpoint{{IP: "127.0.9.10", Port: 8080, Weight: 1}}})
+	}
+	ctx := context.Background()
+	var svcs []Service
+	for i := range 50 {
+		svcs = append(svcs, Service{ID: uint32(i + 1), Rule: rule("127.0.9.9", 1000+i)})
+	}
+	if err := k.Reconcile(ctx, svcs); err != nil || dp.upserts != 50 {
+		t.Fatalf("first reconcile: %d upserts, %v", dp.upserts, err)
+	}
+	svcs = append(svcs, Service{ID: 51, Rule: rule("127.0.9.9", 2000)})
+	if err := k.Reconcile(ctx, svcs); err != nil || dp.upserts != 51 {
+		t.Fatalf("one rule added: %d upserts in all, want 51: %v", dp.upserts, err)
+	}
+	svcs[3].Rule = rule("127.0.9.9", 3000)
+	if err := k.Reconcile(ctx, svcs[:50]); err != nil || dp.upserts != 52 {
+		t.Fatalf("one changed, one removed: %d upserts in all, want 52: %v", dp.upserts, err)
+	}
+	if _, _, ok := dp.Service(51); ok {
+		t.Fatal("removed rule still installed")
+	}
+	// A removed and re-added rule is installed again.
+	if err := k.Reconcile(ctx, svcs); err != nil || dp.upserts != 53 {
+		t.Fatalf("re-added: %d upserts in all, want 53: %v", dp.upserts, err)
 	}
 }

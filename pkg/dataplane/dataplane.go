@@ -127,6 +127,16 @@ type ProxySteerer interface {
 	RegisterProxyListener(port uint16, l syscall.Conn) error
 }
 
+// Checker is implemented by data planes that can tell, without changing
+// anything, whether UpsertService would accept a service now: the checks
+// of Validate plus those that depend on the installed state (a frontend
+// another service has, a full table, a one-arm endpoint with no route).
+// The control plane runs it before it allocates a rule id, so a refused
+// rule consumes nothing. ID 0 stands for a service not installed yet.
+type Checker interface {
+	CheckService(ctx context.Context, svc Service, eps []Endpoint) error
+}
+
 // Recoverer is implemented by data planes whose services outlive the
 // process (the eBPF one, with pinned maps): at start they hold what the
 // previous run installed, which may not be what the control plane holds now
@@ -149,6 +159,9 @@ var (
 	ErrConflict    = errors.New("VIP, port and protocol already used by another service")
 	ErrCapacity    = errors.New("data plane table full")
 	ErrClosed      = errors.New("data plane closed")
+	// ErrUnroutable marks an endpoint the data plane cannot reach the way
+	// the mode needs (one-arm: no route with a source address toward it).
+	ErrUnroutable = errors.New("endpoint not routable")
 	// ErrConfig marks an operator mistake in the data plane's own
 	// configuration (an interface that does not exist, a pin path off
 	// bpffs): the daemon stops instead of running without it.

@@ -104,7 +104,9 @@ func validateService(r *Rule) error {
 		return invalid(svcField("sel"), "7 is reserved; use 0 rr, 1 hash, 2 priority, 3 persist, 4 lc, 8 chwbl, 9 gpu-aware or 10 wrr-hash")
 	}
 	switch s.Sel {
-	case SelN2, SelCHWBL, SelGPUAware, SelWRRHash:
+	case SelN2, SelGPUAware, SelWRRHash:
+		// chwbl (8) is not here: on L4 modes the kernel serves it with a
+		// Maglev consistent-hash table.
 		if s.Mode != ModeFullProxy {
 			return invalid(svcField("sel"), "sel=%s(%d) requires mode=fullproxy (4): no L4 datapath selector exists for it", SelName(s.Sel), s.Sel)
 		}
@@ -113,8 +115,8 @@ func validateService(r *Rule) error {
 			return invalid(svcField("sel"), "sel=n3(6) needs protocol udp (GTP-U)")
 		}
 	}
-	if s.Mode == ModeDSR && s.Sel != SelHash {
-		return invalid(svcField("sel"), "only hash selection (sel 1) is allowed for DSR mode (3): set sel to 1")
+	if s.Mode == ModeDSR && s.Sel != SelHash && s.Sel != SelCHWBL {
+		return invalid(svcField("sel"), "only hash selection (sel 1 hash, or 8 consistent hash) is allowed for DSR mode (3): set sel to 1")
 	}
 	if s.Security < SecurityPlain || s.Security > SecurityE2ETLS {
 		return invalid(svcField("security"), "%d is out of range 0..2 (0 plain, 1 TLS termination, 2 end-to-end TLS)", s.Security)

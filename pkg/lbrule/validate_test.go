@@ -124,7 +124,11 @@ func TestRejections(t *testing.T) {
 		{"P/D without prefill", func() *Rule { r := basePD(); r.Endpoints[0].Role = RoleDecode; return r }, ErrInvalid, "endpoints", "1 decode"},
 		{"P/D outside fullproxy", func() *Rule { r := basePD(); r.Service.Mode = 2; return r }, ErrInvalid, "pd_disagg_mode", "requires mode=fullproxy"},
 		{"roles without P/D", func() *Rule { r := baseSingle(); r.Endpoints[0].Role = RolePrefill; return r }, ErrInvalid, "ep_role", "pd_disagg_mode"},
-		{"chwbl outside fullproxy", func() *Rule { r := baseSingle(); r.Service.KVExactMode = 0; r.Service.Mode = 2; return r }, ErrInvalid, "sel", "chwbl(8) requires mode=fullproxy"},
+		{"wrr-hash outside fullproxy", func() *Rule {
+			r := baseSingle()
+			r.Service.KVExactMode, r.Service.Mode, r.Service.Sel = 0, 2, SelWRRHash
+			return r
+		}, ErrInvalid, "sel", "wrr-hash(10) requires mode=fullproxy"},
 		{"n2 outside fullproxy", func() *Rule {
 			r := baseSingle()
 			r.Service.KVExactMode, r.Service.Mode, r.Service.Sel = 0, 0, 5
@@ -280,5 +284,22 @@ func TestRoundTrip(t *testing.T) {
 	}
 	if got := p.SubscribedEndpoints(); len(got) != 3 || got[0] != 0 || got[1] != 2 || got[2] != 4 {
 		t.Errorf("mode 1 subscribes prefill endpoints only, got %v", got)
+	}
+}
+
+// chwbl (8) on an L4 mode is the kernel's Maglev consistent hashing: valid
+// for DNAT, one-arm, full NAT and DSR.
+func TestConsistentHashOnL4Modes(t *testing.T) {
+	for _, mode := range []int{ModeDNAT, ModeOneArm, ModeFullNAT, ModeDSR} {
+		r := baseSingle()
+		r.Service.KVExactMode, r.Service.KVEngine, r.Service.Mode, r.Service.Sel = 0, "", mode, SelCHWBL
+		if mode == ModeDSR {
+			for i := range r.Endpoints {
+				r.Endpoints[i].Port = r.Service.Port
+			}
+		}
+		if _, err := Prepare(r, seeded); err != nil {
+			t.Errorf("mode %d with sel 8: %v", mode, err)
+		}
 	}
 }

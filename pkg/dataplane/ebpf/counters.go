@@ -48,4 +48,7 @@ const (
 	ctClosed   = 3
 	ctSYNSecs  = 60
 	ctFINSecs  = 10
+	// One-arm SNAT ports (SNAT_LOCAL_PORT_MIN/SPAN).
+	snatLocalPortMin = 61000
+	snatLocalPortMax = 65535
 )

@@ -112,6 +112,7 @@ var (
 	_ dataplane.Dataplane    = (*Dataplane)(nil)
 	_ dataplane.ProxySteerer = (*Dataplane)(nil)
 	_ dataplane.Recoverer    = (*Dataplane)(nil)
+	_ dataplane.Checker      = (*Dataplane)(nil)
 )
 
 // Open loads and attaches the data plane. On failure (not root, no BPF or
@@ -192,6 +193,7 @@ func New(cfg Config, logger *slog.Logger) (*Dataplane, error) {
 		return nil, fmt.Errorf("count CPUs: %w", err)
 	}
 	d.nCPU = n
+	d.reserveSNATPorts()
 	if err := d.load(); err != nil {
 		return nil, err
 	}
@@ -266,6 +268,53 @@ func (d *Dataplane) load() error {
 		return fmt.Errorf("%w: load BPF objects: %w", dataplane.ErrUnsupported, err)
 	}
 	return nil
+}
+
+// Sysctls of the host stack's ephemeral ports (per network namespace).
+const (
+	sysctlPortRange     = "/proc/sys/net/ipv4/ip_local_port_range"
+	sysctlReservedPorts = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+)
+
+// reserveSNATPorts keeps the one-arm SNAT ports (snatLocalPortMin-Max) out
+// of the host stack's ephemeral range: when ip_local_port_range overlaps
+// them, they are added to ip_local_reserved_ports (logged), so a socket of
+// the LB never gets a port a translated flow may use. A failure is logged,
+// not fatal: one-arm then risks clashing with local sockets.
+func (d *Dataplane) reserveSNATPorts() {
+	raw, err := os.ReadFile(sysctlPortRange)
+	if err != nil {
+		d.log.Warn("read the ephemeral port range", "err", err)
+		return
+	}
+	var lo, hi int
+	if _, err := fmt.Sscanf(string(raw), "%d %d", &lo, &hi); err != nil {
+		d.log.Warn("parse the ephemeral port range", "value", strings.TrimSpace(string(raw)), "err", err)
+		return
+	}
+	if hi < snatLocalPortMin || lo > snatLocalPortMax {
+		return
+	}
+	want := fmt.Sprintf("%d-%d", snatLocalPortMin, snatLocalPortMax)
+	cur, err := os.ReadFile(sysctlReservedPorts)
+	if err != nil {
+		d.log.Warn("read the reserved ports", "err", err)
+		return
+	}
+	list := strings.TrimSpace(string(cur))
+	if slices.Contains(strings.Split(list, ","), want) {
+		return
+	}
+	next := want
+	if list != "" {
+		next = list + "," + want
+	}
+	if err := os.WriteFile(sysctlReservedPorts, []byte(next), 0o644); err != nil {
+		d.log.Warn("reserve the one-arm SNAT ports: local sockets may clash with one-arm flows", "ports", want, "err", err)
+		return
+	}
+	d.log.Info("ip_local_port_range overlaps the one-arm SNAT ports: reserved them for the data plane",
+		"ip_local_port_range", fmt.Sprintf("%d-%d", lo, hi), "ip_local_reserved_ports", next)
 }
 
 // dropIncompatiblePins removes pinned maps whose layout differs from this
@@ -727,6 +776,58 @@ func (d *Dataplane) UpsertService(ctx context.Context, svc dataplane.Service, ep
 	return nil
 }
 
+// CheckService implements dataplane.Checker: what UpsertService would
+// refuse, found without changing anything.
+func (d *Dataplane) CheckService(ctx context.Context, svc dataplane.Service, eps []dataplane.Endpoint) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := dataplane.Validate(svc, eps); err != nil {
+		return err
+	}
+	proto, _ := dataplane.ProtoNumber(svc.Proto)
+	keys, err := frontendKeys(svc, proto)
+	if err != nil {
+		return err
+	}
+	if svc.Mode != dataplane.ModeFullProxy {
+		for _, ep := range eps {
+			if _, err := snatAddr(svc, ep); err != nil {
+				return err
+			}
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return dataplane.ErrClosed
+	}
+	for _, k := range keys {
+		id, ok := d.frontends[k]
+		if !ok || (id == svc.ID && svc.ID != 0) {
+			continue
+		}
+		if other := d.services[id]; other != nil && other.recovered {
+			continue // a leftover of a previous run: the upsert removes it
+		}
+		return fmt.Errorf("%w: service %d has %s:%d/%s", dataplane.ErrConflict, id, addrFrom(k.Vip), svc.Port, svc.Proto)
+	}
+	if st := d.services[svc.ID]; st != nil && svc.ID != 0 {
+		return nil // an update keeps its table index
+	}
+	for _, used := range d.idxUsed {
+		if !used {
+			return nil
+		}
+	}
+	for _, st := range d.services {
+		if st.recovered {
+			return nil // PruneRecovered or an upsert frees it
+		}
+	}
+	return fmt.Errorf("%w: %d services", dataplane.ErrCapacity, dataplane.MaxServices)
+}
+
 // frontendKeys lists the {vip, port, proto} keys of a service: one, or one
 // per local IPv4 address for host one-arm (as loxilb replicates such rules).
 func frontendKeys(svc dataplane.Service, proto uint8) ([]lbSvcKey, error) {
@@ -923,7 +1024,7 @@ func snatAddr(svc dataplane.Service, ep dataplane.Endpoint) (uint32, error) {
 		routes, err := netlink.RouteGet(ep.Addr.AsSlice())
 		if err != nil || len(routes) == 0 || routes[0].Src == nil {
 			return 0, fmt.Errorf("%w: derive the one-arm source address toward endpoint %v: no route with a source address (%v)",
-				dataplane.ErrInvalid, ep.Addr, err)
+				dataplane.ErrUnroutable, ep.Addr, err)
 		}
 		src, _ := netip.AddrFromSlice(routes[0].Src.To4())
 		return nbo32(src), nil

@@ -4,7 +4,10 @@ package ebpf
 
 import (
 	"context"
+	"errors"
 	"net/netip"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -162,5 +165,64 @@ func TestDeletedServiceFlowsCollected(t *testing.T) {
 	}
 	if n := len(f.ct()); n != 0 {
 		t.Fatalf("%d conntrack entries left", n)
+	}
+}
+
+// CheckService refuses, without changing anything, what UpsertService
+// would: a taken frontend, a full table, a one-arm endpoint with no route.
+func TestCheckService(t *testing.T) {
+	if !dataplanetest.Isolated(t, "lbcheck") {
+		return
+	}
+	fixtureNet(t)
+	d := newTestDP(t, Config{GCInterval: time.Hour})
+	f := &fixture{t: t, d: d}
+	ctx := context.Background()
+	one := []dataplane.Endpoint{ep(backend1, 80)}
+	f.upsert(dataplane.Service{ID: 1, VIP: vipN(1), Port: 80}, one...)
+	if err := d.CheckService(ctx, dataplane.Service{VIP: vipN(1), Port: 80, Proto: "tcp"}, one); !errors.Is(err, dataplane.ErrConflict) {
+		t.Fatalf("taken frontend: %v", err)
+	}
+	if err := d.CheckService(ctx, dataplane.Service{ID: 1, VIP: vipN(1), Port: 80, Proto: "tcp"}, one); err != nil {
+		t.Fatalf("update of the holder: %v", err)
+	}
+	far := []dataplane.Endpoint{ep(netip.MustParseAddr("172.29.250.9"), 80)}
+	if err := d.CheckService(ctx, dataplane.Service{VIP: vipN(2), Port: 80, Proto: "tcp", Mode: dataplane.ModeOneArm}, far); !errors.Is(err, dataplane.ErrUnroutable) {
+		t.Fatalf("one-arm endpoint without a route: %v", err)
+	}
+	for id := uint32(2); id <= dataplane.MaxServices; id++ {
+		f.upsert(dataplane.Service{ID: id, VIP: netip.AddrFrom4([4]byte{172, 31, 10 + byte(id>>8), byte(id)}), Port: 80}, one...)
+	}
+	if err := d.CheckService(ctx, dataplane.Service{VIP: vipN(3), Port: 80, Proto: "tcp"}, one); !errors.Is(err, dataplane.ErrCapacity) {
+		t.Fatalf("full table: %v", err)
+	}
+	if err := d.UpsertService(ctx, dataplane.Service{ID: 999, VIP: vipN(3), Port: 80, Proto: "tcp"}, one); !errors.Is(err, dataplane.ErrCapacity) {
+		t.Fatalf("upsert into the full table: %v", err)
+	}
+}
+
+// When the host's ephemeral range reaches into the one-arm SNAT ports,
+// starting the data plane reserves them; with the default range it leaves
+// the reserved list alone.
+func TestSNATPortsReserved(t *testing.T) {
+	if !dataplanetest.Isolated(t, "lbports") {
+		return
+	}
+	d := newTestDP(t, Config{GCInterval: time.Hour})
+	d.Close()
+	if b, _ := os.ReadFile(sysctlReservedPorts); strings.TrimSpace(string(b)) != "" {
+		t.Fatalf("default range: reserved ports %q, want none", b)
+	}
+	if err := os.WriteFile(sysctlPortRange, []byte("20000 65000"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(sysctlReservedPorts, []byte("8080"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	newTestDP(t, Config{GCInterval: time.Hour})
+	newTestDP(t, Config{GCInterval: time.Hour}) // a second start adds nothing
+	b, _ := os.ReadFile(sysctlReservedPorts)
+	if got := strings.TrimSpace(string(b)); got != "8080,61000-65535" {
+		t.Fatalf("reserved ports %q, want 8080,61000-65535", got)
 	}
 }

@@ -95,6 +95,29 @@ func (f *fixture) ct() map[lbCtKey]lbCtVal {
 	return out
 }
 
+// oneArmSYN sends a SYN to a one-arm service and checks it leaves DNATed to
+// be:bport and SNATed to the LB's address with a port of the one-arm range
+// (61000-65535, outside the host's ephemeral ports), which it returns.
+func (f *fixture) oneArmSYN(syn pkt, be netip.Addr, bport uint16) uint16 {
+	f.t.Helper()
+	before := len(f.ct())
+	v, out, err := f.d.objs.TcLb.Test(syn.build())
+	if err != nil || v != actRedirect {
+		f.t.Fatalf("one-arm SYN: verdict %d, %v", v, err)
+	}
+	d := decode(out)
+	if d.src != lbAddr || d.dst != be || d.dport != bport || !d.ipOK || !d.l4OK {
+		f.t.Fatalf("one-arm SYN left as %+v, want %v -> %v:%d with good checksums", d, lbAddr, be, bport)
+	}
+	if d.sport < snatLocalPortMin || d.sport > snatLocalPortMax {
+		f.t.Fatalf("one-arm SNAT port %d outside %d-%d", d.sport, snatLocalPortMin, snatLocalPortMax)
+	}
+	if n := len(f.ct()) - before; n != 2 {
+		f.t.Fatalf("one-arm SYN added %d conntrack entries, want 2", n)
+	}
+	return d.sport
+}
+
 // flush deletes every conntrack entry of service idx.
 func (f *fixture) flush(idx uint16) {
 	for k, v := range f.ct() {
@@ -285,9 +308,8 @@ func TestPacketFixtures(t *testing.T) {
 		f.t = t
 		vip := vipN(3)
 		f.upsert(dataplane.Service{ID: 3, VIP: vip, Port: 80, Mode: dataplane.ModeOneArm, Sel: dataplane.SelRoundRobin}, ep(backend2, 80))
-		f.run(step{name: "SYN: SNAT to the LB's address toward the endpoint", in: tcp(client, 42000, vip, 80, fSYN),
-			verdict: actRedirect, out: fwd(tcp(lbAddr, 42000, backend2, 80, fSYN)), counters: newFlow, ct: 2})
-		f.run(step{name: "reply", in: tcp(backend2, 80, lbAddr, 42000, fSYN|fACK),
+		port := f.oneArmSYN(tcp(client, 42000, vip, 80, fSYN), backend2, 80)
+		f.run(step{name: "reply", in: tcp(backend2, 80, lbAddr, port, fSYN|fACK),
 			verdict: actRedirect, out: fwd(tcp(vip, 80, client, 42000, fSYN|fACK)), counters: hitReply})
 	})
 
@@ -305,9 +327,8 @@ func TestPacketFixtures(t *testing.T) {
 		f.t = t
 		f.upsert(dataplane.Service{ID: 12, VIP: netip.IPv4Unspecified(), Port: 9000, Mode: dataplane.ModeHostOneArm, Sel: dataplane.SelRoundRobin}, ep(backend1, 80))
 		local := netip.MustParseAddr("172.31.2.1") // an address of this host
-		f.run(step{name: "SYN to a local address: DNAT + SNAT", in: tcp(client, 42500, local, 9000, fSYN),
-			verdict: actRedirect, out: fwd(tcp(lbAddr, 42500, backend1, 80, fSYN)), counters: newFlow, ct: 2})
-		f.run(step{name: "reply", in: tcp(backend1, 80, lbAddr, 42500, fSYN|fACK),
+		port := f.oneArmSYN(tcp(client, 42500, local, 9000, fSYN), backend1, 80)
+		f.run(step{name: "reply", in: tcp(backend1, 80, lbAddr, port, fSYN|fACK),
 			verdict: actRedirect, out: fwd(tcp(local, 9000, client, 42500, fSYN|fACK)), counters: hitReply})
 		f.run(step{name: "same port, not a local address", in: tcp(client, 42501, other, 9000, fSYN),
 			verdict: actOK, counters: map[string]uint64{"pass_no_service": 1}})

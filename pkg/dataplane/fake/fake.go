@@ -34,6 +34,7 @@ type Dataplane struct {
 }
 
 var (
+	_ dataplane.Checker      = (*Dataplane)(nil)
 	_ dataplane.Dataplane    = (*Dataplane)(nil)
 	_ dataplane.ProxySteerer = (*Dataplane)(nil)
 )
@@ -57,6 +58,27 @@ func (d *Dataplane) UpsertService(ctx context.Context, svc dataplane.Service, ep
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err := d.checkLocked(svc); err != nil {
+		return err
+	}
+	d.services[svc.ID] = &entry{svc: svc, eps: slices.Clone(eps)}
+	return nil
+}
+
+// CheckService implements dataplane.Checker.
+func (d *Dataplane) CheckService(ctx context.Context, svc dataplane.Service, eps []dataplane.Endpoint) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := dataplane.Validate(svc, eps); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.checkLocked(svc)
+}
+
+func (d *Dataplane) checkLocked(svc dataplane.Service) error {
 	if d.closed {
 		return dataplane.ErrClosed
 	}
@@ -65,10 +87,9 @@ func (d *Dataplane) UpsertService(ctx context.Context, svc dataplane.Service, ep
 			return fmt.Errorf("%w: service %d has %s:%d/%s", dataplane.ErrConflict, id, svc.VIP, svc.Port, svc.Proto)
 		}
 	}
-	if _, ok := d.services[svc.ID]; !ok && len(d.services) >= dataplane.MaxServices {
+	if _, ok := d.services[svc.ID]; (!ok || svc.ID == 0) && len(d.services) >= dataplane.MaxServices {
 		return fmt.Errorf("%w: %d services", dataplane.ErrCapacity, len(d.services))
 	}
-	d.services[svc.ID] = &entry{svc: svc, eps: slices.Clone(eps)}
 	return nil
 }
 
