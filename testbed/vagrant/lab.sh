@@ -34,8 +34,9 @@ backends=2
 
 # in_ns runs a command in a namespace's network only: the daemon's pins
 # must land on the host's bpffs, which `ip netns exec` would hide. Processes
-# started in the background call nsenter directly, so that $! is their pid
-# (nsenter execs the command).
+# started in the background call setsid and nsenter directly, so that $! is
+# their pid (both exec the command) and they outlive the provisioner's
+# session.
 in_ns() {
 	local ns=$1
 	shift
@@ -61,7 +62,8 @@ backend_server() {
 	local i=$1 dir=$run_dir/be$i
 	mkdir -p "$dir"
 	echo "name=be$i" >"$dir/index.html"
-	nsenter --net="/run/netns/$LAB_PREFIX-be$i" python3 -m http.server 8080 --bind 0.0.0.0 --directory "$dir" >"$run_dir/be$i.log" 2>&1 &
+	setsid nsenter --net="/run/netns/$LAB_PREFIX-be$i" python3 -m http.server 8080 --bind 0.0.0.0 --directory "$dir" \
+		</dev/null >"$run_dir/be$i.log" 2>&1 &
 	echo $! >"$run_dir/be$i.pid"
 }
 
@@ -91,9 +93,9 @@ up() {
 	done
 	local ifaces=l0
 	for i in $(seq 1 "$backends"); do ifaces="$ifaces,b$i"; done
-	nsenter --net="/run/netns/$lb" "$LAB_BIN/loxilb" --interfaces "$ifaces" --bpf-pin-path "$pin" \
+	setsid nsenter --net="/run/netns/$lb" "$LAB_BIN/loxilb" --interfaces "$ifaces" --bpf-pin-path "$pin" \
 		--state-dir "$run_dir/state" --tokenizer-dir "${LAB_TOKENIZERS:-$run_dir/tokenizers}" \
-		--api-addr 127.0.0.1:11111 >"$run_dir/loxilb.log" 2>&1 &
+		--api-addr 127.0.0.1:11111 </dev/null >"$run_dir/loxilb.log" 2>&1 &
 	echo $! >"$run_dir/loxilb.pid"
 	if ! wait_for "the daemon (log: $run_dir/loxilb.log)" in_ns "$lb" curl -sf --max-time 1 http://127.0.0.1:11111/netlox/v1/version; then
 		tail -n 20 "$run_dir/loxilb.log" >&2
