@@ -27,8 +27,10 @@ import (
 // routes the data plane adds (route protocol 76) in the calling network
 // namespace, unless another data plane is attached there. It loads no
 // program, so it works whatever version pinned the objects. It refuses with ErrPinPathBusy while a daemon holds the pin
-// path, and removes nothing in a directory that is not on bpffs. Entries
-// of the pin directory that are not the data plane's are left and listed.
+// path, and removes nothing in a directory that is not on bpffs. Maps are
+// told by name: this build's, or any pinned map named lb_* (another
+// version's). Entries of the pin directory that are not the data plane's
+// are left and listed.
 // Run twice, the second report is empty.
 func Cleanup(pinPath string) (CleanupReport, error) {
 	var rep CleanupReport
@@ -108,7 +110,7 @@ func cleanupPins(pinPath string, rep *CleanupReport) error {
 				continue
 			}
 			rep.Removed = append(rep.Removed, fmt.Sprintf("%s (unpinned %s)", what, pin))
-		case slices.Contains(mapNames, name):
+		case slices.Contains(mapNames, name) || strings.HasPrefix(name, "lb_") && isPinnedMap(pin):
 			if err := os.Remove(pin); err != nil {
 				errs = append(errs, fmt.Errorf("unpin map %s: %w", pin, err))
 				continue
@@ -257,4 +259,15 @@ func skLookupPrograms() (int, error) {
 		return 0, fmt.Errorf("query sk_lookup programs of the network namespace: %w", err)
 	}
 	return len(res.Programs), nil
+}
+
+// isPinnedMap reports whether pin is a pinned map: with the data plane's
+// "lb_" prefix, a map another version pinned that this build no longer has.
+func isPinnedMap(pin string) bool {
+	m, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		return false
+	}
+	m.Close()
+	return true
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -99,6 +100,9 @@ func TestCleanup(t *testing.T) {
 		t.Fatal("a refused cleanup removed something")
 	}
 
+	// A map an older version pinned, which this build does not have.
+	pinMap(t, filepath.Join(pin, "lb_old_version"))
+
 	if err := d.Close(); err != nil { // as a killed daemon: everything stays
 		t.Fatal(err)
 	}
@@ -111,7 +115,8 @@ func TestCleanup(t *testing.T) {
 	}
 	out := strings.Join(rep.Removed, "\n")
 	for _, want := range []string{"detached tc_lb from lbt0", "detached tc_lb (cls_bpf) from lbt1", "detached sk_lookup",
-		"unpinned map " + filepath.Join(pin, "lb_conntrack"), "removed pin directory " + pin} {
+		"unpinned map " + filepath.Join(pin, "lb_conntrack"), "unpinned map " + filepath.Join(pin, "lb_old_version"),
+		"removed pin directory " + pin} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
@@ -143,6 +148,29 @@ func TestCleanup(t *testing.T) {
 	}
 	if rep, err := Cleanup(pin); err != nil || len(rep.Removed)+len(rep.Left) != 0 {
 		t.Fatalf("second cleanup: %+v %v, want nothing", rep, err)
+	}
+
+	// What is not the data plane's is left, and the directory with it.
+	if err := os.Mkdir(pin, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pinMap(t, filepath.Join(pin, "tool_map"))
+	rep, err = Cleanup(pin)
+	if err != nil || len(rep.Removed) != 0 || len(rep.Left) != 1 || !strings.Contains(rep.Left[0], "tool_map") || !pinned(t, filepath.Join(pin, "tool_map")) {
+		t.Fatalf("cleanup of a directory holding another tool's map: %+v %v, want it left", rep, err)
+	}
+}
+
+// pinMap pins a small array map at path.
+func pinMap(t *testing.T, path string) {
+	t.Helper()
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Pin(path); err != nil {
+		t.Fatal(err)
 	}
 }
 
