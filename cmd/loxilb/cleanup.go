@@ -37,7 +37,7 @@ func cleanup(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, r)
 	}
 	for _, l := range rep.Left {
-		fmt.Fprintf(stdout, "left %s: not an object of the data plane\n", l)
+		fmt.Fprintln(stdout, "left", l)
 	}
 	if err != nil {
 		return fmt.Errorf("cleanup: %w", err)

@@ -25,10 +25,12 @@ import (
 // namespace, the pinned maps and the pin directory; cls_bpf filters (the
 // TCX fallback) whose tc_lb uses those pinned maps; and the local VIP
 // routes the data plane adds (route protocol 76) in the calling network
-// namespace. It loads no program, so it works whatever version pinned the
-// objects. It refuses with ErrPinPathBusy while a daemon holds the pin
-// path, and removes nothing in a directory that is not on bpffs. Entries
-// of the pin directory that are not the data plane's are left and listed.
+// namespace, unless another data plane is attached there. It loads no
+// program, so it works whatever version pinned the objects. It refuses with ErrPinPathBusy while a daemon holds the pin
+// path, and removes nothing in a directory that is not on bpffs. Maps are
+// told by name: this build's, or any pinned map named lb_* (another
+// version's). Entries of the pin directory that are not the data plane's
+// are left and listed.
 // Run twice, the second report is empty.
 func Cleanup(pinPath string) (CleanupReport, error) {
 	var rep CleanupReport
@@ -108,14 +110,14 @@ func cleanupPins(pinPath string, rep *CleanupReport) error {
 				continue
 			}
 			rep.Removed = append(rep.Removed, fmt.Sprintf("%s (unpinned %s)", what, pin))
-		case slices.Contains(mapNames, name):
+		case slices.Contains(mapNames, name) || strings.HasPrefix(name, "lb_") && isPinnedMap(pin):
 			if err := os.Remove(pin); err != nil {
 				errs = append(errs, fmt.Errorf("unpin map %s: %w", pin, err))
 				continue
 			}
 			rep.Removed = append(rep.Removed, "unpinned map "+pin)
 		default:
-			rep.Left = append(rep.Left, pin)
+			rep.Left = append(rep.Left, pin+" (not an object of the data plane)")
 		}
 	}
 	if len(rep.Left) == 0 && len(errs) == 0 {
@@ -203,12 +205,28 @@ func usesMap(progID int, mapID ebpf.MapID) bool {
 }
 
 // cleanupRoutes removes the local VIP routes marked with routeProto in the
-// calling network namespace.
+// calling network namespace, unless a data plane still runs there (its
+// sk_lookup program is attached: another daemon, on another pin path, whose
+// mode-4 VIPs need those routes); then they are left and listed.
 func cleanupRoutes(rep *CleanupReport) error {
 	rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_LOCAL, Protocol: routeProto},
 		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
 	if err != nil {
 		return fmt.Errorf("list local VIP routes: %w", err)
+	}
+	if len(rs) == 0 {
+		return nil
+	}
+	if n, err := skLookupPrograms(); err != nil {
+		return err
+	} else if n > 0 {
+		for _, r := range rs {
+			if r.Dst != nil {
+				rep.Left = append(rep.Left, fmt.Sprintf("route local %s proto %d (a data plane still runs in this network namespace:"+
+					" %d sk_lookup program(s) attached; run cleanup with its --bpf-pin-path once it is stopped)", r.Dst.IP, routeProto, n))
+			}
+		}
+		return nil
 	}
 	var errs []error
 	for _, r := range rs {
@@ -226,4 +244,30 @@ func cleanupRoutes(rep *CleanupReport) error {
 		rep.Removed = append(rep.Removed, fmt.Sprintf("removed route local %s dev %s proto %d", r.Dst.IP, dev, routeProto))
 	}
 	return errors.Join(errs...)
+}
+
+// skLookupPrograms counts the sk_lookup programs attached to the calling
+// process's network namespace.
+func skLookupPrograms() (int, error) {
+	ns, err := os.Open("/proc/self/ns/net")
+	if err != nil {
+		return 0, fmt.Errorf("open network namespace: %w", err)
+	}
+	defer ns.Close()
+	res, err := link.QueryPrograms(link.QueryOptions{Target: int(ns.Fd()), Attach: ebpf.AttachSkLookup})
+	if err != nil {
+		return 0, fmt.Errorf("query sk_lookup programs of the network namespace: %w", err)
+	}
+	return len(res.Programs), nil
+}
+
+// isPinnedMap reports whether pin is a pinned map: with the data plane's
+// "lb_" prefix, a map another version pinned that this build no longer has.
+func isPinnedMap(pin string) bool {
+	m, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		return false
+	}
+	m.Close()
+	return true
 }

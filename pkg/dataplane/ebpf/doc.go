@@ -17,7 +17,11 @@
 // before touching any pin; a start that fails later leaves the links it
 // re-used attached and pinned. Links pinned for interfaces no longer
 // configured are detached, and local VIP routes carry their own route
-// protocol so a restart adopts them. Purge removes everything.
+// protocol so a restart adopts them. One process holds a pin path at a time:
+// Open takes an flock on the pin directory before touching any pin, and a
+// second Open fails with ErrPinPathBusy naming the holder's pid. Purge
+// removes everything a running data plane holds; Cleanup removes the same
+// from the pins alone once no daemon runs (`loxilb cleanup`).
 //
 // Switch-over: each service has two generations of endpoint and slot tables;
 // an update writes the idle generation and then flips the service entry with

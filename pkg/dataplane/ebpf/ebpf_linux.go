@@ -263,7 +263,7 @@ func (d *Dataplane) load() error {
 			d.log.Error("BPF verifier rejected the program", "log", fmt.Sprintf("%+v", ve))
 		}
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return fmt.Errorf("load BPF objects: pinned maps under %s come from an incompatible version (run with a fresh pin path or purge it): %w", d.cfg.PinPath, err)
+			return fmt.Errorf("load BPF objects: pinned maps under %s come from an incompatible version (run with a fresh --bpf-pin-path, or remove the old state with loxilb cleanup): %w", d.cfg.PinPath, err)
 		}
 		return fmt.Errorf("%w: load BPF objects: %w", dataplane.ErrUnsupported, err)
 	}
