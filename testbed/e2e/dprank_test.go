@@ -1,0 +1,127 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/loxilb-llm/loxilb/pkg/router"
+)
+
+// rankedRoute is one request through the VIP: the receipt's endpoint,
+// rank and prediction, and what the engine reported.
+type rankedRoute struct {
+	ep, rank  int
+	predicted int // receipt matched blocks x block size
+	cached    int // engine-reported usage.prompt_tokens_details.cached_tokens
+}
+
+func completeRanked(t *testing.T, vip, prompt string, bs int) rankedRoute {
+	t.Helper()
+	resp, body := post(t, "http://"+vip+"/v1/completions", map[string]any{"model": model, "prompt": prompt, "max_tokens": 4}, "X-Loxilb-Receipt", "1")
+	if resp.StatusCode != 200 {
+		t.Fatalf("completion: %d %s", resp.StatusCode, body)
+	}
+	rc, err := router.ParseReceipt(resp.Header.Get("X-Loxilb-Route"))
+	if err != nil {
+		t.Fatalf("receipt %q: %v", resp.Header.Get("X-Loxilb-Route"), err)
+	}
+	var out struct {
+		Usage struct {
+			Details struct {
+				Cached int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	_ = json.Unmarshal(body, &out)
+	rank := -1
+	if rc.RankSet {
+		rank = rc.Rank
+	}
+	return rankedRoute{ep: rc.EP, rank: rank, predicted: rc.Matched * bs, cached: out.Usage.Details.Cached}
+}
+
+// TestDataParallelRankTargeting: on engines with two data-parallel ranks
+// each, the gateway scores the rank holding the prompt's prefix and names
+// it to the engine (SGLang: routed_dp_rank in the body; vLLM: the
+// X-data-parallel-rank header), so the engine serves from cache exactly
+// what the gateway predicted and a session's steps stay on one rank.
+// Without the rank named, the engine's own balancer alternates ranks and
+// every other step finds a cold cache.
+func TestDataParallelRankTargeting(t *testing.T) {
+	cases := []struct {
+		name, engine string
+		net          int
+	}{
+		{"sglang", "sglang", 75},
+		{"vllm", "vllm", 76},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			const sessions, steps, bs = 4, 4, 16
+			p := newPool(t, poolOpts{n: 2, net: c.net, kvEngine: c.engine, ranks: 2, bs: bs})
+			prompts := make([]string, sessions)
+			for s := range prompts {
+				prompts[s] = longPrompt(fmt.Sprintf("%s-session-%d", c.name, s), s)
+			}
+			var short, steps2, switched, predicted, cached int
+			ranks := make([]int, sessions)
+			for step := 0; step < steps; step++ {
+				for s := range prompts {
+					if step > 0 {
+						prompts[s] += fmt.Sprintf(" The assistant answered step %d of session %d at length, and the user asks a follow-up question about section %d.", step, s, step+s)
+					}
+					r := completeRanked(t, p.vip, prompts[s], bs)
+					if r.rank < 0 || r.rank > 1 {
+						t.Errorf("session %d step %d: receipt names rank %d, want 0 or 1", s, step, r.rank)
+					}
+					if step > 0 {
+						steps2++
+						predicted += r.predicted
+						cached += r.cached
+						if r.cached < r.predicted {
+							short++
+						}
+						if r.rank != ranks[s] {
+							switched++
+						}
+					}
+					ranks[s] = r.rank
+				}
+				for ep := range p.engines {
+					p.waitSameInventory(t, ep, fmt.Sprintf("after step %d", step))
+				}
+			}
+			t.Logf("%s: %d follow-up steps, predicted %d cached tokens, engines served %d; %d served fewer than predicted, %d changed rank",
+				c.name, steps2, predicted, cached, short, switched)
+			if predicted == 0 {
+				t.Fatal("the gateway predicted no cached tokens; the test proves nothing")
+			}
+			if short != 0 || cached < predicted {
+				t.Errorf("%d of %d follow-up steps were served fewer cached tokens than predicted (%d predicted, %d served)", short, steps2, predicted, cached)
+			}
+			if switched != 0 {
+				t.Errorf("%d of %d follow-up steps changed rank", switched, steps2)
+			}
+			var targeted, served uint64
+			for _, e := range p.engines {
+				for _, r := range e.Stats().Ranks {
+					targeted += r.Targeted
+					served += r.Served
+				}
+			}
+			if targeted != served || served != uint64(sessions*steps) {
+				t.Errorf("engines served %d requests, %d of them on a named rank; want all %d named", served, targeted, sessions*steps)
+			}
+			text := metrics(t, p.d)
+			if n := metricValue(text, "loxilb_kv_rank_targeted_total", `service="1"`); n != float64(sessions*steps) {
+				t.Errorf("loxilb_kv_rank_targeted_total = %g, want %d", n, sessions*steps)
+			}
+			if !strings.Contains(text, `loxilb_kv_rank_targeted_total{ep_idx=`) {
+				t.Errorf("no per-endpoint rank series in the export")
+			}
+			checkMetricLabels(t, text)
+		})
+	}
+}
