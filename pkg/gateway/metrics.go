@@ -24,6 +24,7 @@ type metrics struct {
 	admitWait    *prometheus.HistogramVec
 	rejectedC    *prometheus.CounterVec
 	tokWaiting   prometheus.Gauge
+	rankTargeted *prometheus.CounterVec
 }
 
 // waitBuckets spans the gateway's waits: a millisecond to a few prefills
@@ -66,9 +67,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			[]string{"service", "reason"}),
 		tokWaiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "loxilb_gateway_tokenize_waiting",
 			Help: "Requests waiting for a tokenization slot (--tokenize-concurrency)."}),
+		rankTargeted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_kv_rank_targeted_total",
+			Help: "Requests sent to a named data-parallel rank of their endpoint (SGLang routed_dp_rank/data_parallel_rank, vLLM X-data-parallel-rank), by rank."},
+			[]string{"service", "ep_idx", "rank"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait, m.rejectedC, m.tokWaiting} {
+		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait, m.rejectedC, m.tokWaiting, m.rankTargeted} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -122,7 +126,7 @@ func (m *metrics) closedLoop(service string, res proxy.Result, predicted int64) 
 }
 
 func (m *metrics) forget(service string) {
-	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced, m.admitted, m.rejectedC} {
+	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced, m.admitted, m.rejectedC, m.rankTargeted} {
 		v.DeletePartialMatch(prometheus.Labels{"service": service})
 	}
 	m.coalesceWait.DeletePartialMatch(prometheus.Labels{"service": service})

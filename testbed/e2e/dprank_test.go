@@ -59,7 +59,7 @@ func TestDataParallelRankTargeting(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			const sessions, steps, bs = 4, 4, 16
+			const sessions, steps, bs = 5, 4, 16 // an odd number: some endpoint serves an odd count of sessions, so its balancer alternates their ranks
 			p := newPool(t, poolOpts{n: 2, net: c.net, kvEngine: c.engine, ranks: 2, bs: bs})
 			prompts := make([]string, sessions)
 			for s := range prompts {
