@@ -72,10 +72,14 @@ func TestDataParallelRankTargeting(t *testing.T) {
 					if step > 0 {
 						prompts[s] += fmt.Sprintf(" The assistant answered step %d of session %d at length, and the user asks a follow-up question about section %d.", step, s, step+s)
 					}
+					before := servedByRank(p)
 					r := completeRanked(t, p.vip, prompts[s], bs)
-					if r.rank < 0 || r.rank > 1 {
-						t.Errorf("session %d step %d: receipt names rank %d, want 0 or 1", s, step, r.rank)
+					served := rankServed(t, before, servedByRank(p))
+					if r.rank < 0 || r.rank > 1 || served != [2]int{r.ep, r.rank} {
+						t.Errorf("session %d step %d: receipt names endpoint %d rank %d, engine %d served it on rank %d",
+							s, step, r.ep, r.rank, served[0], served[1])
 					}
+					r.rank = served[1] + 10*served[0] // what the engines did, for the rank changes below
 					if step > 0 {
 						steps2++
 						predicted += r.predicted
@@ -124,4 +128,36 @@ func TestDataParallelRankTargeting(t *testing.T) {
 			checkMetricLabels(t, text)
 		})
 	}
+}
+
+// servedByRank is every engine's per-rank count of requests served.
+func servedByRank(p *pool) [][]uint64 {
+	out := make([][]uint64, len(p.engines))
+	for i, e := range p.engines {
+		for _, r := range e.Stats().Ranks {
+			out[i] = append(out[i], r.Served)
+		}
+	}
+	return out
+}
+
+// rankServed is the (endpoint, rank) whose count grew by one between two
+// servedByRank samples taken around one request.
+func rankServed(t *testing.T, before, after [][]uint64) [2]int {
+	t.Helper()
+	got := [2]int{-1, -1}
+	for ep := range after {
+		for rk := range after[ep] {
+			if after[ep][rk] != before[ep][rk] {
+				if got[0] >= 0 || after[ep][rk] != before[ep][rk]+1 {
+					t.Fatalf("more than one request served: %v -> %v", before, after)
+				}
+				got = [2]int{ep, rk}
+			}
+		}
+	}
+	if got[0] < 0 {
+		t.Fatalf("no engine served the request: %v", after)
+	}
+	return got
 }
