@@ -93,6 +93,15 @@ type Request struct {
 	// a 5xx answer, or a success once the response headers arrived. Legs
 	// the client or the other leg abandoned report nothing.
 	Observe func(ep Endpoint, prefill bool, o outlier.Outcome)
+	// PrefillRank, when not nil, returns the data-parallel rank of prefill
+	// endpoint ep that should serve the prefill leg (the rank holding the
+	// prompt's prefix) and the endpoint's rank count; ok false leaves it
+	// to the engine. The SGLang flow
+	// names it to the prefill server (routed_dp_rank, data_parallel_rank)
+	// and to the decode server (disagg_prefill_dp_rank), which must fetch
+	// the KV cache from that rank. It is called on the request goroutine
+	// for each prefill endpoint tried.
+	PrefillRank func(ep int) (rank, ranks int, ok bool)
 }
 
 // Choice is the ladder's decision for one request.

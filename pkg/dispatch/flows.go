@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+
+	"github.com/loxilb-llm/loxilb/pkg/engine"
 )
 
 // ---- vLLM (NixlConnector), sequential ----
@@ -144,6 +146,35 @@ func sglangBody(m map[string]json.RawMessage, host string, port int, room uint64
 	return encodeBody(p)
 }
 
+// sglangBodies are the bodies of the two legs: the same bootstrap fields
+// for both and, when the gateway names the prefill rank of pre (one
+// prompt only: a batch's rooms spread over ranks), that rank for the
+// prefill server to serve the leg on and for the decode server to fetch
+// the KV cache from. The room is also made congruent to the rank, so an
+// engine that places a prefill by bootstrap_room modulo its ranks agrees.
+func (x *exchange) sglangBodies(pre Endpoint, port int, room uint64) (preBody, decBody []byte) {
+	rank, ranks, ok := 0, 0, false
+	if x.req.PrefillRank != nil && batchSize(x.body) == 0 {
+		rank, ranks, ok = x.req.PrefillRank(pre.Idx)
+	}
+	if !ok || ranks < 1 || rank < 0 || rank >= ranks {
+		b := sglangBody(x.body, pre.Host, port, room)
+		return b, b
+	}
+	n := uint64(ranks)
+	room = room / n * n
+	if room > 1<<63-1-n {
+		room -= n
+	}
+	room += uint64(rank)
+	r := raw(rank)
+	p := cloneBody(x.body)
+	p[engine.SGLangRankField], p[engine.SGLangLegacyRankField] = r, r
+	d := cloneBody(x.body)
+	d[engine.SGLangPrefillRankField] = r
+	return sglangBody(p, pre.Host, port, room), sglangBody(d, pre.Host, port, room)
+}
+
 // batchSize is the number of prompts of a batched request (a list of
 // strings or of token lists in prompt, text or input_ids); 0 for one prompt.
 func batchSize(m map[string]json.RawMessage) int {
@@ -172,10 +203,10 @@ func (x *exchange) runSGLang(ctx context.Context) {
 	}
 	for i, pre := range x.c.Prefill {
 		room := rand.Uint64() >> 1 // uniform in [0, 2^63-1]
-		body := sglangBody(x.body, pre.Host, port, room)
+		preBody, decBody := x.sglangBodies(pre, port, room)
 		x.res.Attempts++
 		last := i == len(x.c.Prefill)-1
-		if !x.sglangAttempt(ctx, pre, body, last) {
+		if !x.sglangAttempt(ctx, pre, preBody, decBody, last) {
 			return
 		}
 		x.d.m.failover.WithLabelValues(x.label, strconv.Itoa(pre.Idx)).Inc()
@@ -190,18 +221,18 @@ func (x *exchange) runSGLang(ctx context.Context) {
 // endpoint could not be connected to and nothing reached the client, so
 // the caller may try the next prefill endpoint with a fresh room (never
 // for the last candidate: that failure is answered here).
-func (x *exchange) sglangAttempt(ctx context.Context, pre Endpoint, body []byte, last bool) (retry bool) {
+func (x *exchange) sglangAttempt(ctx context.Context, pre Endpoint, preBody, decBody []byte, last bool) (retry bool) {
 	lctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	prefillDone := make(chan prefillOutcome, 1)
 	go func() {
-		out := x.prefillOnce(lctx, pre, body)
+		out := x.prefillOnce(lctx, pre, preBody)
 		if out.err != nil || out.status/100 != 2 {
 			cancel(errOtherLeg)
 		}
 		prefillDone <- out
 	}()
-	derr := x.decodeLeg(lctx, body)
+	derr := x.decodeLeg(lctx, decBody)
 	if derr == nil {
 		// Drain: the client has its answer; wait for the prefill leg so its
 		// slot and connection are released cleanly (bounded by its timeout).

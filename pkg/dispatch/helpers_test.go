@@ -64,6 +64,8 @@ type fleet struct {
 	keys    func(body []byte) []uint64
 	// observe, when set, receives every leg's outcome.
 	observe func(ep Endpoint, prefill bool, o outlier.Outcome)
+	// prefillRank, when set, names prefill ranks (Request.PrefillRank).
+	prefillRank func(ep int) (rank, ranks int, ok bool)
 }
 
 type fleetOpts struct {
@@ -73,6 +75,7 @@ type fleetOpts struct {
 	prefillFaults   enginesim.Faults
 	decodeFaults    enginesim.Faults
 	bootstrapShared bool
+	prefillRanks    int // data-parallel ranks of each prefill engine (0: 1)
 }
 
 func newFleet(t *testing.T, o fleetOpts) *fleet {
@@ -84,7 +87,7 @@ func newFleet(t *testing.T, o fleetOpts) *fleet {
 	for i := 0; i < o.nPrefill; i++ {
 		host := fmt.Sprintf("127.0.%d.%d", n, 11+i)
 		c := enginesim.Config{Engine: o.engine, Role: enginesim.RolePrefill, Listen: host + ":0", Faults: o.prefillFaults,
-			PDTimeout: 5 * time.Second}
+			PDTimeout: 5 * time.Second, DPRanks: o.prefillRanks}
 		if o.engine == enginesim.EngineSGLang {
 			c.BootstrapPort = boot // the first picks a free port, the others share it
 		}
@@ -112,7 +115,7 @@ func newFleet(t *testing.T, o fleetOpts) *fleet {
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		req := &Request{Pool: f.pool, Method: r.Method, Path: r.URL.Path, Header: r.Header, Body: body,
-			Session: r.Header.Get(f.session), KV: f.kv, Observe: f.observe}
+			Session: r.Header.Get(f.session), KV: f.kv, Observe: f.observe, PrefillRank: f.prefillRank}
 		if f.keys != nil {
 			req.PrefixKeys = f.keys(body)
 		}

@@ -74,13 +74,57 @@ type Spec struct {
 	Flow         PDFlow
 	MultiRank    bool // kvDpRankCount > 1 is meaningful
 	SeedRequired bool // KV-exact needs LLB_KV_NONE_HASH_SEED (vLLM's PYTHONHASHSEED)
+	// Rank is how a request names the data-parallel rank that must serve
+	// it; the zero value means the engine offers no way to.
+	Rank RankTarget
 }
+
+// RankTarget is how one engine is told which data-parallel rank serves a
+// request. Without it the engine's own balancer picks a rank (SGLang's
+// data-parallel controller round-robins, vLLM's API server takes the least
+// loaded engine core), which need not be the rank whose cache the gateway
+// scored.
+type RankTarget struct {
+	// BodyFields are top-level JSON fields of the request body set to the
+	// rank, all of them: an engine version reads the first one it knows.
+	BodyFields []string
+	// Header is a request header set to the rank.
+	Header string
+	// PDPrefillField is the body field that tells a P/D decode server
+	// which prefill rank holds the request's KV cache.
+	PDPrefillField string
+}
+
+// Targets reports whether the engine can be told a rank.
+func (t RankTarget) Targets() bool { return len(t.BodyFields) > 0 || t.Header != "" }
+
+// Wire names of the rank selectors, as the engines read them.
+const (
+	// SGLangRankField is read by SGLang's OpenAI-compatible API
+	// (CompletionRequest, ChatCompletionRequest); its data-parallel controller sends a request naming it straight to
+	// that rank, whatever the load-balance method.
+	SGLangRankField = "routed_dp_rank"
+	// SGLangLegacyRankField is the older name of the same selector: the
+	// only one releases before routed_dp_rank know, a deprecated alias
+	// (copied into routed_dp_rank when that is unset) in later ones.
+	SGLangLegacyRankField = "data_parallel_rank"
+	// SGLangPrefillRankField tells an SGLang decode server the prefill
+	// rank of a disaggregated request.
+	SGLangPrefillRankField = "disagg_prefill_dp_rank"
+	// VLLMRankHeader is read by vLLM's OpenAI-compatible server (one API
+	// server in front of a data-parallel deployment) and passed to the
+	// engine client as data_parallel_rank, which then skips its load
+	// balancing. vLLM reads no body field for it.
+	VLLMRankHeader = "X-data-parallel-rank"
+)
 
 var matrix = map[Name]Spec{
 	VLLM: {Name: VLLM, KVExact: true, PD: true, Algos: []string{AlgoSHA256CBOR, AlgoXXHashCBOR},
-		DefaultAlgo: AlgoSHA256CBOR, Transport: TransportZMQ, Flow: PDSequential, MultiRank: true, SeedRequired: true},
+		DefaultAlgo: AlgoSHA256CBOR, Transport: TransportZMQ, Flow: PDSequential, MultiRank: true, SeedRequired: true,
+		Rank: RankTarget{Header: VLLMRankHeader}},
 	SGLang: {Name: SGLang, KVExact: true, PD: true, Algos: []string{AlgoSHA256SGLang},
-		DefaultAlgo: AlgoSHA256SGLang, Transport: TransportZMQPerRank, Flow: PDConcurrentRoom, MultiRank: true},
+		DefaultAlgo: AlgoSHA256SGLang, Transport: TransportZMQPerRank, Flow: PDConcurrentRoom, MultiRank: true,
+		Rank: RankTarget{BodyFields: []string{SGLangRankField, SGLangLegacyRankField}, PDPrefillField: SGLangPrefillRankField}},
 	TRTLLM: {Name: TRTLLM, KVExact: true, PD: true, Algos: []string{AlgoBlockHashTRTLLM},
 		DefaultAlgo: AlgoBlockHashTRTLLM, Transport: TransportHTTPDrain, Flow: PDContextThenGen},
 	LlamaCpp: {Name: LlamaCpp, Transport: TransportNone, Flow: PDNone},

@@ -30,4 +30,15 @@ func TestMatrixDefaults(t *testing.T) {
 	if len(Names()) != 4 || len(All()) != 4 {
 		t.Errorf("Names=%v", Names())
 	}
+	if s, _ := Lookup("sglang"); !s.Rank.Targets() || s.Rank.BodyFields[0] != "routed_dp_rank" || s.Rank.PDPrefillField != "disagg_prefill_dp_rank" {
+		t.Errorf("sglang rank target: %+v", s.Rank)
+	}
+	if s, _ := Lookup("vllm"); s.Rank.Header != "X-data-parallel-rank" || len(s.Rank.BodyFields) != 0 {
+		t.Errorf("vllm rank target: %+v", s.Rank)
+	}
+	for _, n := range []string{"trtllm", "llamacpp"} {
+		if s, _ := Lookup(n); s.Rank.Targets() {
+			t.Errorf("%s cannot be told a rank: %+v", n, s.Rank)
+		}
+	}
 }

@@ -216,8 +216,9 @@ type service struct {
 	label  string
 	hasher *blockhash.Hasher // nil unless KV-exact
 	sel    selector.Selector
-	addrs  []string // endpoint dial addresses, by index
-	selKey string   // the settings the selector was built from
+	addrs  []string       // endpoint dial addresses, by index
+	selKey string         // the settings the selector was built from
+	rank   *rankTargeting // nil unless requests can name a data-parallel rank
 }
 
 // New builds the gateway. health and engine may be nil (every endpoint is
@@ -378,6 +379,9 @@ func (g *Gateway) buildService(cs control.Service, prev *service) (*service, err
 			return nil, fmt.Errorf("block hasher: %w", err)
 		}
 		st.hasher = h
+		if !r.Service.PDDisagg {
+			st.rank = newRankTargeting(r.Engine(), r.Service.KVDpRankCount)
+		}
 	}
 	st.selKey = fmt.Sprintf("%d/%v", r.Service.Sel, st.addrs)
 	if prev != nil && prev.selKey == st.selKey {

@@ -26,6 +26,7 @@ type metrics struct {
 	tokWaiting   prometheus.Gauge
 	// ejectedSkipped counts picks that left an ejected endpoint out.
 	ejectedSkipped *prometheus.CounterVec
+	rankTargeted   *prometheus.CounterVec
 }
 
 // waitBuckets spans the gateway's waits: a millisecond to a few prefills
@@ -71,9 +72,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		ejectedSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_ejected_skipped_total",
 			Help: "Requests routed around an endpoint because passive health checking had ejected it."},
 			[]string{"service", "ep_idx"}),
+		rankTargeted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_kv_rank_targeted_total",
+			Help: "Requests sent to a named data-parallel rank of their endpoint (SGLang routed_dp_rank/data_parallel_rank, vLLM X-data-parallel-rank), by rank."},
+			[]string{"service", "ep_idx", "rank"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait, m.rejectedC, m.tokWaiting, m.ejectedSkipped} {
+		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait, m.rejectedC, m.tokWaiting, m.ejectedSkipped, m.rankTargeted} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -127,7 +131,7 @@ func (m *metrics) closedLoop(service string, res proxy.Result, predicted int64) 
 }
 
 func (m *metrics) forget(service string) {
-	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced, m.admitted, m.rejectedC, m.ejectedSkipped} {
+	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced, m.admitted, m.rejectedC, m.ejectedSkipped, m.rankTargeted} {
 		v.DeletePartialMatch(prometheus.Labels{"service": service})
 	}
 	m.coalesceWait.DeletePartialMatch(prometheus.Labels{"service": service})

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync"
 
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/dispatch"
+	"github.com/loxilb-llm/loxilb/pkg/engine"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
@@ -197,9 +199,36 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 			return dec.EP, dec.Receipt().String(), true
 		}
 	}
+	var rankOf func(ep int) int
+	ri, rankAware := g.inv.(RankInventory)
+	spec, _ := engine.Lookup(r.Engine())
+	ranks := min(r.Service.KVDpRankCount, engine.MaxDPRanks)
+	if len(keys) > 0 && rankAware && spec.Rank.PDPrefillField != "" && ranks > 1 {
+		// Chosen once per endpoint, so the receipt names the rank the leg
+		// is sent to even if events arrive in between; Pick and Dispatch
+		// run on the request's goroutine, one after the other.
+		chosen := map[int]int{}
+		rankOf = func(ep int) int {
+			rank, ok := chosen[ep]
+			if !ok {
+				rank = chooseRank(ri, st.id, ep, ranks, keys)
+				chosen[ep] = rank
+			}
+			return rank
+		}
+		dreq.PrefillRank = func(ep int) (int, int, bool) {
+			rank := rankOf(ep)
+			g.m.rankTargeted.WithLabelValues(st.label, strconv.Itoa(ep), strconv.Itoa(rank)).Inc()
+			return rank, ranks, true
+		}
+	}
 	choice, err := d.Choose(dreq)
 	if err != nil {
 		return proxy.Plan{}, nil, fmt.Errorf("%w: %w", proxy.ErrUnavailable, err)
+	}
+	receipt := choice.Receipt()
+	if rankOf != nil {
+		receipt += " prefill_rank=" + strconv.Itoa(rankOf(choice.Prefill[0].Idx))
 	}
 	if len(keys) > 0 && g.cfg.SpeculativeTTL > 0 {
 		// The chosen prefill worker will hold this prefix before its
@@ -208,7 +237,7 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 	}
 	plan := proxy.Plan{
 		Candidates: []proxy.Endpoint{{Idx: choice.Decode.Idx, Addr: choice.Decode.Addr()}},
-		Receipt:    choice.Receipt() + ejectedField(ejected),
+		Receipt:    receipt + ejectedField(ejected),
 	}
 	fn := func(ctx context.Context, w http.ResponseWriter, preq *proxy.Request) proxy.Result {
 		run := *dreq

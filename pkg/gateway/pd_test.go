@@ -70,10 +70,18 @@ type pdBench struct {
 
 func newPDBench(t *testing.T, engine string, kvMode, third int) *pdBench {
 	t.Helper()
+	return newPDBenchRanks(t, engine, kvMode, third, 1)
+}
+
+// newPDBenchRanks is newPDBench with ranks data-parallel ranks per prefill
+// engine (the rule's kvDpRankCount).
+func newPDBenchRanks(t *testing.T, engine string, kvMode, third, ranks int) *pdBench {
+	t.Helper()
 	b := &pdBench{}
 	reg := prometheus.NewRegistry()
 	rule := &lbrule.Rule{Service: lbrule.ServiceArgs{ExternalIP: "127.0.0.1", Port: 1, Protocol: "tcp", Mode: lbrule.ModeFullProxy,
-		PDDisagg: true, KVExactMode: kvMode, KVEngine: engine, KVBlockSize: 16, ModelName: pdModel, SessionHeaderName: "X-Session"}}
+		PDDisagg: true, KVExactMode: kvMode, KVEngine: engine, KVBlockSize: 16, ModelName: pdModel, SessionHeaderName: "X-Session",
+		KVDpRankCount: ranks}}
 	switch engine {
 	case "vllm":
 		rule.Service.KVHashAlgo = "sha256_cbor"
@@ -85,7 +93,7 @@ func newPDBench(t *testing.T, engine string, kvMode, third int) *pdBench {
 	}
 	boot := 0
 	for i := 0; i < 2; i++ {
-		c := enginesim.Config{Engine: engine, Role: enginesim.RolePrefill, Listen: fmt.Sprintf("127.0.%d.%d:0", third, 11+i), BootstrapPort: boot}
+		c := enginesim.Config{Engine: engine, Role: enginesim.RolePrefill, Listen: fmt.Sprintf("127.0.%d.%d:0", third, 11+i), BootstrapPort: boot, DPRanks: ranks}
 		e := pdEngine(t, c)
 		if engine == "sglang" {
 			boot = e.BootstrapPort()
@@ -331,5 +339,50 @@ func TestPDThroughProxy(t *testing.T) {
 	}
 	if tr := transfers(b.prefill); tr[0]+tr[1] != 2 {
 		t.Fatalf("prefill transfers %v, want 2", tr)
+	}
+}
+
+// TestPDPrefillRankFollowsInventory: on SGLang prefill engines with two
+// data-parallel ranks, the prefill leg goes to the rank whose inventory
+// holds the prompt's prefix, named to the engine, and the receipt says so.
+func TestPDPrefillRankFollowsInventory(t *testing.T) {
+	b := newPDBenchRanks(t, "sglang", lbrule.KVExactPD, 77, 2)
+	doc := longDoc(30)
+	rc, _ := b.chat(t, doc+" Question one?", false)
+	var holder, rank int
+	if _, err := fmt.Sscanf(rc[strings.Index(rc, "prefill="):], "prefill=%d", &holder); err != nil {
+		t.Fatalf("receipt %q: %v", rc, err)
+	}
+	if _, err := fmt.Sscanf(rc[strings.Index(rc, "prefill_rank="):], "prefill_rank=%d", &rank); err != nil {
+		t.Fatalf("receipt %q names no prefill rank: %v", rc, err)
+	}
+	// Deliver the holder's cache, rank by rank, as its event feeds would.
+	stored := 0
+	for _, r := range b.prefill[holder].Cache().Ranks {
+		var keys []uint64
+		for _, bl := range r.Blocks {
+			keys = append(keys, bl.Hash)
+		}
+		if len(keys) > 0 && r.Rank != rank {
+			t.Fatalf("rank %d holds the prefix, the receipt named rank %d", r.Rank, rank)
+		}
+		stored += len(keys)
+		b.index.Store(1, holder, r.Rank, keys)
+	}
+	if stored < 10 {
+		t.Fatalf("prefill cache holds %d blocks", stored)
+	}
+	b.newPD(t, dispatch.Config{TrieMinPercent: 100})
+	before := b.prefill[holder].Stats().Ranks[rank].Targeted
+	for round := 0; round < 4; round++ {
+		q := fmt.Sprintf(" Question %d: %s", round+2, strings.Repeat(fmt.Sprintf("detail-%d ", round), 30))
+		rc, _ := b.chat(t, doc+q, round%2 == 1)
+		want := fmt.Sprintf("prefill=%d", holder)
+		if !strings.Contains(rc, "tier=tier1.5") || !strings.Contains(rc, want) || !strings.HasSuffix(rc, fmt.Sprintf("prefill_rank=%d", rank)) {
+			t.Fatalf("round %d receipt %q: want Tier 1.5 to prefill %d rank %d", round, rc, holder, rank)
+		}
+	}
+	if got := b.prefill[holder].Stats().Ranks[rank].Targeted - before; got != 4 {
+		t.Fatalf("rank %d of prefill %d was named for %d of 4 legs", rank, holder, got)
 	}
 }

@@ -106,8 +106,17 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		// events arrive (the index copies the keys).
 		g.inv.StoreSpeculative(st.id, d.EP, keys, g.cfg.SpeculativeTTL)
 	}
-	plan := proxy.Plan{Candidates: g.order(st, d.EP, cands), Receipt: d.Receipt().String() + ejectedField(ejected),
-		Observe: g.observer(st, len(cands))}
+	plan := proxy.Plan{Candidates: g.order(st, d.EP, cands), Observe: g.observer(st, len(cands))}
+	rc := d.Receipt()
+	if ri, ok := g.inv.(RankInventory); ok && st.rank != nil && len(keys) > 0 {
+		rank := chooseRank(ri, st.id, d.EP, st.rank.ranks, keys)
+		if ep, ok := st.rank.targetEndpoint(plan.Candidates[0], rank, req.Body); ok {
+			plan.Candidates[0] = ep
+			rc.Rank, rc.RankSet = rank, true
+			g.m.rankTargeted.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(rank)).Inc()
+		}
+	}
+	plan.Receipt = rc.String() + ejectedField(ejected)
 	// The engine recomputes at least the prompt's last token.
 	uncached := int64(max(promptTokens-d.PredictedCachedTokens(), 1))
 	lead := func() {} // ends this request's coalescing leadership

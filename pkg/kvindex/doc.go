@@ -7,7 +7,9 @@
 // engines) from the KV-event ingester: Store, Remove, ClearRank (one DP
 // rank's AllBlocksCleared), ClearEndpoint (publisher reset), DropService
 // (rule deleted); speculative entries from the router (StoreSpeculative).
-// Out: PrefixMatch for the router, Len and Snapshot for the inventory API,
+// Out: PrefixMatch for the router, RankPrefixMatch (the same per
+// data-parallel rank of one endpoint) for the gateway's rank choice, Len
+// and Snapshot for the inventory API,
 // and the metrics loxilb_pd_kv_blocks{service,ep_idx},
 // loxilb_kv_inv_cap_evictions_total{service,ep},
 // loxilb_kv_inv_speculative_dropped_total{service,ep} and

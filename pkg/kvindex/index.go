@@ -645,6 +645,57 @@ func (ix *Index) prefixMatch(service uint32, keys []uint64, eps []int, out []int
 	}
 }
 
+// RankPrefixMatch sets out[r] to the length of the longest prefix
+// keys[0:j] that data-parallel rank r of endpoint ep holds, for r below
+// len(out) and MaxRanks (the rest of out is set to 0). Only real entries
+// count: a speculative entry records where a request was routed, not
+// which rank computed it.
+func (ix *Index) RankPrefixMatch(service uint32, ep int, keys []uint64, out []int) {
+	for i := range out {
+		out[i] = 0
+	}
+	n := min(len(out), MaxRanks)
+	if ep < 0 || ep >= MaxEndpoints || n == 0 || len(keys) == 0 {
+		return
+	}
+	s := ix.lookup(service)
+	if s == nil {
+		return
+	}
+	alive := uint8(1<<n - 1)
+	bit := uint64(1) << ep
+	depth := len(keys)
+	s.mu.RLock()
+	e := s.eps[ep]
+	if e == nil {
+		s.mu.RUnlock()
+		return
+	}
+	for i, k := range keys {
+		var m uint8
+		if s.tab.get(k)&bit != 0 {
+			m = e.rankMask(k)
+		}
+		if lost := alive &^ m; lost != 0 {
+			for r := 0; r < n; r++ {
+				if lost&(1<<r) != 0 {
+					out[r] = i
+				}
+			}
+			alive &= m
+			if alive == 0 {
+				break
+			}
+		}
+	}
+	s.mu.RUnlock()
+	for r := 0; r < n; r++ {
+		if alive&(1<<r) != 0 {
+			out[r] = depth
+		}
+	}
+}
+
 // Snapshot returns up to limit of endpoint ep's real block keys (limit <= 0
 // means all), oldest inserted first, and the total count.
 func (ix *Index) Snapshot(service uint32, ep int, limit int) (blocks []uint64, total int) {

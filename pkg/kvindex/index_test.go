@@ -379,6 +379,20 @@ func TestRandomAgainstModel(t *testing.T) {
 				t.Fatalf("step %d: PrefixMatch ep %d = %d, want %d", step, e, got[i], want)
 			}
 		}
+		var byRank [4]int // one more than the ranks stored
+		ix.RankPrefixMatch(svc, ep, q, byRank[:])
+		for rk := range byRank {
+			want := 0
+			for _, k := range q {
+				if ref.ep(svc, ep)[k]&(1<<rk) == 0 {
+					break
+				}
+				want++
+			}
+			if byRank[rk] != want {
+				t.Fatalf("step %d: RankPrefixMatch ep %d rank %d = %d, want %d", step, ep, rk, byRank[rk], want)
+			}
+		}
 		if step%500 == 0 {
 			checkInvariants(t, ix)
 		}

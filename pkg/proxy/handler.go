@@ -270,9 +270,15 @@ func (ex *exchange) countUpstreamErr(ep Endpoint, err error) {
 // can be sent again on a fresh one.
 func (ex *exchange) outbound(ep Endpoint, body []byte) *http.Request {
 	r := ex.r
-	h := make(http.Header, len(r.Header)+2)
+	if ep.Body != nil {
+		body = ep.Body
+	}
+	h := make(http.Header, len(r.Header)+2+len(ep.Header))
 	for k, vv := range r.Header {
 		h[k] = vv
+	}
+	for k, vv := range ep.Header {
+		h[http.CanonicalHeaderKey(k)] = vv
 	}
 	removeHop(h)
 	h.Del(HeaderReceiptRequest)

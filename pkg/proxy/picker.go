@@ -39,6 +39,13 @@ type Endpoint struct {
 	Idx int
 	// Addr is the endpoint's dial address, host:port.
 	Addr string
+	// Body, when not nil, is sent to this endpoint instead of the
+	// client's body: the Picker rewrote it for this endpoint (for example
+	// to name the data-parallel rank that must serve the request).
+	Body []byte
+	// Header, when not nil, holds request headers set on the request to
+	// this endpoint, replacing any the client sent under the same names.
+	Header http.Header
 }
 
 // Plan is the Picker's routing decision for one request.

@@ -21,12 +21,17 @@ type Receipt struct {
 	Total   int // full blocks in the request
 	From    int // the endpoint a spill or seed moved the request away from; -1 otherwise
 	Reason  string
+	// Rank is the data-parallel rank of EP the request was sent to, when
+	// RankSet: the engine was told to serve it there.
+	Rank    int
+	RankSet bool
 }
 
 // String formats the receipt as the header value, e.g.
 //
 //	tier=tier1.5 ep=2 matched=12/16 reason=longest_prefix
 //	tier=spill ep=0 matched=0/16 from=2 reason=over_cap
+//	tier=tier1.5 ep=1 rank=1 matched=8/9 reason=longest_prefix
 func (r Receipt) String() string {
 	var b strings.Builder
 	b.Grow(64)
@@ -34,6 +39,10 @@ func (r Receipt) String() string {
 	b.WriteString(r.Tier)
 	b.WriteString(" ep=")
 	b.WriteString(strconv.Itoa(r.EP))
+	if r.RankSet {
+		b.WriteString(" rank=")
+		b.WriteString(strconv.Itoa(r.Rank))
+	}
 	b.WriteString(" matched=")
 	b.WriteString(strconv.Itoa(r.Matched))
 	b.WriteByte('/')
@@ -92,6 +101,9 @@ func ParseReceipt(s string) (Receipt, error) {
 			seen |= 4
 		case "from":
 			r.From, err = strconv.Atoi(v)
+		case "rank":
+			r.Rank, err = strconv.Atoi(v)
+			r.RankSet = err == nil
 		case "reason":
 			r.Reason = v
 			seen |= 8

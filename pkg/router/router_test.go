@@ -664,6 +664,8 @@ func TestReceipt(t *testing.T) {
 		{Tier: TierKV, EP: 2, Matched: 12, Total: 16, From: -1, Reason: ReasonLongestPrefix},
 		{Tier: TierSpill, EP: 0, Matched: 0, Total: 16, From: 2, Reason: ReasonOverCap},
 		{Tier: TierFallback, EP: -1, Total: 0, From: -1, Reason: ReasonNoHealthy},
+		{Tier: TierKV, EP: 1, Rank: 0, RankSet: true, Matched: 8, Total: 9, From: -1, Reason: ReasonLongestPrefix},
+		{Tier: TierKV, EP: 1, Rank: 3, RankSet: true, Matched: 8, Total: 9, From: -1, Reason: ReasonLongestPrefix},
 	} {
 		s := rc.String()
 		got, err := ParseReceipt(s)
@@ -679,7 +681,7 @@ func TestReceipt(t *testing.T) {
 	if d.PredictedCachedTokens() != 192 {
 		t.Errorf("predicted %d", d.PredictedCachedTokens())
 	}
-	for _, bad := range []string{"", "tier=x", "tier=x ep=1 matched=3 reason=y", "tier=x ep=a matched=1/2 reason=y", "garbage"} {
+	for _, bad := range []string{"", "tier=x", "tier=x ep=1 matched=3 reason=y", "tier=x ep=a matched=1/2 reason=y", "tier=x ep=1 rank=z matched=1/2 reason=y", "garbage"} {
 		if _, err := ParseReceipt(bad); err == nil {
 			t.Errorf("ParseReceipt(%q) accepted", bad)
 		}

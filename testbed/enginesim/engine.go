@@ -33,6 +33,10 @@ type rank struct {
 	mu    sync.Mutex // serialises cache mutations with their events
 	cache *blockCache
 	pub   *zmqPublisher // nil when ZMQ events are off
+
+	// served counts requests this rank was given, targeted those that
+	// named it.
+	served, targeted atomic.Uint64
 }
 
 // Engine is one emulated inference engine: an HTTP server with the engine's
@@ -353,6 +357,8 @@ type RankStats struct {
 	Replays     uint64 `json:"replay_requests"`
 	Lost        uint64 `json:"batches_lost_at_shutdown"`
 	Subscribers int    `json:"subscribed_topics"`
+	Served      uint64 `json:"requests_served"`
+	Targeted    uint64 `json:"requests_targeted"`
 }
 
 // Stats is the body of GET /sim/stats. HitRatio is hit_tokens/prompt_tokens.
@@ -399,7 +405,8 @@ func (e *Engine) Stats() Stats {
 	}
 	for _, r := range e.ranks {
 		r.mu.Lock()
-		rs := RankStats{Rank: r.id, BlocksUsed: len(r.cache.blocks), Evictions: r.cache.evictions, Uncacheable: r.cache.dropped}
+		rs := RankStats{Rank: r.id, BlocksUsed: len(r.cache.blocks), Evictions: r.cache.evictions, Uncacheable: r.cache.dropped,
+			Served: r.served.Load(), Targeted: r.targeted.Load()}
 		r.mu.Unlock()
 		if r.pub != nil {
 			rs.NextSeq = r.pub.currentSeq()

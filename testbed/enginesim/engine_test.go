@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"reflect"
 	"strings"
@@ -454,4 +455,61 @@ func TestVLLMLoRAAndCacheSalt(t *testing.T) {
 	if m := do(t, "GET", e.URL()+"/v1/models", nil); !strings.Contains(string(m.body), `"id":"my-lora"`) {
 		t.Fatalf("models %s", m.body)
 	}
+}
+
+// TestRankSelection: each engine's balancer round-robins over its ranks
+// unless the request names one the way that engine reads it (SGLang: body
+// routed_dp_rank, else data_parallel_rank; vLLM: the X-data-parallel-rank
+// header only).
+func TestRankSelection(t *testing.T) {
+	send := func(t *testing.T, e *Engine, body map[string]any, hdr string) {
+		t.Helper()
+		raw, _ := json.Marshal(body)
+		req, _ := http.NewRequest("POST", e.URL()+"/v1/completions", bytes.NewReader(raw))
+		req.Header.Set("Content-Type", "application/json")
+		if hdr != "" {
+			req.Header.Set("X-data-parallel-rank", hdr)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	served := func(e *Engine) (out []uint64) {
+		for _, r := range e.Stats().Ranks {
+			out = append(out, r.Served)
+		}
+		return out
+	}
+	t.Run("sglang", func(t *testing.T) {
+		e := startEngine(t, Config{Engine: EngineSGLang, DPRanks: 2, BlockSize: 4, ZMQPort: -1}, Deps{})
+		for range 4 {
+			send(t, e, map[string]any{"prompt": seqTokens(1, 8), "routed_dp_rank": 1, "data_parallel_rank": 0}, "")
+		}
+		send(t, e, map[string]any{"prompt": seqTokens(1, 8), "data_parallel_rank": 1}, "")
+		send(t, e, map[string]any{"prompt": seqTokens(1, 8)}, "0") // a header SGLang does not read
+		send(t, e, map[string]any{"prompt": seqTokens(1, 8)}, "0")
+		if got := served(e); got[0] != 1 || got[1] != 6 {
+			t.Fatalf("served per rank %v, want [1 6]", got)
+		}
+	})
+	t.Run("vllm", func(t *testing.T) {
+		e := startEngine(t, Config{Engine: EngineVLLM, DPRanks: 2, BlockSize: 4, ZMQPort: -1}, Deps{})
+		for range 3 {
+			send(t, e, map[string]any{"prompt": seqTokens(1, 8)}, "1")
+		}
+		send(t, e, map[string]any{"prompt": seqTokens(1, 8), "routed_dp_rank": 1}, "") // a field vLLM does not read
+		send(t, e, map[string]any{"prompt": seqTokens(1, 8)}, "x")                     // malformed: ignored, as vLLM does
+		if got := served(e); got[0] != 1 || got[1] != 4 {
+			t.Fatalf("served per rank %v, want [1 4]", got)
+		}
+		if r := e.Stats().Ranks[1]; r.Targeted != 3 {
+			t.Fatalf("targeted %d", r.Targeted)
+		}
+	})
 }

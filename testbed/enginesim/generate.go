@@ -51,7 +51,7 @@ func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 	if err != nil {
 		return err
 	}
-	rk, err := e.pickRank(p)
+	rk, err := e.pickRank(r, p)
 	if err != nil {
 		return err
 	}

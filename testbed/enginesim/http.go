@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -331,19 +332,38 @@ func (e *Engine) parse(r *http.Request, chat bool) (*parsedRequest, error) {
 	return p, nil
 }
 
-func (e *Engine) pickRank(p *parsedRequest) (*rank, error) {
+// pickRank is the engine's data-parallel balancer: round robin, unless
+// the request names a rank the way this engine reads one. SGLang reads
+// routed_dp_rank, then its older alias data_parallel_rank, from the body;
+// vLLM reads only the X-data-parallel-rank header (a malformed value is
+// ignored, as vLLM does).
+func (e *Engine) pickRank(r *http.Request, p *parsedRequest) (*rank, error) {
 	var want *int
-	switch {
-	case p.DataParallelRank != nil:
-		want = p.DataParallelRank
-	case p.RoutedDPRank != nil:
-		want = p.RoutedDPRank
+	switch e.cfg.Engine {
+	case EngineSGLang:
+		switch {
+		case p.RoutedDPRank != nil:
+			want = p.RoutedDPRank
+		case p.DataParallelRank != nil:
+			want = p.DataParallelRank
+		}
+	case EngineVLLM:
+		if v := r.Header.Get("X-data-parallel-rank"); v != "" {
+			if n, err := strconv.Atoi(v); err == nil {
+				want = &n
+			}
+		}
 	}
 	if want != nil {
 		if *want < 0 || *want >= len(e.ranks) {
 			return nil, fmt.Errorf("%w: data parallel rank %d out of range [0, %d)", ErrBadRequest, *want, len(e.ranks))
 		}
-		return e.ranks[*want], nil
+		rk := e.ranks[*want]
+		rk.served.Add(1)
+		rk.targeted.Add(1)
+		return rk, nil
 	}
-	return e.ranks[int(e.rr.Add(1)-1)%len(e.ranks)], nil
+	rk := e.ranks[int(e.rr.Add(1)-1)%len(e.ranks)]
+	rk.served.Add(1)
+	return rk, nil
 }

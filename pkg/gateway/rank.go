@@ -1,0 +1,112 @@
+package gateway
+
+import (
+	"bytes"
+	"net/http"
+	"strconv"
+
+	"github.com/loxilb-llm/loxilb/pkg/engine"
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
+)
+
+// RankInventory is implemented by inventories that know which
+// data-parallel rank of an endpoint holds each block (*kvindex.Index).
+// RankPrefixMatch sets out[r] to the cached prefix length of rank r of
+// endpoint ep; it must be safe for concurrent use and not retain its
+// arguments.
+type RankInventory interface {
+	RankPrefixMatch(service uint32, ep int, keys []uint64, out []int)
+}
+
+// rankTargeting is how a rule's requests name a data-parallel rank; nil
+// when the rule's engines have one rank or cannot be told one.
+type rankTargeting struct {
+	ranks  int
+	target engine.RankTarget
+}
+
+func newRankTargeting(engineName string, ranks int) *rankTargeting {
+	spec, ok := engine.Lookup(engineName)
+	if !ok || ranks < 2 || !spec.Rank.Targets() {
+		return nil
+	}
+	ranks = min(ranks, engine.MaxDPRanks)
+	return &rankTargeting{ranks: ranks, target: spec.Rank}
+}
+
+// chooseRank returns the rank of endpoint ep that holds the longest
+// prefix of keys. Among ranks holding equally long prefixes it takes the
+// one the first block none of them holds hashes to: requests that extend
+// the same prefix (a session's next step sent before the engine's events
+// for the previous one arrived, siblings of a shared prompt) meet on one
+// rank, while different continuations of a shared system prompt spread
+// over the ranks.
+func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uint64) int {
+	var depth [engine.MaxDPRanks]int
+	inv.RankPrefixMatch(service, ep, keys, depth[:ranks])
+	best := 0
+	for r := 1; r < ranks; r++ {
+		best = max(best, depth[r])
+	}
+	best = max(best, depth[0])
+	var tied [engine.MaxDPRanks]int
+	n := 0
+	for r := 0; r < ranks; r++ {
+		if depth[r] == best {
+			tied[n] = r
+			n++
+		}
+	}
+	if n == 1 {
+		return tied[0]
+	}
+	k := keys[min(best, len(keys)-1)]
+	k ^= k >> 33
+	k *= 0xff51afd7ed558ccd
+	k ^= k >> 33
+	return tied[k%uint64(n)]
+}
+
+// targetEndpoint returns ep rewritten to name rank to its engine: the rank fields
+// appended to the request body, or the rank header. ok is false when the
+// body is not a JSON object this function can extend; the request then
+// goes as the client sent it and the engine's balancer picks the rank.
+func (rt *rankTargeting) targetEndpoint(ep proxy.Endpoint, rank int, body []byte) (proxy.Endpoint, bool) {
+	if len(rt.target.BodyFields) > 0 {
+		b, ok := appendFields(body, rt.target.BodyFields, rank)
+		if !ok {
+			return ep, false
+		}
+		ep.Body = b
+	}
+	if rt.target.Header != "" {
+		ep.Header = http.Header{http.CanonicalHeaderKey(rt.target.Header): {strconv.Itoa(rank)}}
+	}
+	return ep, true
+}
+
+// appendFields adds "field":value for every field at the end of the JSON
+// object body, without decoding it: the tokenizer has already parsed the
+// body as an object. The engines' JSON decoders keep the last of duplicate
+// keys, so a rank the client named is overridden.
+func appendFields(body []byte, fields []string, value int) ([]byte, bool) {
+	end := len(bytes.TrimRight(body, " \t\r\n"))
+	start := len(body) - len(bytes.TrimLeft(body, " \t\r\n"))
+	if end-start < 2 || body[start] != '{' || body[end-1] != '}' {
+		return nil, false
+	}
+	empty := len(bytes.TrimSpace(body[start+1:end-1])) == 0
+	v := strconv.Itoa(value)
+	out := make([]byte, 0, end+len(fields)*(len(v)+24)+1)
+	out = append(out, body[:end-1]...)
+	for i, f := range fields {
+		if i > 0 || !empty {
+			out = append(out, ',')
+		}
+		out = append(out, '"')
+		out = append(out, f...)
+		out = append(out, '"', ':')
+		out = append(out, v...)
+	}
+	return append(out, '}'), true
+}
