@@ -574,6 +574,27 @@ func TestDashboardAgainstPrometheus(t *testing.T) {
 		metricValue(m, "loxilb_kv_seq_gaps_total"), metricValue(m, "loxilb_kv_coalesced_total"),
 		metricValue(m, "loxilb_kv_prefill_admitted_total", `outcome="queued"`), codes, metricValue(m, "loxilb_pd_admission_shed_total"))
 
+	// loxicmd top reads the same state from the API alone.
+	out, errs, code := daemontest.CLI(t, bins, d.Port, "top", "chat-kv", "--once", "--interval", "300ms")
+	if code != 0 || !strings.Contains(out, "service 1 chat-kv") || strings.Count(out, fmt.Sprintf("127.0.%d.", kvNet)) != 3 ||
+		strings.Count(out, " ok ") != 2 || strings.Count(out, "connected") != 2 {
+		t.Errorf("loxicmd top chat-kv --once: exit %d\n%s%s", code, out, errs)
+	}
+	t.Logf("loxicmd top chat-kv --once:\n%s", out)
+	out, errs, code = daemontest.CLI(t, bins, d.Port, "top", "--once", "--interval", "300ms", "-o", "json")
+	var frame struct {
+		Services []struct {
+			Name      string
+			Endpoints []struct {
+				Blocks *float64 `json:"kv_blocks"`
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &frame); code != 0 || err != nil || len(frame.Services) != 2 ||
+		frame.Services[0].Endpoints[0].Blocks == nil || *frame.Services[0].Endpoints[0].Blocks == 0 {
+		t.Errorf("loxicmd top --once -o json: exit %d %v\n%s%s", code, err, out, errs)
+	}
+
 	// Two more scrapes after the traffic.
 	n0 := ps.scrapes(t)
 	waitFor(t, "two scrapes after the traffic", 15*time.Second, func() bool { return ps.scrapes(t) >= n0+2 })
