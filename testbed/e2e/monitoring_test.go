@@ -388,7 +388,7 @@ func TestDashboardAgainstPrometheus(t *testing.T) {
 		t.Fatal("CI runs as root: the data-plane panels must be checked")
 	}
 	dash := loadDashboard(t)
-	const kvNet, pdNet, port, zmqPort = 96, 97, 28000, 25557
+	const kvNet, pdNet, port, zmqPort = 201, 202, 28000, 25557
 	tok, err := enginesim.LoadTokenizer(filepath.Join(tokenizerDir(), "Qwen__Qwen3-0.6B"))
 	if err != nil {
 		t.Fatal(err)
