@@ -175,6 +175,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("api metrics: %w", err)
 	}
+	if deps.Registerer != nil && deps.Capabilities != nil {
+		if err := deps.Registerer.Register(capabilityCollector{deps.Capabilities}); err != nil {
+			return nil, fmt.Errorf("api metrics: %w", err)
+		}
+	}
 	gin.SetMode(gin.ReleaseMode)
 	s := &Server{cfg: cfg, deps: deps, engine: gin.New(), m: m,
 		rlog: &rateLog{logger: deps.Logger, last: map[string]time.Time{}, quiet: map[string]int{}}}

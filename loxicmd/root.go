@@ -56,7 +56,7 @@ func newRootCmd(out, errw io.Writer) *cobra.Command {
 	set.AddCommand(newSetMetricsCmd(g))
 	kv := &cobra.Command{Use: "kv", Short: "Offline KV-parity tools (no daemon needed)"}
 	kv.AddCommand(newKVTokenizeCmd(g), newKVHashCmd(g))
-	root.AddCommand(create, get, del, set, kv)
+	root.AddCommand(create, get, del, set, kv, newTopCmd(g))
 	return root
 }
 
