@@ -1,7 +1,8 @@
 // Command loxicmd is the CLI of the load balancer: it creates, lists and
 // deletes rules through the daemon's REST API, reads capabilities and KV
-// inventories, and offers offline tools (kv tokenize, kv hash) that let an
-// operator compare the gateway's token ids and block keys with the engine's.
+// inventories, shows a live view of services (top), and offers offline tools
+// (kv tokenize, kv hash) that let an operator compare the gateway's token ids
+// and block keys with the engine's.
 //
 // Exit codes are stable so scripts can branch on them: 0 success, 2 invalid
 // command-line input, 3 authentication (401/403), 4 precondition (404, 409,

@@ -119,3 +119,21 @@ loxilb_pd_kv_reported_cached_tokens_total{ep_idx="0",service="1"} 250`)}
 		t.Errorf("by id: %v", err)
 	}
 }
+
+// FuzzParseExposition: any text the metrics endpoint could serve parses or
+// fails with an error, never a panic.
+func FuzzParseExposition(f *testing.F) {
+	f.Add("loxilb_ai_requests_total{ep_idx=\"0\",service=\"1\",status=\"200\"} 12\n# c\nx 1 2\n")
+	f.Add(`a{b="\"\\\n"} NaN`)
+	f.Add(`a{b="c",} +Inf`)
+	f.Fuzz(func(t *testing.T, text string) {
+		ss, err := parseExposition(text)
+		if err == nil {
+			for _, s := range ss {
+				if s.name == "" {
+					t.Fatalf("empty name from %q", text)
+				}
+			}
+		}
+	})
+}
