@@ -84,6 +84,7 @@ enum lb_counter {
 	CNT_PROXY_NO_LISTENER,   /* sk_lookup: mode-4 VIP but no listener registered */
 	CNT_PROXY_ASSIGN_FAILED, /* sk_lookup: bpf_sk_assign refused the socket */
 	CNT_FLOW_STALE,          /* packet of a flow whose endpoint or service is gone: entries dropped */
+	CNT_RST_SENT,            /* TCP RST sent for a mid-stream packet of an unknown flow */
 	CNT_MAX,
 };
 

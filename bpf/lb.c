@@ -111,6 +111,83 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 	return TC_ACT_OK; /* the stack forwards, or answers with ICMP (TTL, MTU) */
 }
 
+/* csum_fold16 folds a 32-bit one's complement sum to 16 bits. */
+static __always_inline __u16 csum_fold16(__s64 sum)
+{
+	__u32 s = (__u32)sum;
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+struct rst_pseudo {
+	__u32 saddr;
+	__u32 daddr;
+	__u8 zero;
+	__u8 proto;
+	__be16 len;
+};
+
+/* send_rst answers a TCP packet of a flow the LB no longer has (endpoint or
+ * service removed, entry expired or evicted) with a RST from the address
+ * it was sent to, out of the interface it came in on, so the client fails
+ * at once instead of retransmitting into a drop. Returns the verdict, or -1
+ * when no RST can be sent (the caller drops). */
+static __always_inline int send_rst(struct __sk_buff *skb, const struct pkt *p)
+{
+	if (p->proto != IPPROTO_TCP || (p->tcp_flags & TCPF_RST) || p->l4off != ETH_HLEN + sizeof(struct iphdr))
+		return -1;
+	__u8 macs[2 * ETH_ALEN];
+	__be32 seqack[2];
+	__u8 doff;
+	if (bpf_skb_load_bytes(skb, 0, macs, sizeof(macs)) ||
+	    bpf_skb_load_bytes(skb, p->l4off + 4, seqack, sizeof(seqack)) ||
+	    bpf_skb_load_bytes(skb, p->l4off + 12, &doff, 1))
+		return -1;
+	__u32 hlen = (doff >> 4) * 4;
+	__u32 plen = p->tot_len > sizeof(struct iphdr) + hlen ? p->tot_len - sizeof(struct iphdr) - hlen : 0;
+
+	struct iphdr ip = {};
+	struct tcphdr tcp = {};
+	__u8 eth[ETH_HLEN];
+	__builtin_memcpy(eth, macs + ETH_ALEN, ETH_ALEN);
+	__builtin_memcpy(eth + ETH_ALEN, macs, ETH_ALEN);
+	eth[12] = ETH_P_IP >> 8;
+	eth[13] = ETH_P_IP & 0xff;
+	ip.version = 4;
+	ip.ihl = 5;
+	ip.tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct tcphdr));
+	ip.frag_off = bpf_htons(0x4000); /* DF */
+	ip.ttl = 64;
+	ip.protocol = IPPROTO_TCP;
+	ip.saddr = p->daddr;
+	ip.daddr = p->saddr;
+	tcp.source = p->dport;
+	tcp.dest = p->sport;
+	tcp.doff = 5;
+	tcp.rst = 1;
+	if (p->tcp_flags & TCPF_ACK) {
+		tcp.seq = seqack[1]; /* RFC 9293: <SEQ=SEG.ACK><CTL=RST> */
+	} else {
+		__u32 ack = bpf_ntohl(seqack[0]) + plen + ((p->tcp_flags & (TCPF_SYN | TCPF_FIN)) ? 1 : 0);
+		tcp.ack_seq = bpf_htonl(ack);
+		tcp.ack = 1;
+	}
+	ip.check = csum_fold16(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
+	struct rst_pseudo ph = {.saddr = ip.saddr, .daddr = ip.daddr, .proto = IPPROTO_TCP,
+				.len = bpf_htons(sizeof(struct tcphdr))};
+	__s64 sum = bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
+	tcp.check = csum_fold16(bpf_csum_diff(0, 0, (__be32 *)&tcp, sizeof(tcp), (__wsum)sum));
+
+	if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(ip) + sizeof(tcp), 0) ||
+	    bpf_skb_store_bytes(skb, 0, eth, sizeof(eth), 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(ip), &tcp, sizeof(tcp), 0))
+		return -1;
+	count(CNT_RST_SENT);
+	return bpf_redirect(skb->ifindex, 0);
+}
+
 /* apply_xlate performs the rewrites a conntrack entry asks for. */
 static __always_inline int apply_xlate(struct __sk_buff *skb, struct pkt *p, const struct ct_val *ct)
 {
@@ -325,7 +402,9 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 		/* Only a SYN may start a flow: an evicted or unknown flow must not
 		 * be silently re-balanced mid-stream. */
 		count(CNT_DROP_NOT_SYN);
-		return TC_ACT_SHOT;
+		/* ... and the client learns at once that the flow is gone. */
+		int v = send_rst(skb, p);
+		return v < 0 ? TC_ACT_SHOT : v;
 	}
 	if (mode == MODE_FULLPROXY || mode > MODE_HOSTONEARM ||
 	    (p->proto == IPPROTO_SCTP && mode != MODE_DSR)) {

@@ -5,7 +5,11 @@
 // full desired-state snapshot handed to every Reconciler (the eBPF data plane,
 // the mode-4 proxy tables, the KV-event subscriptions, the health prober)
 // after each change. Control is the only writer of those stages, so they never
-// disagree about which rules exist.
+// disagree about which rules exist. Stages apply rules one by one and
+// report the ones they cannot apply (RuleError); the controller keeps every
+// rule's status (applied, degraded, failed with a reason code), lists
+// stored rules that no longer validate instead of dropping them, and
+// retries failed rules with backoff (Run).
 //
 // Neighbours: lbrule (validation), store (persistence), api (callers).
 package control

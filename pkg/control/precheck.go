@@ -130,9 +130,14 @@ func l4Shape(r *lbrule.Rule) error {
 
 // Precheck implements Prechecker: without the data plane, L4 rules are
 // refused before they get an id.
-func (k KernelUnavailable) Precheck(ctx context.Context, id uint32, r *lbrule.Rule) error {
+func (k KernelUnavailable) Precheck(_ context.Context, _ uint32, r *lbrule.Rule) error {
 	if r.Service.Mode == lbrule.ModeFullProxy {
 		return nil
 	}
-	return k.Reconcile(ctx, []Service{{ID: id, Rule: r}})
+	code := k.Code
+	if code == "" {
+		code = ReasonNoDataplane
+	}
+	return &lbrule.RuleError{Class: lbrule.ErrPrecondition, Field: "serviceArguments.mode", Reason: code,
+		Msg: fmt.Sprintf("rule %s is mode %d (%s), which needs the eBPF data plane: %s", r.Key(), r.Service.Mode, lbrule.ModeName(r.Service.Mode), k.Why)}
 }

@@ -308,7 +308,7 @@ func (d *Detector) Ejected(service uint32, role Role, addr string) bool {
 	return st != nil && st.until.After(now)
 }
 
-// Forget drops a removed rule's records.
+// Forget drops a removed rule's records and metric series.
 func (d *Detector) Forget(service uint32) {
 	if d == nil {
 		return
@@ -320,6 +320,9 @@ func (d *Detector) Forget(service uint32) {
 			delete(d.pools, k)
 		}
 	}
+	l := prometheus.Labels{"service": strconv.FormatUint(uint64(service), 10)}
+	d.ejections.DeletePartialMatch(l)
+	d.capped.DeletePartialMatch(l)
 }
 
 // Describe implements prometheus.Collector for loxilb_outlier_ejected.

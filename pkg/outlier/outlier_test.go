@@ -143,6 +143,9 @@ loxilb_outlier_ejected{ep_idx="1",role="none",service="7"} 1
 	if d.Ejected(3, RolePrefill, "a") {
 		t.Fatal("Forget kept the record")
 	}
+	if n := testutil.CollectAndCount(d.ejections); n != 2 {
+		t.Fatalf("%d ejection series after forgetting service 3, want service 7's 2", n)
+	}
 }
 
 func TestPDOriginThreshold(t *testing.T) {

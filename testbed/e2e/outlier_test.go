@@ -87,6 +87,7 @@ func TestOutlierEjects5xx(t *testing.T) {
 	if v := metricValue(m, "loxilb_gateway_ejected_skipped_total", `ep_idx="1"`); v < 40 {
 		t.Errorf("loxilb_gateway_ejected_skipped_total = %v, want the requests after the ejection", v)
 	}
+	checkMetricLabels(t, m)
 }
 
 // TestOutlierRetriesRefused: an endpoint refuses connections. Every
@@ -173,4 +174,5 @@ func TestPDBreakerOpensOnPrefill(t *testing.T) {
 	if v := metricValue(m, "loxilb_outlier_ejections_total", `reason="pd_origin_error"`, `role="prefill"`, `ep_idx="0"`); v != 1 {
 		t.Errorf("loxilb_outlier_ejections_total{pd_origin_error,prefill,ep 0} = %v, want 1", v)
 	}
+	checkMetricLabels(t, m)
 }

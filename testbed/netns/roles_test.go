@@ -3,6 +3,7 @@ package netns
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -26,6 +27,8 @@ func TestMain(m *testing.M) {
 		return
 	case "client":
 		os.Exit(reuseClient())
+	case "held":
+		os.Exit(heldClient())
 	}
 	os.Exit(m.Run())
 }
@@ -88,6 +91,62 @@ func reuseClient() int {
 		}
 		i := strings.Index(string(body), "name=")
 		fmt.Println(strings.Fields(string(body)[i:])[0])
+	}
+	return 0
+}
+
+// heldClient opens one keep-alive connection to LOXILB_LAB_TARGET, makes a
+// request, prints "connected <name>", then waits for a line on stdin and
+// makes a second request on the same connection. It prints "reset <ms>" when
+// the connection is reset, "timeout" when nothing comes back within 5 s,
+// else "ok <name>".
+func heldClient() int {
+	c, err := net.DialTimeout("tcp4", os.Getenv("LOXILB_LAB_TARGET"), 5*time.Second)
+	if err != nil {
+		fmt.Println("fail dial:", err)
+		return 1
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	get := func() (string, error) {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: lab\r\n\r\n"); err != nil {
+			return "", err
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return "", err
+		}
+		i := strings.Index(string(b), "name=")
+		if i < 0 {
+			return "", fmt.Errorf("no name in %q", b)
+		}
+		return strings.Fields(string(b)[i:])[0], nil
+	}
+	name, err := get()
+	if err != nil {
+		fmt.Println("fail first request:", err)
+		return 1
+	}
+	fmt.Println("connected", name)
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	t0 := time.Now()
+	name, err = get()
+	var ne net.Error
+	switch {
+	case err == nil:
+		fmt.Println("ok", name)
+	case errors.Is(err, syscall.ECONNRESET):
+		fmt.Println("reset", time.Since(t0).Milliseconds())
+	case errors.As(err, &ne) && ne.Timeout():
+		fmt.Println("timeout")
+	default:
+		fmt.Println("fail second request:", err)
 	}
 	return 0
 }

@@ -9,6 +9,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -88,4 +90,64 @@ func TestOneArmSparesLocalSockets(t *testing.T) {
 			t.Fatalf("local connection after a one-arm flow from the same port: %q", body)
 		}
 	}
+}
+
+// TestRemovedEndpointResets: a client holding a connection to an endpoint
+// that is removed from its service gets a TCP RST on its next packet and
+// fails at once, instead of retransmitting into a drop until it times out.
+func TestRemovedEndpointResets(t *testing.T) {
+	lab := withLab(t, 2)
+	if lab == nil {
+		return
+	}
+	ctx := context.Background()
+	d, err := ebpf.New(ebpf.Config{Interfaces: lab.LBIfaces, GCInterval: time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	vip := VIP(31)
+	svc := dataplane.Service{ID: 31, VIP: vip, Port: 80, Proto: "tcp", Mode: dataplane.ModeDNAT}
+	if err := d.UpsertService(ctx, svc, labEndpoints(lab, 8080)); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+lab.Client, os.Args[0])
+	cmd.Env = append(os.Environ(), roleEnv+"=held", "LOXILB_LAB_TARGET="+vip.String()+":80")
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	out := bufio.NewReader(stdout)
+	line, _ := out.ReadString('\n')
+	name, ok := strings.CutPrefix(strings.TrimSpace(line), "connected name=")
+	if !ok {
+		t.Fatalf("client: %q", line)
+	}
+	// Keep only the endpoint the client is not on.
+	var keep []dataplane.Endpoint
+	for i, ep := range labEndpoints(lab, 8080) {
+		if fmt.Sprintf("be%d", i+1) != name {
+			keep = append(keep, ep)
+		}
+	}
+	if err := d.UpsertService(ctx, svc, keep); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(stdin, "go\n")
+	line, _ = out.ReadString('\n')
+	if !strings.HasPrefix(line, "reset ") {
+		t.Fatalf("client on the removed endpoint %s: %q, want its connection reset", name, line)
+	}
+	st, err := d.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Counters["rst_sent"] < 1 || st.Counters["flow_stale"] < 1 {
+		t.Fatalf("counters: rst_sent %d, flow_stale %d", st.Counters["rst_sent"], st.Counters["flow_stale"])
+	}
+	t.Logf("client reset after %s ms", strings.TrimSpace(strings.TrimPrefix(line, "reset ")))
 }

@@ -28,6 +28,7 @@ var counterNames = [...]string{
 	lbLbCounterCNT_PROXY_NO_LISTENER:   "proxy_no_listener",
 	lbLbCounterCNT_PROXY_ASSIGN_FAILED: "proxy_assign_failed",
 	lbLbCounterCNT_FLOW_STALE:          "flow_stale",
+	lbLbCounterCNT_RST_SENT:            "rst_sent",
 }
 
 // A compile-time check that every counter has a name.

@@ -147,8 +147,9 @@ func TestConntrackGC(t *testing.T) {
 	if st, _ := d.Stats(context.Background()); st.ConntrackEntries != 0 {
 		t.Fatalf("conntrack entries %d after GC", st.ConntrackEntries)
 	}
-	f.run(step{name: "late packet of the expired flow", in: tcp(client, 51000, vip, 80, fACK), verdict: actShot,
-		counters: map[string]uint64{"drop_not_syn": 1}})
+	late := tcp(client, 51000, vip, 80, fACK)
+	f.run(step{name: "late packet of the expired flow: RST back to the client", in: late, verdict: actRedirect, out: rstTo(late),
+		counters: map[string]uint64{"drop_not_syn": 1, "rst_sent": 1}})
 	// Deleting a service makes its flows stale: the GC drops them at once.
 	f.run(step{name: "SYN", in: tcp(client, 51001, vip, 80, fSYN), verdict: actRedirect,
 		out: fwd(tcp(client, 51001, backend1, 80, fSYN)), counters: map[string]uint64{"new_flow": 1, "fwd_redirect": 1}, ct: 2})

@@ -92,7 +92,8 @@ const (
 	lbLbCounterCNT_PROXY_NO_LISTENER   lbLbCounter = 19
 	lbLbCounterCNT_PROXY_ASSIGN_FAILED lbLbCounter = 20
 	lbLbCounterCNT_FLOW_STALE          lbLbCounter = 21
-	lbLbCounterCNT_MAX                 lbLbCounter = 22
+	lbLbCounterCNT_RST_SENT            lbLbCounter = 22
+	lbLbCounterCNT_MAX                 lbLbCounter = 23
 )
 
 type lbProxyVal struct {

@@ -19,6 +19,14 @@ type pkt struct {
 	fragOff      uint16
 	dstMAC       []byte // default 02:00:00:00:00:01
 	srcMAC       []byte // default 02:00:00:00:00:02
+	rst          bool   // the RST tc_lb answers with: seq 2000, window 0, IP id 0 and DF
+}
+
+// rstTo is the RST tc_lb sends back for in, a TCP packet with ACK set (whose
+// ack number, 2000, becomes the RST's sequence number).
+func rstTo(in pkt) *pkt {
+	return &pkt{src: in.dst, dst: in.src, sport: in.dport, dport: in.sport, proto: 6, flags: fRST, rst: true,
+		dstMAC: []byte{0x02, 0, 0, 0, 0, 0x02}, srcMAC: []byte{0x02, 0, 0, 0, 0, 0x01}}
 }
 
 const (
@@ -61,6 +69,10 @@ func (p pkt) build() []byte {
 		l4[12] = 5 << 4
 		l4[13] = p.flags
 		binary.BigEndian.PutUint16(l4[14:], 65535)
+		if p.rst {
+			binary.BigEndian.PutUint32(l4[4:], 2000)
+			binary.BigEndian.PutUint16(l4[14:], 0)
+		}
 	case 17:
 		l4 = make([]byte, 8)
 	default:
@@ -93,6 +105,10 @@ func (p pkt) build() []byte {
 	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(l4)))
 	binary.BigEndian.PutUint16(ip[4:], 0x1234)
 	binary.BigEndian.PutUint16(ip[6:], p.fragOff)
+	if p.rst {
+		binary.BigEndian.PutUint16(ip[4:], 0)
+		binary.BigEndian.PutUint16(ip[6:], 0x4000)
+	}
 	ip[8] = ttl
 	ip[9] = p.proto
 	copy(ip[12:], s[:])

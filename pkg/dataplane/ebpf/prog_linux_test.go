@@ -221,7 +221,10 @@ func TestPacketFixtures(t *testing.T) {
 			verdict: actRedirect, out: fwd(tcp(client, 40001, backend2, 8080, fSYN)), counters: newFlow, ct: 2})
 		f.run(step{name: "rr: wraps to backend 1", in: tcp(client, 40002, vip, 80, fSYN),
 			verdict: actRedirect, out: fwd(tcp(client, 40002, backend1, 8080, fSYN)), counters: newFlow, ct: 2})
-		f.run(step{name: "mid-stream packet without conntrack", in: tcp(client, 40099, vip, 80, fACK),
+		mid := tcp(client, 40099, vip, 80, fACK)
+		f.run(step{name: "mid-stream packet without conntrack: RST back to the client", in: mid,
+			verdict: actRedirect, out: rstTo(mid), counters: map[string]uint64{"drop_not_syn": 1, "rst_sent": 1}})
+		f.run(step{name: "a RST without conntrack gets no RST", in: tcp(client, 40099, vip, 80, fRST|fACK),
 			verdict: actShot, counters: map[string]uint64{"drop_not_syn": 1}})
 		f.run(step{name: "RST closes both directions", in: tcp(client, 40000, vip, 80, fRST|fACK),
 			verdict: actRedirect, out: fwd(tcp(client, 40000, backend1, 8080, fRST|fACK)), counters: hitOrig})
@@ -357,8 +360,9 @@ func TestPacketFixtures(t *testing.T) {
 			t.Fatalf("the update walked conntrack: %d entries removed; stale entries go lazily", n)
 		}
 		f.run(step{name: "flow 2 continues", in: tcp(client, 43501, vip, 80, fACK), verdict: actRedirect, out: fwd(tcp(client, 43501, backend2, 80, fACK)), counters: hitOrig})
-		f.run(step{name: "flow 1 is stale: its entries go", in: tcp(client, 43500, vip, 80, fACK), verdict: actShot,
-			counters: map[string]uint64{"flow_stale": 1, "drop_not_syn": 1}, ct: -2})
+		stale := tcp(client, 43500, vip, 80, fACK)
+		f.run(step{name: "flow 1 is stale: its entries go, the client gets a RST", in: stale, verdict: actRedirect, out: rstTo(stale),
+			counters: map[string]uint64{"flow_stale": 1, "drop_not_syn": 1, "rst_sent": 1}, ct: -2})
 	})
 
 	t.Run("KnownNeighbourMACs", func(t *testing.T) {
