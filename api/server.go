@@ -1,9 +1,11 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -373,19 +375,67 @@ func (s *Server) createLB(c *gin.Context) {
 }
 
 func (s *Server) listLB(c *gin.Context) {
+	withBody := false
+	if v := c.Query("body"); v != "" {
+		var err error
+		if withBody, err = strconv.ParseBool(v); err != nil {
+			s.fail(c, fmt.Errorf("%w: body %q is not true or false", errBadRequest, v))
+			return
+		}
+	}
 	out := LBList{LBAttr: []lbrule.Rule{}}
+	var bodies [][]byte
 	for _, svc := range s.deps.Rules.List() {
 		r := svc.Rule.Clone()
 		r.ServiceID = svc.ID
 		r.Status = ruleStatus(svc.Status)
+		r.CreateBody = nil
 		if s.deps.States != nil {
 			for i := range r.Endpoints {
 				r.Endpoints[i].State = s.deps.States(svc.ID, i)
 			}
 		}
 		out.LBAttr = append(out.LBAttr, *r)
+		bodies = append(bodies, svc.CreateBody)
 	}
-	c.JSON(http.StatusOK, out)
+	if !withBody {
+		c.JSON(http.StatusOK, out)
+		return
+	}
+	b, err := withCreateBodies(out, bodies)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	c.Data(http.StatusOK, "application/json; charset=utf-8", b)
+}
+
+// withCreateBodies encodes list with each rule's stored create body
+// spliced in verbatim as "createBody": the encoder would compact a raw
+// value, and the point of reading it back is the exact bytes. A body that
+// is missing or not valid JSON is left out.
+func withCreateBodies(list LBList, bodies [][]byte) ([]byte, error) {
+	var buf bytes.Buffer
+	buf.WriteString(`{"lbAttr":[`)
+	for i, r := range list.LBAttr {
+		rb, err := json.Marshal(r)
+		if err != nil {
+			return nil, fmt.Errorf("encode rule %d: %w", r.ServiceID, err)
+		}
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		if len(bodies[i]) == 0 || !json.Valid(bodies[i]) || len(rb) < 2 {
+			buf.Write(rb)
+			continue
+		}
+		buf.Write(rb[:len(rb)-1]) // the rule's object, open
+		buf.WriteString(`,"createBody":`)
+		buf.Write(bodies[i])
+		buf.WriteByte('}')
+	}
+	buf.WriteString("]}")
+	return buf.Bytes(), nil
 }
 
 // ruleStatus renders a rule's status for read-back.

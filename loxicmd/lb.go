@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -249,7 +250,8 @@ func printJSON(g *globalOpts, v any) error {
 }
 
 func newGetLBCmd(g *globalOpts) *cobra.Command {
-	return &cobra.Command{
+	var showBody bool
+	cmd := &cobra.Command{
 		Use:     "lb",
 		Aliases: []string{"loadbalancer", "lbs"},
 		Short:   "List load-balancer rules",
@@ -258,6 +260,18 @@ func newGetLBCmd(g *globalOpts) *cobra.Command {
 			c, err := g.client()
 			if err != nil {
 				return err
+			}
+			if showBody {
+				list, raw, err := c.ListLBWithBodies(context.Background())
+				if err != nil {
+					return err
+				}
+				if g.output == "json" {
+					g.printf("%s\n", raw)
+					return nil
+				}
+				printLBBodies(g, list)
+				return nil
 			}
 			list, err := c.ListLB(context.Background())
 			if err != nil {
@@ -273,6 +287,26 @@ func newGetLBCmd(g *globalOpts) *cobra.Command {
 			}
 			return nil
 		},
+	}
+	cmd.Flags().BoolVar(&showBody, "show-body", false, "print each rule's stored create body, as posted")
+	return cmd
+}
+
+// printLBBodies prints, per rule, a header line and its stored create
+// body as the daemon returned it, unreformatted, ready to diff or re-post.
+func printLBBodies(g *globalOpts, list api.LBList) {
+	for _, r := range list.LBAttr {
+		s := r.Service
+		name := s.Name
+		if name == "" {
+			name = "-"
+		}
+		g.printf("# service %d %s/%s %s %s\n", r.ServiceID, net.JoinHostPort(s.ExternalIP, strconv.Itoa(s.Port)), s.Protocol, name, statusCol(r.Status))
+		if len(r.CreateBody) == 0 {
+			g.printf("# (no stored create body)\n")
+			continue
+		}
+		g.printf("%s\n", r.CreateBody)
 	}
 }
 

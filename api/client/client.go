@@ -162,6 +162,21 @@ func (c *Client) ListLB(ctx context.Context) (api.LBList, error) {
 	return out, err
 }
 
+// ListLBWithBodies lists the rules with each one's stored create body
+// (createBody). It also returns the response as received, where the
+// bodies are the exact stored bytes.
+func (c *Client) ListLBWithBodies(ctx context.Context) (api.LBList, []byte, error) {
+	var raw []byte
+	if err := c.do(ctx, http.MethodGet, "/config/loadbalancer/all?body=true", nil, &raw); err != nil {
+		return api.LBList{}, nil, err
+	}
+	var out api.LBList
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return api.LBList{}, nil, fmt.Errorf("decode /config/loadbalancer/all response: %w", err)
+	}
+	return out, raw, nil
+}
+
 // DeleteLB deletes the rule ip:port/proto.
 func (c *Client) DeleteLB(ctx context.Context, ip string, port int, proto string) error {
 	p := fmt.Sprintf("/config/loadbalancer/externalipaddress/%s/port/%d/protocol/%s", url.PathEscape(ip), port, url.PathEscape(proto))

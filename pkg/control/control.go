@@ -27,6 +27,9 @@ type Service struct {
 	// Status is read-back only (List, Get): whether the rule is in effect.
 	// Stages receive only the rules they are asked to apply and ignore it.
 	Status RuleStatus
+	// CreateBody is the last applied create body, byte for byte, as
+	// stored (read-back only; kept for rules that failed to apply too).
+	CreateBody []byte
 }
 
 // Reconciler is a stage that makes its own state match the desired services.
@@ -129,7 +132,7 @@ func (c *Controller) Load(ctx context.Context) error {
 			}
 			raw = &lenient
 		}
-		svc := Service{ID: rec.ID, Rule: raw, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt}
+		svc := Service{ID: rec.ID, Rule: raw, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt, CreateBody: rec.CreateBody}
 		if err == nil {
 			svc.Rule, err = lbrule.Prepare(raw, c.env)
 		}
@@ -173,7 +176,7 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 		return Service{}, false, err
 	}
 	now := c.now().UTC()
-	svc := Service{Rule: r, CreatedAt: now, UpdatedAt: now}
+	svc := Service{Rule: r, CreatedAt: now, UpdatedAt: now, CreateBody: bytes.Clone(body)}
 	oldInvalid := c.invalid[old.ID]
 	if exists {
 		if old.Rule.Engine() != r.Engine() {
@@ -233,7 +236,7 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 	if err != nil {
 		return Service{}, false, err
 	}
-	if err := c.store.Put(store.Record{ID: svc.ID, Rule: rb, CreateBody: bytes.Clone(body), CreatedAt: svc.CreatedAt, UpdatedAt: svc.UpdatedAt}); err != nil {
+	if err := c.store.Put(store.Record{ID: svc.ID, Rule: rb, CreateBody: svc.CreateBody, CreatedAt: svc.CreatedAt, UpdatedAt: svc.UpdatedAt}); err != nil {
 		return Service{}, false, fmt.Errorf("persist rule %d: %w", svc.ID, err)
 	}
 	c.logger.Info("rule applied", "id", svc.ID, "key", key.String(), "mode", r.Service.Mode, "engine", r.Engine(), "update", exists)

@@ -1,6 +1,7 @@
 package lbrule
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -131,6 +132,10 @@ type Rule struct {
 	// Status is read-back only, like ServiceID: whether the rule is in
 	// effect. Ignored on input.
 	Status *Status `json:"ruleStatus,omitempty"`
+	// CreateBody is read-back only, like ServiceID: the rule's last applied
+	// create body, byte for byte (GET /config/loadbalancer/all?body=true).
+	// Ignored on input.
+	CreateBody json.RawMessage `json:"createBody,omitempty"`
 }
 
 // Status is a rule's state as the daemon reports it: applied, degraded

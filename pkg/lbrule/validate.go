@@ -41,7 +41,7 @@ func SeedPrecondition(env LookupEnv) *RuleError {
 // default applied. All semantic checks of a rule live here.
 func Prepare(in *Rule, env LookupEnv) (*Rule, error) {
 	r := in.Clone()
-	r.ServiceID, r.Status = 0, nil
+	r.ServiceID, r.Status, r.CreateBody = 0, nil, nil
 	if err := validateService(r); err != nil {
 		return nil, err
 	}

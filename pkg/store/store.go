@@ -28,9 +28,40 @@ type Record struct {
 	Rule json.RawMessage `json:"rule"`
 	// CreateBody is the last applied create body, byte for byte, for rollback:
 	// replaying a read-back response is not the same as replaying the request.
-	CreateBody json.RawMessage `json:"createBody"`
+	// It is stored as a byte string (createBodyBytes), so whitespace, key
+	// order and escapes survive; a record written under "createBody" as a
+	// JSON value (compacted by an older build) still reads back.
+	CreateBody json.RawMessage `json:"-"`
 	CreatedAt  time.Time       `json:"createdAt"`
 	UpdatedAt  time.Time       `json:"updatedAt"`
+}
+
+// recordWire is the stored form of a Record.
+type recordWire struct {
+	ID              uint32          `json:"id"`
+	Rule            json.RawMessage `json:"rule"`
+	CreateBodyBytes []byte          `json:"createBodyBytes,omitempty"`
+	LegacyBody      json.RawMessage `json:"createBody,omitempty"`
+	CreatedAt       time.Time       `json:"createdAt"`
+	UpdatedAt       time.Time       `json:"updatedAt"`
+}
+
+// MarshalJSON stores the create body as exact bytes.
+func (r Record) MarshalJSON() ([]byte, error) {
+	return json.Marshal(recordWire{ID: r.ID, Rule: r.Rule, CreateBodyBytes: r.CreateBody, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt})
+}
+
+// UnmarshalJSON reads both the exact and the older compacted create body.
+func (r *Record) UnmarshalJSON(b []byte) error {
+	var w recordWire
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*r = Record{ID: w.ID, Rule: w.Rule, CreateBody: w.CreateBodyBytes, CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt}
+	if r.CreateBody == nil {
+		r.CreateBody = w.LegacyBody
+	}
+	return nil
 }
 
 // Store is the persistence contract. Implementations are safe for concurrent

@@ -112,3 +112,39 @@ func TestSettingsSurviveReopen(t *testing.T) {
 		t.Fatalf("after reopen: %q %v", v, err)
 	}
 }
+
+// TestCreateBodyExactBytes: the create body comes back byte for byte across
+// a reopen (whitespace, key order, escapes), and a record whose body an
+// older build stored as a compacted JSON value still reads.
+func TestCreateBodyExactBytes(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := "\n  {\"endpoints\" : [ ],\t\"serviceArguments\":{ \"name\":\"a<b>&\\u0063\" }\r\n}\n"
+	id, _ := s.NextID()
+	if err := s.Put(Record{ID: id, Rule: json.RawMessage(`{}`), CreateBody: json.RawMessage(body)}); err != nil {
+		t.Fatal(err)
+	}
+	legacy := []byte(`{"id":2,"rule":{},"createBody":{"x":1},"createdAt":"2026-01-01T00:00:00Z","updatedAt":"2026-01-01T00:00:00Z"}`)
+	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketRules).Put(be32(2), legacy) }); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = OpenBolt(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.List()
+	if err != nil || len(got) != 2 {
+		t.Fatalf("list %v %v", got, err)
+	}
+	if string(got[0].CreateBody) != body {
+		t.Errorf("create body changed across reopen:\n got %q\nwant %q", got[0].CreateBody, body)
+	}
+	if string(got[1].CreateBody) != `{"x":1}` {
+		t.Errorf("legacy create body: %q", got[1].CreateBody)
+	}
+}
