@@ -463,6 +463,11 @@ func TestDashboardAgainstPrometheus(t *testing.T) {
 	})
 	setup := time.Since(testStart)
 	ps := startPrometheus(t, prom, d)
+	// Prometheus hands static targets to its scrape loop only after its
+	// discovery throttle (about 5 s): gauges sampled by the traffic below
+	// (a waiting prefill) exist for a few seconds only, so scraping must
+	// already run when it starts.
+	waitFor(t, "prometheus to scrape the daemon", 30*time.Second, func() bool { return ps.scrapes(t) >= 1 })
 	start := time.Now()
 	t.Logf("daemon and engines up in %v, prometheus in %v", setup.Round(time.Millisecond), time.Since(testStart.Add(setup)).Round(time.Millisecond))
 
