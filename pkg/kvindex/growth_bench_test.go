@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	rtmetrics "runtime/metrics"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -143,6 +144,7 @@ func BenchmarkGrowthFill(b *testing.B) {
 		// clock also counts time the host took the virtual CPU away, so a
 		// hold is only as long as it exceeds this floor.
 		var floorWall, floorCPU time.Duration
+		floorSamples := make([]time.Duration, 0, 1<<20)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -158,7 +160,11 @@ func BenchmarkGrowthFill(b *testing.B) {
 				for j := 0; j < 256; j++ {
 					x = arr[(x^uint64(j))&(16<<20-1)]
 				}
-				floorWall, floorCPU = max(floorWall, time.Since(t0)), max(floorCPU, threadCPU()-c0)
+				c := threadCPU() - c0
+				floorWall, floorCPU = max(floorWall, time.Since(t0)), max(floorCPU, c)
+				if len(floorSamples) < cap(floorSamples) {
+					floorSamples = append(floorSamples, c)
+				}
 				time.Sleep(100 * time.Microsecond)
 			}
 			arr[0] = x
@@ -188,6 +194,17 @@ func BenchmarkGrowthFill(b *testing.B) {
 			b.ReportMetric(float64(holds), "holds")
 			b.ReportMetric(float64(over), "holds-over-1ms-cpu")
 			b.Logf("longest hold taken in %s", ix.lookup(1).longestHoldSite())
+			hs := ix.lookup(1).holdCPUSamples()
+			slices.Sort(hs)
+			slices.Sort(floorSamples)
+			q := func(v []time.Duration, f float64) float64 { return float64(v[int(f*float64(len(v)-1))]) / 1e3 }
+			b.ReportMetric(q(hs, 0.5), "hold-cpu-p50-us")
+			b.ReportMetric(q(hs, 0.99), "hold-cpu-p99-us")
+			b.ReportMetric(q(hs, 0.999), "hold-cpu-p999-us")
+			b.ReportMetric(q(hs, 0.9999), "hold-cpu-p9999-us")
+			b.ReportMetric(q(floorSamples, 0.5), "floor-cpu-p50-us")
+			b.ReportMetric(q(floorSamples, 0.999), "floor-cpu-p999-us")
+			b.ReportMetric(q(floorSamples, 0.9999), "floor-cpu-p9999-us")
 		}
 		b.ReportMetric(float64(floorWall)/1e6, "floor-max-ms")
 		b.ReportMetric(float64(floorCPU)/1e6, "floor-max-cpu-ms")

@@ -733,27 +733,26 @@ func (ix *Index) prefixMatch(service uint32, keys []uint64, eps []int, out []int
 		now = ix.now().UnixNano()
 	}
 	n := len(keys)
-	// gtable.get spelled out: both probes inline here, and the previous
-	// table is consulted only on a miss while a table move is under way.
-	moving := s.tab.moving()
-	for i, k := range keys {
-		m := s.tab.table.get(k)
-		if m == 0 && moving {
-			m = s.tab.old.get(k)
-		}
-		if hasSpec {
-			m |= s.liveSpec(k, alive&^m, now)
-		}
-		if lost := alive &^ m; lost != 0 {
-			for lost != 0 {
-				b := bits.TrailingZeros64(lost)
-				depth[b] = int32(i)
-				lost &= lost - 1
+	if s.tab.moving() {
+		n, alive = s.walkMoving(keys, alive, &depth, hasSpec, now)
+	} else {
+		// The steady-state walk: one inlined probe per block.
+		for i, k := range keys {
+			m := s.tab.table.get(k)
+			if hasSpec {
+				m |= s.liveSpec(k, alive&^m, now)
 			}
-			alive &= m
-			if alive == 0 {
-				n = -1
-				break
+			if lost := alive &^ m; lost != 0 {
+				for lost != 0 {
+					b := bits.TrailingZeros64(lost)
+					depth[b] = int32(i)
+					lost &= lost - 1
+				}
+				alive &= m
+				if alive == 0 {
+					n = -1
+					break
+				}
 			}
 		}
 	}
@@ -768,6 +767,35 @@ func (ix *Index) prefixMatch(service uint32, keys []uint64, eps []int, out []int
 			out[i] = int(depth[ep])
 		}
 	}
+}
+
+// walkMoving is prefixMatch's walk while a table move is under way: a key
+// the current table misses may still be in the previous one. It is kept
+// apart so the steady-state walk stays as short as it was. It returns the
+// prefix length reached (-1 when every candidate dropped out) and the
+// candidates still alive. s.mu must be held for reading.
+func (s *service) walkMoving(keys []uint64, alive uint64, depth *[MaxEndpoints]int32, hasSpec bool, now int64) (int, uint64) {
+	for i, k := range keys {
+		m := s.tab.table.get(k)
+		if m == 0 {
+			m = s.tab.old.get(k)
+		}
+		if hasSpec {
+			m |= s.liveSpec(k, alive&^m, now)
+		}
+		if lost := alive &^ m; lost != 0 {
+			for lost != 0 {
+				b := bits.TrailingZeros64(lost)
+				depth[b] = int32(i)
+				lost &= lost - 1
+			}
+			alive &= m
+			if alive == 0 {
+				return -1, 0
+			}
+		}
+	}
+	return len(keys), alive
 }
 
 // Snapshot returns up to limit of endpoint ep's real block keys (limit <= 0

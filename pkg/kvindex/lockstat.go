@@ -23,3 +23,6 @@ func (s *service) lockHolds() (wall, cpu time.Duration, holds, over1ms int64, ok
 
 // longestHoldSite is empty in normal builds.
 func (s *service) longestHoldSite() string { return "" }
+
+// holdCPUSamples is nil in normal builds.
+func (s *service) holdCPUSamples() []time.Duration { return nil }

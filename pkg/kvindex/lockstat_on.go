@@ -24,6 +24,7 @@ type lockStat struct {
 	initialized bool
 	pc, maxPC   uintptr // caller of lockQ: current hold, longest (CPU) hold
 	over1ms     int64   // holds of more than 1 ms thread CPU time
+	samples     []time.Duration
 }
 
 func threadCPUTime() time.Duration {
@@ -51,6 +52,12 @@ func (s *service) unlockQ() {
 	if c > time.Millisecond {
 		s.ls.over1ms++
 	}
+	if s.ls.samples == nil {
+		s.ls.samples = make([]time.Duration, 0, 1<<21)
+	}
+	if len(s.ls.samples) < cap(s.ls.samples) {
+		s.ls.samples = append(s.ls.samples, c)
+	}
 	s.ls.wall, s.ls.cpu = max(s.ls.wall, w), max(s.ls.cpu, c)
 	s.ls.holds++
 	s.mu.Unlock()
@@ -73,4 +80,12 @@ func (s *service) longestHoldSite() string {
 	}
 	file, line := f.FileLine(s.ls.maxPC)
 	return fmt.Sprintf("%s (%s:%d)", f.Name(), file, line)
+}
+
+// holdCPUSamples returns a copy of the thread CPU time of every hold (the
+// first two million).
+func (s *service) holdCPUSamples() []time.Duration {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return append([]time.Duration(nil), s.ls.samples...)
 }
