@@ -64,8 +64,8 @@
 // faults in) the block table of the next size holding only the writer
 // lock, installs it under the query lock, and then every write moves two
 // entries of the previous table per key it writes (at least 64), so a
-// table replaced at 3/5 load has moved over before the new one is 2/3
-// full; Sweep finishes a move that writes left half done. Until then a
+// table replaced at 4/5 load (as before, so memory per block is
+// unchanged) has moved over before the new one is 3/5 full; Sweep finishes a move that writes left half done. Until then a
 // lookup that misses the current table also probes the previous one; with
 // no move under way the query path is what it was (one probe per block).
 // The same happens in reverse after mass removal (shrink below 1/16 load).

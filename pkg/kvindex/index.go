@@ -230,8 +230,8 @@ func (s *service) unlock() {
 // allocated (and zeroed) holding wmu only, then installed under mu. The
 // entries follow in bounded steps with later writes (migrateStep) and the
 // periodic sweep. s.wmu must be held and s.mu not.
-func (s *service) resizeTable() {
-	n := s.tab.wantSlots()
+func (s *service) resizeTable(nkeys int) {
+	n := s.tab.wantSlots(nkeys)
 	if n == 0 {
 		return
 	}
@@ -247,8 +247,8 @@ func (s *service) resizeTable() {
 }
 
 // migrateStep moves part of the previous table along with a write of
-// nkeys keys: two entries per key (so a table installed at 3/5 load has
-// moved everything before the new one is 2/3 full) and at least 64. s.mu
+// nkeys keys: two entries per key (so a table replaced at 4/5 load has
+// moved everything before the new one is 3/5 full) and at least 64. s.mu
 // must be held.
 func (s *service) migrateStep(nkeys int) {
 	if s.tab.moving() {
@@ -364,7 +364,7 @@ func (ix *Index) store(service uint32, ep int, rank int, keys []uint64) {
 		e = ix.ep(s, ep)
 		s.unlockQ()
 	}
-	s.resizeTable()
+	s.resizeTable(len(keys))
 	e.reserve(len(keys), rank)
 	s.lockQ()
 	s.migrateStep(len(keys))
@@ -519,7 +519,7 @@ func (ix *Index) remove(service uint32, ep int, rank int, keys []uint64) {
 		e.ranks.maybeShrink()
 	}
 	s.compact(e, ep)
-	s.resizeTable()
+	s.resizeTable(0)
 	e.blocks.Set(float64(n))
 }
 
@@ -596,7 +596,7 @@ func (ix *Index) ClearRank(service uint32, ep int, rank int) {
 	n := e.n
 	s.unlockQ()
 	s.compact(e, ep)
-	s.resizeTable()
+	s.resizeTable(0)
 	e.blocks.Set(float64(n))
 }
 
@@ -638,7 +638,7 @@ func (ix *Index) ClearEndpoint(service uint32, ep int) {
 		}
 	}
 	s.unlockQ()
-	s.resizeTable()
+	s.resizeTable(0)
 	e.blocks.Set(0)
 }
 

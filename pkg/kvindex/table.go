@@ -272,8 +272,9 @@ func (t *gtable) put(k uint64, v uint64) {
 }
 
 // roomFor1 makes room for one more entry in the current table. Normally
-// there is room: a large table is replaced (install) at 3/5 load and the
-// move finishes long before the new one reaches 4/5. If the writer could
+// there is room: a large table is replaced (install) before a write could
+// take it past 4/5 load, and with two entries moved per key written the
+// move is done when the new table is 3/5 full. If the writer could
 // not install in time (or a shrink undershot), the move is finished and the
 // table resized here, under the lock, as a small table always is.
 func (t *gtable) roomFor1() {
@@ -288,15 +289,18 @@ func (t *gtable) roomFor1() {
 	}
 }
 
-// wantSlots returns the size a large table should move to (grow at 3/5
-// load, shrink below 1/16), or 0. The caller allocates it without holding
-// the readers' lock and hands it to install.
-func (t *gtable) wantSlots() int {
+// wantSlots returns the size a large table should move to before nkeys
+// more keys are written, or 0: double when they could take it past the
+// load limit (so it grows at the same load, and costs the same memory, as
+// a small table), shrink below 1/16 load. The caller allocates it without
+// holding the readers' lock and hands it to install. Writers are
+// serialised, so no other write lands between the check and the install.
+func (t *gtable) wantSlots(nkeys int) int {
 	s := len(t.keys)
 	switch {
 	case t.old.n > 0 || s < incrementalSlots:
 		return 0
-	case t.n*5 >= s*3:
+	case (t.n+nkeys)*5 > s*4:
 		return 2 * s
 	case t.n > 0 && t.n*16 < s:
 		return slotsFor(2 * t.n)
