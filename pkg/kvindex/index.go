@@ -732,29 +732,11 @@ func (ix *Index) prefixMatch(service uint32, keys []uint64, eps []int, out []int
 	if hasSpec {
 		now = ix.now().UnixNano()
 	}
-	n := len(keys)
+	var n int
 	if s.tab.moving() {
 		n, alive = s.walkMoving(keys, alive, &depth, hasSpec, now)
 	} else {
-		// The steady-state walk: one inlined probe per block.
-		for i, k := range keys {
-			m := s.tab.table.get(k)
-			if hasSpec {
-				m |= s.liveSpec(k, alive&^m, now)
-			}
-			if lost := alive &^ m; lost != 0 {
-				for lost != 0 {
-					b := bits.TrailingZeros64(lost)
-					depth[b] = int32(i)
-					lost &= lost - 1
-				}
-				alive &= m
-				if alive == 0 {
-					n = -1
-					break
-				}
-			}
-		}
+		n, alive = s.walk(keys, alive, &depth, hasSpec, now)
 	}
 	s.mu.RUnlock()
 	for alive != 0 {
@@ -769,11 +751,34 @@ func (ix *Index) prefixMatch(service uint32, keys []uint64, eps []int, out []int
 	}
 }
 
-// walkMoving is prefixMatch's walk while a table move is under way: a key
-// the current table misses may still be in the previous one. It is kept
-// apart so the steady-state walk stays as short as it was. It returns the
-// prefix length reached (-1 when every candidate dropped out) and the
-// candidates still alive. s.mu must be held for reading.
+// walk is prefixMatch's walk over keys: one inlined probe per block. It
+// returns the prefix length reached (-1 when every candidate dropped out)
+// and the candidates still alive, and records in depth where each
+// dropped-out candidate stopped. s.mu must be held for reading.
+func (s *service) walk(keys []uint64, alive uint64, depth *[MaxEndpoints]int32, hasSpec bool, now int64) (int, uint64) {
+	for i, k := range keys {
+		m := s.tab.table.get(k)
+		if hasSpec {
+			m |= s.liveSpec(k, alive&^m, now)
+		}
+		if lost := alive &^ m; lost != 0 {
+			for lost != 0 {
+				b := bits.TrailingZeros64(lost)
+				depth[b] = int32(i)
+				lost &= lost - 1
+			}
+			alive &= m
+			if alive == 0 {
+				return -1, 0
+			}
+		}
+	}
+	return len(keys), alive
+}
+
+// walkMoving is walk while a table move is under way: a key the current
+// table misses may still be in the previous one. It is kept apart so the
+// steady-state walk stays as short as it was.
 func (s *service) walkMoving(keys []uint64, alive uint64, depth *[MaxEndpoints]int32, hasSpec bool, now int64) (int, uint64) {
 	for i, k := range keys {
 		m := s.tab.table.get(k)
