@@ -74,9 +74,17 @@ type service struct {
 	id    uint32
 	label string
 
-	mu      sync.RWMutex
-	dropped bool
-	tab     table[uint64]
+	// wmu serialises the service's writers and guards what only writers
+	// read (endpoint insertion orders and rank tables); mu, taken after
+	// it, guards what queries read. A writer does its allocations,
+	// copies and compactions holding wmu alone and takes mu only to
+	// change the table, so a query never waits for more than a bounded
+	// step of work.
+	wmu     sync.Mutex
+	mu      sync.RWMutex // write side through lockQ/unlockQ
+	ls      lockStat     // hold times of mu, only in kvindex_lockstat builds
+	dropped bool         // set holding both
+	tab     gtable
 	eps     [MaxEndpoints]*endpoint
 
 	// Speculative entries: specMask[k] = endpoints with a speculative k
@@ -165,10 +173,11 @@ func (ix *Index) lookup(id uint32) *service {
 	return s
 }
 
-// writeLocked returns the service with its write lock held, creating it if
-// needed. A service dropped between lookup and lock is looked up again, so a
-// write racing DropService lands in the new incarnation or nowhere.
-func (ix *Index) writeLocked(id uint32) *service {
+// writerLocked returns the service with its writer lock (wmu) held,
+// creating it if needed. A service dropped between lookup and lock is
+// looked up again, so a write racing DropService lands in the new
+// incarnation or nowhere.
+func (ix *Index) writerLocked(id uint32) *service {
 	for {
 		s := ix.lookup(id)
 		if s == nil {
@@ -180,11 +189,95 @@ func (ix *Index) writeLocked(id uint32) *service {
 			}
 			ix.mu.Unlock()
 		}
-		s.mu.Lock()
+		s.wmu.Lock()
 		if !s.dropped {
 			return s
 		}
-		s.mu.Unlock()
+		s.wmu.Unlock()
+	}
+}
+
+// writeLocked is writerLocked that also takes the query lock; release
+// with unlock.
+func (ix *Index) writeLocked(id uint32) *service {
+	s := ix.writerLocked(id)
+	s.lockQ()
+	return s
+}
+
+// lockExisting takes both locks of an existing, not dropped service, or
+// returns nil.
+func (ix *Index) lockExisting(id uint32) *service {
+	s := ix.lookup(id)
+	if s == nil {
+		return nil
+	}
+	s.wmu.Lock()
+	if s.dropped {
+		s.wmu.Unlock()
+		return nil
+	}
+	s.lockQ()
+	return s
+}
+
+func (s *service) unlock() {
+	s.unlockQ()
+	s.wmu.Unlock()
+}
+
+// resizeTable moves a large table to the size it wants: the new arrays are
+// allocated (and zeroed) holding wmu only, then installed under mu. The
+// entries follow in bounded steps with later writes (migrateStep) and the
+// periodic sweep. s.wmu must be held and s.mu not.
+func (s *service) resizeTable(nkeys int) {
+	n := s.tab.wantSlots(nkeys)
+	if n == 0 {
+		return
+	}
+	keys, vals := make([]uint64, n), make([]uint64, n)
+	// Fault the pages in here: memory fresh from the OS is mapped on first
+	// touch, which would otherwise happen under the lock as entries move.
+	for i := 0; i < n; i += 512 {
+		keys[i], vals[i] = 0, 0
+	}
+	s.lockQ()
+	s.tab.install(keys, vals)
+	s.unlockQ()
+}
+
+// migrateStep moves part of the previous table along with a write of
+// nkeys keys: two entries per key (so a table replaced at 4/5 load has
+// moved everything before the new one is 3/5 full) and at least 64. s.mu
+// must be held.
+func (s *service) migrateStep(nkeys int) {
+	if s.tab.moving() {
+		m := max(2*nkeys, 64)
+		s.tab.migrate(m, 16*m)
+	}
+}
+
+// reserve makes room, holding wmu only, for nkeys more keys in e's
+// insertion order and (for ranks other than 0, or once it exists) its
+// rank table, so the write under mu never copies or rehashes them.
+func (e *endpoint) reserve(nkeys, rank int) {
+	if free := cap(e.order) - len(e.order); free < nkeys {
+		live := e.order[e.head:]
+		grown := make([]uint64, max(2*len(live), len(live)+nkeys, 1024))
+		// Touching the spare capacity faults its pages in here rather
+		// than under the query lock as keys are appended.
+		for i := len(live); i < len(grown); i += 512 {
+			grown[i] = 0
+		}
+		copy(grown, live)
+		e.order, e.head = grown[:len(live)], 0
+	}
+	if rank != 0 && e.ranks == nil {
+		t := newTable[uint8](nkeys)
+		e.ranks = &t
+	}
+	if r := e.ranks; r != nil && (r.n+nkeys)*5 > len(r.keys)*4 {
+		r.resize(slotsFor(2 * (r.n + nkeys)))
 	}
 }
 
@@ -263,9 +356,18 @@ func (ix *Index) Store(service uint32, ep int, rank int, keys []uint64) {
 const writeChunk = 1024
 
 func (ix *Index) store(service uint32, ep int, rank int, keys []uint64) {
-	s := ix.writeLocked(service)
-	defer s.mu.Unlock()
-	e := ix.ep(s, ep)
+	s := ix.writerLocked(service)
+	defer s.wmu.Unlock()
+	e := s.eps[ep]
+	if e == nil {
+		s.lockQ()
+		e = ix.ep(s, ep)
+		s.unlockQ()
+	}
+	s.resizeTable(len(keys))
+	e.reserve(len(keys), rank)
+	s.lockQ()
+	s.migrateStep(len(keys))
 	bit := uint64(1) << ep
 	rbit := uint8(1) << rank
 	for _, k := range keys {
@@ -294,8 +396,10 @@ func (ix *Index) store(service uint32, ep int, rank int, keys []uint64) {
 	}
 	for e.n > ix.maxBlocks && ix.evictOldest(s, e, ep) {
 	}
+	n := e.n
+	s.unlockQ()
 	s.compact(e, ep)
-	e.blocks.Set(float64(e.n))
+	e.blocks.Set(float64(n))
 }
 
 // evictOldest removes the oldest-inserted block of e from every rank. It
@@ -330,7 +434,8 @@ func (s *service) removeAt(e *endpoint, i int, k uint64, bit uint64) {
 
 // compact bounds the stale part of e's insertion order: it drops the
 // consumed prefix and, when stale elements exceed about half the live count,
-// rebuilds the order keeping the newest element of every present key.
+// rebuilds the order keeping the newest element of every present key. It
+// touches only writer state: s.wmu must be held, s.mu need not be.
 func (s *service) compact(e *endpoint, ep int) {
 	if e.n == 0 {
 		e.order, e.head = e.order[:0], 0
@@ -379,16 +484,17 @@ func (ix *Index) Remove(service uint32, ep int, rank int, keys []uint64) {
 }
 
 func (ix *Index) remove(service uint32, ep int, rank int, keys []uint64) {
-	s := ix.lookup(service)
+	s := ix.lockExisting(service)
 	if s == nil {
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.wmu.Unlock()
 	e := s.eps[ep]
-	if s.dropped || e == nil || e.n == 0 {
+	if e == nil || e.n == 0 {
+		s.unlockQ()
 		return
 	}
+	s.migrateStep(len(keys))
 	bit := uint64(1) << ep
 	rbit := uint8(1) << rank
 	for _, k := range keys {
@@ -407,11 +513,14 @@ func (ix *Index) remove(service uint32, ep int, rank int, keys []uint64) {
 		s.removeAt(e, i, k, bit)
 	}
 	s.tab.maybeShrink()
+	n := e.n
+	s.unlockQ()
 	if e.ranks != nil {
 		e.ranks.maybeShrink()
 	}
 	s.compact(e, ep)
-	e.blocks.Set(float64(e.n))
+	s.resizeTable(0)
+	e.blocks.Set(float64(n))
 }
 
 // ClearRank removes every block held only by rank of endpoint ep (an
@@ -422,20 +531,21 @@ func (ix *Index) ClearRank(service uint32, ep int, rank int) {
 	if !ix.validEP(service, ep, rank) {
 		return
 	}
-	s := ix.lookup(service)
+	s := ix.lockExisting(service)
 	if s == nil {
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.wmu.Unlock()
 	e := s.eps[ep]
-	if s.dropped || e == nil || e.n == 0 {
+	if e == nil || e.n == 0 {
+		s.unlockQ()
 		return
 	}
 	bit := uint64(1) << ep
 	rbit := uint8(1) << rank
 	if rank != 0 {
 		if e.ranks == nil {
+			s.unlockQ()
 			return // only rank 0 holds anything
 		}
 		e.ranks.update(func(k uint64, m uint8) uint8 {
@@ -446,6 +556,9 @@ func (ix *Index) ClearRank(service uint32, ep int, rank int) {
 			if m == 0 {
 				// Drop k from the endpoint; s.tab is not being iterated.
 				i := s.tab.find(k)
+				if i < 0 {
+					return 0
+				}
 				if v := s.tab.vals[i] &^ bit; v != 0 {
 					s.tab.vals[i] = v
 				} else {
@@ -478,10 +591,13 @@ func (ix *Index) ClearRank(service uint32, ep int, rank int) {
 			}
 			s.removeAt(e, i, k, bit)
 		}
-		s.tab.maybeShrink()
 	}
+	s.tab.maybeShrink()
+	n := e.n
+	s.unlockQ()
 	s.compact(e, ep)
-	e.blocks.Set(float64(e.n))
+	s.resizeTable(0)
+	e.blocks.Set(float64(n))
 }
 
 // ClearEndpoint forgets everything endpoint ep holds, real and speculative
@@ -490,14 +606,14 @@ func (ix *Index) ClearEndpoint(service uint32, ep int) {
 	if !ix.validEP(service, ep, 0) {
 		return
 	}
-	s := ix.lookup(service)
+	s := ix.lockExisting(service)
 	if s == nil {
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.wmu.Unlock()
 	e := s.eps[ep]
-	if s.dropped || e == nil {
+	if e == nil {
+		s.unlockQ()
 		return
 	}
 	bit := uint64(1) << ep
@@ -521,6 +637,8 @@ func (ix *Index) ClearEndpoint(service uint32, ep int) {
 			}
 		}
 	}
+	s.unlockQ()
+	s.resizeTable(0)
 	e.blocks.Set(0)
 }
 
@@ -534,8 +652,9 @@ func (ix *Index) DropService(service uint32) {
 	if s == nil {
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.wmu.Lock()
+	s.lockQ()
+	defer s.unlock()
 	s.dropped = true
 	for _, e := range s.eps {
 		if e == nil {
@@ -548,7 +667,7 @@ func (ix *Index) DropService(service uint32) {
 	for _, reason := range []string{"ep_out_of_range", "rank_out_of_range"} {
 		ix.m.rejected.DeleteLabelValues(s.label, reason)
 	}
-	s.tab, s.eps, s.specMask, s.specExp = table[uint64]{}, [MaxEndpoints]*endpoint{}, nil, nil
+	s.tab, s.eps, s.specMask, s.specExp = gtable{}, [MaxEndpoints]*endpoint{}, nil, nil
 }
 
 // Len is the number of real blocks endpoint ep holds (speculative entries
@@ -613,24 +732,11 @@ func (ix *Index) prefixMatch(service uint32, keys []uint64, eps []int, out []int
 	if hasSpec {
 		now = ix.now().UnixNano()
 	}
-	n := len(keys)
-	for i, k := range keys {
-		m := s.tab.get(k)
-		if hasSpec {
-			m |= s.liveSpec(k, alive&^m, now)
-		}
-		if lost := alive &^ m; lost != 0 {
-			for lost != 0 {
-				b := bits.TrailingZeros64(lost)
-				depth[b] = int32(i)
-				lost &= lost - 1
-			}
-			alive &= m
-			if alive == 0 {
-				n = -1
-				break
-			}
-		}
+	var n int
+	if s.tab.moving() {
+		n, alive = s.walkMoving(keys, alive, &depth, hasSpec, now)
+	} else {
+		n, alive = s.walk(keys, alive, &depth, hasSpec, now)
 	}
 	s.mu.RUnlock()
 	for alive != 0 {
@@ -665,6 +771,11 @@ func (ix *Index) RankPrefixMatch(service uint32, ep int, keys []uint64, out []in
 	alive := uint8(1<<n - 1)
 	bit := uint64(1) << ep
 	depth := len(keys)
+	// Rank tables are writer state (grown holding wmu alone), so this
+	// query takes wmu too: a rank-targeted request may wait for a writer's
+	// step, which PrefixMatch never does.
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
 	s.mu.RLock()
 	e := s.eps[ep]
 	if e == nil {
@@ -696,6 +807,58 @@ func (ix *Index) RankPrefixMatch(service uint32, ep int, keys []uint64, out []in
 	}
 }
 
+// walk is prefixMatch's walk over keys: one inlined probe per block. It
+// returns the prefix length reached (-1 when every candidate dropped out)
+// and the candidates still alive, and records in depth where each
+// dropped-out candidate stopped. s.mu must be held for reading.
+func (s *service) walk(keys []uint64, alive uint64, depth *[MaxEndpoints]int32, hasSpec bool, now int64) (int, uint64) {
+	for i, k := range keys {
+		m := s.tab.table.get(k)
+		if hasSpec {
+			m |= s.liveSpec(k, alive&^m, now)
+		}
+		if lost := alive &^ m; lost != 0 {
+			for lost != 0 {
+				b := bits.TrailingZeros64(lost)
+				depth[b] = int32(i)
+				lost &= lost - 1
+			}
+			alive &= m
+			if alive == 0 {
+				return -1, 0
+			}
+		}
+	}
+	return len(keys), alive
+}
+
+// walkMoving is walk while a table move is under way: a key the current
+// table misses may still be in the previous one. It is kept apart so the
+// steady-state walk stays as short as it was.
+func (s *service) walkMoving(keys []uint64, alive uint64, depth *[MaxEndpoints]int32, hasSpec bool, now int64) (int, uint64) {
+	for i, k := range keys {
+		m := s.tab.table.get(k)
+		if m == 0 {
+			m = s.tab.old.get(k)
+		}
+		if hasSpec {
+			m |= s.liveSpec(k, alive&^m, now)
+		}
+		if lost := alive &^ m; lost != 0 {
+			for lost != 0 {
+				b := bits.TrailingZeros64(lost)
+				depth[b] = int32(i)
+				lost &= lost - 1
+			}
+			alive &= m
+			if alive == 0 {
+				return -1, 0
+			}
+		}
+	}
+	return len(keys), alive
+}
+
 // Snapshot returns up to limit of endpoint ep's real block keys (limit <= 0
 // means all), oldest inserted first, and the total count.
 func (ix *Index) Snapshot(service uint32, ep int, limit int) (blocks []uint64, total int) {
@@ -706,8 +869,10 @@ func (ix *Index) Snapshot(service uint32, ep int, limit int) (blocks []uint64, t
 	if s == nil {
 		return nil, 0
 	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
+	// The insertion order is writer state: hold the writer lock, which
+	// blocks writers of this service but never its queries.
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
 	e := s.eps[ep]
 	if e == nil || e.n == 0 {
 		return nil, 0
@@ -767,7 +932,12 @@ func (ix *Index) Run(ctx context.Context) error {
 	}
 }
 
-// Sweep removes expired speculative entries now.
+// sweepMigrateSteps bounds the table-move steps one Sweep makes per
+// service (4096 entries each): 256k entries a second at the default
+// interval.
+const sweepMigrateSteps = 64
+
+// Sweep removes expired speculative entries now and advances table moves.
 func (ix *Index) Sweep() {
 	ix.mu.RLock()
 	svcs := make([]*service, 0, len(ix.services))
@@ -777,10 +947,20 @@ func (ix *Index) Sweep() {
 	ix.mu.RUnlock()
 	now := ix.now().UnixNano()
 	for _, s := range svcs {
-		s.mu.Lock()
+		s.wmu.Lock()
 		if !s.dropped {
+			s.lockQ()
 			s.sweepSpec(now)
+			s.unlockQ()
+			// Finish a table move that writes left half done, in steps
+			// as short as a write's, so it does not keep two tables and
+			// a slower miss path alive while the service is idle.
+			for i := 0; i < sweepMigrateSteps && s.tab.moving(); i++ {
+				s.lockQ()
+				s.tab.migrate(4096, 65536)
+				s.unlockQ()
+			}
 		}
-		s.mu.Unlock()
+		s.wmu.Unlock()
 	}
 }

@@ -18,7 +18,7 @@ func (ix *Index) StoreSpeculative(service uint32, ep int, keys []uint64, ttl tim
 		return
 	}
 	s := ix.writeLocked(service)
-	defer s.mu.Unlock()
+	defer s.unlock()
 	e := ix.ep(s, ep)
 	now := ix.now().UnixNano()
 	exp := now + int64(ttl)

@@ -196,3 +196,191 @@ func (t *table[V]) each(fn func(k uint64, v V) bool) {
 		}
 	}
 }
+
+// insertAbsent stores k (absent, v != 0) and returns its slot. The caller
+// guarantees room: it never resizes.
+func (t *table[V]) insertAbsent(k uint64, v V) int {
+	mask := len(t.keys) - 1
+	i := t.home(k)
+	for t.vals[i] != 0 {
+		i = (i + 1) & mask
+	}
+	t.keys[i], t.vals[i] = k, v
+	t.n++
+	return i
+}
+
+// full reports whether one more entry would exceed the load limit.
+func (t *table[V]) full() bool { return (t.n+1)*5 > len(t.keys)*4 }
+
+// incrementalSlots is the table size from which a service table moves to a
+// new size incrementally. Below it a whole rehash costs well under a
+// millisecond, so it is done in place as before.
+const incrementalSlots = 1 << 16
+
+// gtable is a service's block table. Readers see it under the service's
+// read lock, so it never rehashes everything at once once it is large:
+// the writer allocates the table of the next size outside the lock
+// (wantSlots, then install), and from then on the entries of the previous
+// table (old) move over in bounded steps (migrate), a few slots per key
+// written, while lookups check old only when the current table misses and
+// a move is in progress. Every key lives in exactly one of the two: a
+// writer touching a key still in old moves it first (find).
+//
+// Invariant while moving: old's slots below cursor are empty. Removing
+// from old uses backward-shift deletion, which only moves entries towards
+// their home and stops at the first empty slot, so no entry is ever shifted
+// into the part already moved.
+type gtable struct {
+	table[uint64]
+	old    table[uint64]
+	cursor int
+}
+
+// get returns the endpoint mask of k, or 0 when absent.
+func (t *gtable) get(k uint64) uint64 {
+	if v := t.table.get(k); v != 0 || t.old.n == 0 {
+		return v
+	}
+	return t.old.get(k)
+}
+
+// find returns the slot of k in the current table, moving k there first if
+// it is still in old, or -1.
+func (t *gtable) find(k uint64) int {
+	if i := t.table.find(k); i >= 0 || t.old.n == 0 {
+		return i
+	}
+	j := t.old.find(k)
+	if j < 0 {
+		return -1
+	}
+	v := t.old.vals[j]
+	t.old.delAt(j)
+	t.settled()
+	t.roomFor1()
+	return t.table.insertAbsent(k, v)
+}
+
+// put inserts k, which find just reported absent, with value v.
+func (t *gtable) put(k uint64, v uint64) {
+	if t.keys == nil {
+		t.alloc(minTableSlots)
+	}
+	t.roomFor1()
+	t.table.insertAbsent(k, v)
+}
+
+// roomFor1 makes room for one more entry in the current table. Normally
+// there is room: a large table is replaced (install) before a write could
+// take it past 4/5 load, and with two entries moved per key written the
+// move is done when the new table is 3/5 full. If the writer could
+// not install in time (or a shrink undershot), the move is finished and the
+// table resized here, under the lock, as a small table always is.
+func (t *gtable) roomFor1() {
+	if !t.full() {
+		return
+	}
+	if t.old.n > 0 {
+		t.migrate(len(t.old.keys), len(t.old.keys))
+	}
+	if t.full() {
+		t.resize(2 * len(t.keys))
+	}
+}
+
+// wantSlots returns the size a large table should move to before nkeys
+// more keys are written, or 0: double when they could take it past the
+// load limit (so it grows at the same load, and costs the same memory, as
+// a small table), shrink below 1/16 load. The caller allocates it without
+// holding the readers' lock and hands it to install. Writers are
+// serialised, so no other write lands between the check and the install.
+func (t *gtable) wantSlots(nkeys int) int {
+	s := len(t.keys)
+	switch {
+	case t.old.n > 0 || s < incrementalSlots:
+		return 0
+	case (t.n+nkeys)*5 > s*4:
+		return 2 * s
+	case t.n > 0 && t.n*16 < s:
+		return slotsFor(2 * t.n)
+	}
+	return 0
+}
+
+// install makes keys/vals (zeroed, len a power of two, allocated by the
+// caller outside the lock) the current table and starts moving the
+// previous one over. It must follow wantSlots with no write in between.
+func (t *gtable) install(keys []uint64, vals []uint64) {
+	prev := t.table
+	t.table = table[uint64]{keys: keys, vals: vals}
+	bits := uint8(0)
+	for 1<<bits < len(keys) {
+		bits++
+	}
+	t.shift = 64 - bits
+	t.old, t.cursor = prev, 0
+}
+
+// migrate moves up to moves entries from old, scanning at most scan slots,
+// and releases old once it is empty.
+func (t *gtable) migrate(moves, scan int) {
+	for t.old.n > 0 && moves > 0 && scan > 0 {
+		i := t.cursor
+		v := t.old.vals[i]
+		if v == 0 {
+			t.cursor++
+			scan--
+			continue
+		}
+		k := t.old.keys[i]
+		if t.table.full() {
+			// Only a shrink that undershot gets here.
+			t.table.resize(2 * len(t.keys))
+		}
+		// delAt may shift a later entry into slot i; the loop looks at i
+		// again.
+		t.old.delAt(i)
+		t.table.insertAbsent(k, v)
+		moves--
+	}
+	t.settled()
+}
+
+func (t *gtable) settled() {
+	if t.old.n == 0 && t.old.keys != nil {
+		t.old, t.cursor = table[uint64]{}, 0
+	}
+}
+
+// moving reports whether entries are still in old.
+func (t *gtable) moving() bool { return t.old.n > 0 }
+
+// maybeShrink gives memory back after mass deletion: an empty table is
+// dropped, a small one resized in place; a large one with entries left
+// shrinks through wantSlots and install instead.
+func (t *gtable) maybeShrink() {
+	switch {
+	case t.old.n > 0:
+	case t.n == 0 && len(t.keys) > 1024:
+		t.table = table[uint64]{}
+	case len(t.keys) < incrementalSlots:
+		t.table.maybeShrink()
+	}
+}
+
+// len is the number of keys in both tables.
+func (t *gtable) len() int { return t.n + t.old.n }
+
+// each calls fn for every entry of both tables until fn returns false. fn
+// must not modify t.
+func (t *gtable) each(fn func(k uint64, v uint64) bool) {
+	stopped := false
+	t.table.each(func(k, v uint64) bool {
+		stopped = !fn(k, v)
+		return !stopped
+	})
+	if !stopped {
+		t.old.each(fn)
+	}
+}
