@@ -86,7 +86,7 @@ GET /netlox/v1/metrics: the export must be on, see "loxicmd set metrics").
 			}
 		},
 	}
-	cmd.Flags().DurationVar(&interval, "interval", 2*time.Second, "time between readings (rates are over it)")
+	cmd.Flags().DurationVar(&interval, "interval", time.Second, "time between readings and redraws (rates are over it)")
 	cmd.Flags().BoolVar(&once, "once", false, "print one frame and exit")
 	return cmd
 }

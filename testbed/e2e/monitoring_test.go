@@ -600,6 +600,8 @@ func TestDashboardAgainstPrometheus(t *testing.T) {
 		t.Errorf("loxicmd top --once -o json: exit %d %v\n%s%s", code, err, out, errs)
 	}
 
+	checkTopInTerminal(t, d.Port, kvNet)
+
 	// Two more scrapes after the traffic.
 	n0 := ps.scrapes(t)
 	waitFor(t, "two scrapes after the traffic", 15*time.Second, func() bool { return ps.scrapes(t) >= n0+2 })
@@ -720,4 +722,61 @@ func TestDashboardAgainstPrometheus(t *testing.T) {
 		t.Errorf("prometheus loaded %d rules from %s", nRules, rulesPath)
 	}
 	t.Logf("%d dashboard queries returned series, %d rules healthy, in %v", checked, nRules, time.Since(start).Round(time.Millisecond))
+}
+
+// checkTopInTerminal runs the live `loxicmd top` in a real terminal (a
+// detached tmux pane) and reads the screen as a user sees it: one frame at
+// a time (each redraw clears the previous one), redrawn every interval, and
+// Ctrl-C ends it cleanly.
+func checkTopInTerminal(t *testing.T, port, kvNet int) {
+	t.Helper()
+	tmux, err := exec.LookPath("tmux")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("tmux not installed (.ci/run installs it): the live view cannot be checked in a terminal")
+		}
+		t.Log("tmux not installed: skipping the terminal check of loxicmd top (CI installs it)")
+		return
+	}
+	sock := filepath.Join(t.TempDir(), "tmux.sock")
+	run := func(args ...string) (string, error) {
+		out, err := exec.Command(tmux, append([]string{"-S", sock}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	shell := fmt.Sprintf("%s -p %d top chat-kv --interval 300ms; echo top-exited-$?; sleep 30", bins.Loxicmd, port)
+	if out, err := run("new-session", "-d", "-s", "top", "-x", "180", "-y", "50", shell); err != nil {
+		t.Fatalf("tmux new-session: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _, _ = run("kill-server") })
+	capture := func() string {
+		out, err := run("capture-pane", "-p", "-t", "top")
+		if err != nil {
+			t.Fatalf("tmux capture-pane: %v\n%s", err, out)
+		}
+		return out
+	}
+	header := regexp.MustCompile(`loxicmd top  (\S+)  rates over`)
+	var first, screen string
+	waitFor(t, "two different frames of loxicmd top in the terminal", 15*time.Second, func() bool {
+		screen = capture()
+		m := header.FindStringSubmatch(screen)
+		if m == nil || !strings.Contains(screen, "service 1 chat-kv") {
+			return false
+		}
+		if first == "" {
+			first = m[1]
+		}
+		return m[1] != first
+	})
+	if n := strings.Count(screen, "loxicmd top "); n != 1 {
+		t.Errorf("terminal shows %d frame headers, want 1 (each redraw clears the screen):\n%s", n, screen)
+	}
+	if !strings.Contains(screen, "EP  ENDPOINT") || strings.Count(screen, fmt.Sprintf("127.0.%d.", kvNet)) != 3 {
+		t.Errorf("terminal frame lacks the endpoint table:\n%s", screen)
+	}
+	if out, err := run("send-keys", "-t", "top", "C-c"); err != nil {
+		t.Fatalf("tmux send-keys: %v\n%s", err, out)
+	}
+	waitFor(t, "loxicmd top to exit on Ctrl-C", 10*time.Second, func() bool { return strings.Contains(capture(), "top-exited-0") })
+	t.Logf("loxicmd top in a 180x50 terminal:\n%s", screen)
 }
