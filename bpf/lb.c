@@ -268,7 +268,10 @@ static __always_inline int ct_hit(struct __sk_buff *skb, struct pkt *p, struct c
 {
 	__u8 before = ct->state;
 
-	ct->last_seen_ns = bpf_ktime_get_ns();
+	/* The coarse clock reads the tick-updated time (no clocksource read:
+	 * kvm-clock or hpet cost tens to hundreds of ns); its lag of at most
+	 * one tick does not matter against timeouts of seconds. */
+	ct->last_seen_ns = bpf_ktime_get_coarse_ns();
 	__sync_fetch_and_add(&ct->pkts, 1);
 	__sync_fetch_and_add(&ct->bytes, skb->len);
 	count(ct->flags & CT_F_REPLY ? CNT_CT_HIT_REPLY : CNT_CT_HIT_ORIG);
@@ -394,7 +397,7 @@ static __always_inline __u16 snat_insert(const struct pkt *p, struct ct_key *rk,
 
 static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const struct svc_val *svc)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_coarse_ns();
 	__u8 mode = svc->mode;
 
 	if (p->proto == IPPROTO_TCP &&
