@@ -77,23 +77,18 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 
 	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if ((rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) && p->ttl > 1) {
-		if (dec_ttl(skb, p)) {
+		/* When the neighbour is known, write the MACs too and skip the
+		 * neighbour lookup bpf_redirect_neigh would repeat. */
+		__u8 macs[2 * ETH_ALEN];
+		__builtin_memcpy(macs, fib.dmac, ETH_ALEN);
+		__builtin_memcpy(macs + ETH_ALEN, fib.smac, ETH_ALEN);
+		if (dec_ttl(skb, p, rc == BPF_FIB_LKUP_RET_SUCCESS ? macs : NULL)) {
 			count(CNT_DROP_REWRITE);
 			return TC_ACT_SHOT;
 		}
 		count(CNT_FWD_REDIRECT);
-		if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-			/* The neighbour is known: write the MACs and skip the
-			 * neighbour lookup bpf_redirect_neigh would repeat. */
-			__u8 macs[2 * ETH_ALEN];
-			__builtin_memcpy(macs, fib.dmac, ETH_ALEN);
-			__builtin_memcpy(macs + ETH_ALEN, fib.smac, ETH_ALEN);
-			if (bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0)) {
-				count(CNT_DROP_REWRITE);
-				return TC_ACT_SHOT;
-			}
+		if (rc == BPF_FIB_LKUP_RET_SUCCESS)
 			return bpf_redirect(fib.ifindex, 0);
-		}
 		if (dsr_nh) {
 			struct bpf_redir_neigh nh = {};
 			nh.nh_family = AF_INET;
