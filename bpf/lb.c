@@ -77,23 +77,18 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 
 	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if ((rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) && p->ttl > 1) {
-		if (dec_ttl(skb, p)) {
+		/* When the neighbour is known, write the MACs too and skip the
+		 * neighbour lookup bpf_redirect_neigh would repeat. */
+		__u8 macs[2 * ETH_ALEN];
+		__builtin_memcpy(macs, fib.dmac, ETH_ALEN);
+		__builtin_memcpy(macs + ETH_ALEN, fib.smac, ETH_ALEN);
+		if (dec_ttl(skb, p, rc == BPF_FIB_LKUP_RET_SUCCESS ? macs : NULL)) {
 			count(CNT_DROP_REWRITE);
 			return TC_ACT_SHOT;
 		}
 		count(CNT_FWD_REDIRECT);
-		if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-			/* The neighbour is known: write the MACs and skip the
-			 * neighbour lookup bpf_redirect_neigh would repeat. */
-			__u8 macs[2 * ETH_ALEN];
-			__builtin_memcpy(macs, fib.dmac, ETH_ALEN);
-			__builtin_memcpy(macs + ETH_ALEN, fib.smac, ETH_ALEN);
-			if (bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0)) {
-				count(CNT_DROP_REWRITE);
-				return TC_ACT_SHOT;
-			}
+		if (rc == BPF_FIB_LKUP_RET_SUCCESS)
 			return bpf_redirect(fib.ifindex, 0);
-		}
 		if (dsr_nh) {
 			struct bpf_redir_neigh nh = {};
 			nh.nh_family = AF_INET;
@@ -268,7 +263,10 @@ static __always_inline int ct_hit(struct __sk_buff *skb, struct pkt *p, struct c
 {
 	__u8 before = ct->state;
 
-	ct->last_seen_ns = bpf_ktime_get_ns();
+	/* The coarse clock reads the tick-updated time (no clocksource read:
+	 * kvm-clock or hpet cost tens to hundreds of ns); its lag of at most
+	 * one tick does not matter against timeouts of seconds. */
+	ct->last_seen_ns = bpf_ktime_get_coarse_ns();
 	__sync_fetch_and_add(&ct->pkts, 1);
 	__sync_fetch_and_add(&ct->bytes, skb->len);
 	count(ct->flags & CT_F_REPLY ? CNT_CT_HIT_REPLY : CNT_CT_HIT_ORIG);
@@ -394,7 +392,7 @@ static __always_inline __u16 snat_insert(const struct pkt *p, struct ct_key *rk,
 
 static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const struct svc_val *svc)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_coarse_ns();
 	__u8 mode = svc->mode;
 
 	if (p->proto == IPPROTO_TCP &&

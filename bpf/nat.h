@@ -13,10 +13,6 @@
 #include <bpf/bpf_endian.h>
 #include "parse.h"
 
-#define IP_CSUM_OFF (ETH_HLEN + offsetof(struct iphdr, check))
-#define IP_SADDR_OFF (ETH_HLEN + offsetof(struct iphdr, saddr))
-#define IP_DADDR_OFF (ETH_HLEN + offsetof(struct iphdr, daddr))
-#define IP_TTL_OFF (ETH_HLEN + offsetof(struct iphdr, ttl))
 
 /* l4_flags returns the checksum-update flags for the packet's protocol: UDP
  * may carry no checksum (0), which must stay 0 and never be produced. */
@@ -25,16 +21,27 @@ static __always_inline __u64 l4_flags(const struct pkt *p)
 	return p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 }
 
+/* csum_replace4 updates a 16-bit one's complement checksum for a 32-bit
+ * word changing from "from" to "to" (RFC 1624, eqn. 3). */
+static __always_inline __u16 csum_replace4(__u16 check, __u32 from, __u32 to)
+{
+	__u32 sum = (__u16)~check;
+	sum += (~from & 0xffff) + (~from >> 16) + (to & 0xffff) + (to >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
 /* rewrite_addr replaces the source (is_src) or destination address and port.
  * The pseudo-header is part of the L4 checksum, hence the address update of
- * the L4 checksum too. Works for CHECKSUM_PARTIAL skbs (GSO) as well. */
+ * the L4 checksum too; that goes through bpf_l4_csum_replace, which knows
+ * how to treat CHECKSUM_PARTIAL skbs (GSO). The IP header (always fully
+ * checksummed) and the port are written directly: no helper call each. */
 static __always_inline int rewrite_addr(struct __sk_buff *skb, struct pkt *p, int is_src,
 					__u32 new_addr, __u16 new_port)
 {
 	__u32 old_addr = is_src ? p->saddr : p->daddr;
 	__u16 old_port = is_src ? p->sport : p->dport;
-	__u32 addr_off = is_src ? IP_SADDR_OFF : IP_DADDR_OFF;
-	__u32 port_off = p->l4off + (is_src ? 0 : 2);
 	__u64 lf = l4_flags(p);
 
 	if (p->csum_off) {
@@ -45,12 +52,29 @@ static __always_inline int rewrite_addr(struct __sk_buff *skb, struct pkt *p, in
 		    bpf_l4_csum_replace(skb, p->csum_off, old_port, new_port, lf | sizeof(new_port)))
 			return -1;
 	}
-	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, old_addr, new_addr, sizeof(new_addr)))
+	/* The helpers invalidate packet pointers: take them afresh. */
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+	if ((void *)(ip + 1) > data_end)
 		return -1;
-	if (bpf_skb_store_bytes(skb, addr_off, &new_addr, sizeof(new_addr), 0))
-		return -1;
-	if (old_port != new_port && bpf_skb_store_bytes(skb, port_off, &new_port, sizeof(new_port), 0))
-		return -1;
+	ip->check = csum_replace4(ip->check, old_addr, new_addr);
+	if (is_src)
+		ip->saddr = new_addr;
+	else
+		ip->daddr = new_addr;
+	if (old_port != new_port) {
+		__u32 off = p->l4off;
+		if (off > ETH_HLEN + 60)
+			return -1;
+		struct l4ports *ports = data + off;
+		if ((void *)(ports + 1) > data_end)
+			return -1;
+		if (is_src)
+			ports->source = new_port;
+		else
+			ports->dest = new_port;
+	}
 	if (is_src) {
 		p->saddr = new_addr;
 		p->sport = new_port;
@@ -61,19 +85,26 @@ static __always_inline int rewrite_addr(struct __sk_buff *skb, struct pkt *p, in
 	return 0;
 }
 
-/* dec_ttl does what the stack's forwarding path would: TTL-1 and fix the IP
- * checksum. The 16-bit word holding TTL and protocol is replaced as a unit. */
-static __always_inline int dec_ttl(struct __sk_buff *skb, struct pkt *p)
+/* dec_ttl does what the stack's forwarding path would: TTL-1 and the
+ * incremental IP checksum update of ip_decrease_ttl. With macs it also
+ * writes the destination and source MAC (6 bytes each). Direct writes. */
+static __always_inline int dec_ttl(struct __sk_buff *skb, struct pkt *p, const __u8 *macs)
 {
-	__u16 old = bpf_htons(((__u16)p->ttl << 8) | p->proto);
-	__u16 new = bpf_htons(((__u16)(p->ttl - 1) << 8) | p->proto);
-	__u8 ttl = p->ttl - 1;
-
-	if (bpf_l3_csum_replace(skb, IP_CSUM_OFF, old, new, sizeof(new)))
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end)
 		return -1;
-	if (bpf_skb_store_bytes(skb, IP_TTL_OFF, &ttl, sizeof(ttl), 0))
-		return -1;
-	p->ttl = ttl;
+	__u32 check = ip->check;
+	check += bpf_htons(0x0100);
+	ip->check = (__u16)(check + (check >= 0xFFFF));
+	ip->ttl = p->ttl - 1;
+	p->ttl--;
+	if (macs) {
+		__builtin_memcpy(eth->h_dest, macs, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, macs + ETH_ALEN, ETH_ALEN);
+	}
 	return 0;
 }
 

@@ -46,7 +46,7 @@ struct ct_key {
 };
 
 struct ct_val {
-	__u64 last_seen_ns; /* bpf_ktime_get_ns() of the last packet */
+	__u64 last_seen_ns; /* CLOCK_MONOTONIC (coarse) of the last packet */
 	__u64 pkts;
 	__u64 bytes;
 	__u32 new_saddr;

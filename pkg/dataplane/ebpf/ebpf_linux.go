@@ -1394,7 +1394,7 @@ func (d *Dataplane) gcLoop() {
 
 func monotonicNow() uint64 {
 	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // the clock of bpf_ktime_get_ns
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // the clock of bpf_ktime_get_coarse_ns
 	return uint64(ts.Nano())
 }
 

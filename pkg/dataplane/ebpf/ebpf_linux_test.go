@@ -140,7 +140,7 @@ func TestConntrackGC(t *testing.T) {
 	if n := d.GC(); n != 0 {
 		t.Fatalf("fresh entries collected: %d", n)
 	}
-	time.Sleep(1100 * time.Millisecond) // the timeout under test; no faster clock exists for bpf_ktime_get_ns
+	time.Sleep(1100 * time.Millisecond) // the timeout under test; no faster clock exists for bpf_ktime_get_coarse_ns
 	if n := d.GC(); n != 2 {
 		t.Fatalf("expired entries collected: %d, want 2", n)
 	}

@@ -126,7 +126,7 @@ func TestLeastConnCountsSurviveEndpointChanges(t *testing.T) {
 	f.upsert(dataplane.Service{ID: 40, VIP: vip, Port: 80, Sel: dataplane.SelLeastConn, InactiveTimeout: time.Second}, ep(backend2, 80), ep(b4, 80))
 	f.open(vip, 43000)
 	f.upsert(dataplane.Service{ID: 40, VIP: vip, Port: 80, Sel: dataplane.SelLeastConn, InactiveTimeout: time.Second}, ep(backend2, 80), ep(b4, 80))
-	time.Sleep(1100 * time.Millisecond) // the timeout under test; bpf_ktime_get_ns has no fake clock
+	time.Sleep(1100 * time.Millisecond) // the timeout under test; bpf_ktime_get_coarse_ns has no fake clock
 	if n := d.GC(); n < 2 {
 		t.Fatalf("GC removed %d entries, want at least the idle flow's 2", n)
 	}
