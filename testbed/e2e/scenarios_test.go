@@ -237,7 +237,7 @@ func TestSiblingBurstLandsTogether(t *testing.T) {
 func TestPrefillQueueLetsCachedRequestsOvertake(t *testing.T) {
 	p := newPool(t, poolOpts{n: 1, net: 57, env: []string{"LOXILB_KV_PREFILL_SLOTS=1", "LOXILB_KV_COALESCE_WAIT_MS=0"},
 		engine: func(_ int, c *enginesim.Config) {
-			c.TimeScale, c.PrefillUsPerToken, c.MaxRunning = 1, 500, 1 // a cold ~600-token prompt holds the engine ~300ms
+			c.TimeScale, c.PrefillUsPerToken, c.MaxRunning = 1, 2000, 1 // a cold ~600-token prompt holds the engine ~1.2s, so each state is seen by the polls
 		}})
 	complete(t, p.vip, longPrompt("warm", 0))
 	p.waitInventory(t, 0)
