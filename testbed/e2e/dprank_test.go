@@ -1,46 +1,10 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
-
-	"github.com/loxilb-llm/loxilb/pkg/router"
 )
-
-// rankedRoute is one request through the VIP: the receipt's endpoint,
-// rank and prediction, and what the engine reported.
-type rankedRoute struct {
-	ep, rank  int
-	predicted int // receipt matched blocks x block size
-	cached    int // engine-reported usage.prompt_tokens_details.cached_tokens
-}
-
-func completeRanked(t *testing.T, vip, prompt string, bs int) rankedRoute {
-	t.Helper()
-	resp, body := post(t, "http://"+vip+"/v1/completions", map[string]any{"model": model, "prompt": prompt, "max_tokens": 4}, "X-Loxilb-Receipt", "1")
-	if resp.StatusCode != 200 {
-		t.Fatalf("completion: %d %s", resp.StatusCode, body)
-	}
-	rc, err := router.ParseReceipt(resp.Header.Get("X-Loxilb-Route"))
-	if err != nil {
-		t.Fatalf("receipt %q: %v", resp.Header.Get("X-Loxilb-Route"), err)
-	}
-	var out struct {
-		Usage struct {
-			Details struct {
-				Cached int `json:"cached_tokens"`
-			} `json:"prompt_tokens_details"`
-		} `json:"usage"`
-	}
-	_ = json.Unmarshal(body, &out)
-	rank := -1
-	if rc.RankSet {
-		rank = rc.Rank
-	}
-	return rankedRoute{ep: rc.EP, rank: rank, predicted: rc.Matched * bs, cached: out.Usage.Details.Cached}
-}
 
 // TestDataParallelRankTargeting: on engines with two data-parallel ranks
 // each, the gateway scores the rank holding the prompt's prefix and names
@@ -73,7 +37,7 @@ func TestDataParallelRankTargeting(t *testing.T) {
 						prompts[s] += fmt.Sprintf(" The assistant answered step %d of session %d at length, and the user asks a follow-up question about section %d.", step, s, step+s)
 					}
 					before := servedByRank(p)
-					r := completeRanked(t, p.vip, prompts[s], bs)
+					r := complete(t, p.vip, prompts[s])
 					served := rankServed(t, before, servedByRank(p))
 					if r.rank < 0 || r.rank > 1 || served != [2]int{r.ep, r.rank} {
 						t.Errorf("session %d step %d: receipt names endpoint %d rank %d, engine %d served it on rank %d",
@@ -82,9 +46,9 @@ func TestDataParallelRankTargeting(t *testing.T) {
 					r.rank = served[1] + 10*served[0] // what the engines did, for the rank changes below
 					if step > 0 {
 						steps2++
-						predicted += r.predicted
+						predicted += r.matched * bs
 						cached += r.cached
-						if r.cached < r.predicted {
+						if r.cached < r.matched*bs {
 							short++
 						}
 						if r.rank != ranks[s] {

@@ -25,6 +25,7 @@ func longPrompt(topic string, suffix int) string {
 
 type route struct {
 	ep      int
+	rank    int // data-parallel rank the receipt names, -1 when none
 	tier    string
 	matched int
 	cached  int
@@ -48,7 +49,11 @@ func complete(t *testing.T, vip, prompt string) route {
 		} `json:"usage"`
 	}
 	_ = json.Unmarshal(body, &out)
-	return route{ep: rc.EP, tier: rc.Tier, matched: rc.Matched, cached: out.Usage.Details.Cached}
+	rank := -1
+	if rc.RankSet {
+		rank = rc.Rank
+	}
+	return route{ep: rc.EP, rank: rank, tier: rc.Tier, matched: rc.Matched, cached: out.Usage.Details.Cached}
 }
 
 // TestKVExactVerifyFlow is the spec's "Verify" flow for a vLLM single pool:
