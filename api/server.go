@@ -145,6 +145,10 @@ type Deps struct {
 	// API shows it, so an operator sees when a draining endpoint is
 	// idle); nil leaves it out.
 	InFlight func(service uint32, ep int) int
+	// KVTrust reports an endpoint's hash-parity verdict ("" without a
+	// KV-event subscription) and whether strict attestation keeps Tier-1.5
+	// traffic off it, for read-back; nil leaves both out.
+	KVTrust func(service uint32, ep int) (verdict string, excluded bool)
 }
 
 // Server is the management REST server.
@@ -404,6 +408,9 @@ func (s *Server) listLB(c *gin.Context) {
 		}
 		for i := range r.Endpoints {
 			r.Endpoints[i].Draining = svc.EndpointDraining(i)
+			if s.deps.KVTrust != nil {
+				r.Endpoints[i].KVParity, r.Endpoints[i].KVExcluded = s.deps.KVTrust(svc.ID, i)
+			}
 		}
 		out.LBAttr = append(out.LBAttr, *r)
 		bodies = append(bodies, svc.CreateBody)
@@ -577,6 +584,9 @@ func (s *Server) inventory(c *gin.Context) {
 	}
 	if st, ok := s.deps.KV.Subscriber(uint32(sid), ep); ok {
 		out.Subscriber = st
+	}
+	if s.deps.KVTrust != nil {
+		_, out.KVExcluded = s.deps.KVTrust(uint32(sid), ep)
 	}
 	c.JSON(http.StatusOK, out)
 }

@@ -70,6 +70,10 @@ type Inventory struct {
 	// Subscriber carries the ingestion state: connection, sequence numbers,
 	// gaps, replays, resets, decode errors and the parity verdict.
 	Subscriber any `json:"subscriber,omitempty"`
+	// KVExcluded is true while strict attestation (kvParityStrict,
+	// --kv-parity-strict) keeps Tier-1.5 traffic off the endpoint because
+	// its parity verdict (subscriber.parity.verdict) is a mismatch.
+	KVExcluded bool `json:"kv_excluded"`
 }
 
 // Version is the body of GET /version.

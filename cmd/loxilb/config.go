@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -45,6 +46,9 @@ type config struct {
 	resilience     resilience
 	outlier        outlier.Config
 	scrapeInterval time.Duration
+	// kvParityStrict is strict attestation for rules without
+	// kvParityStrict (gateway.Config.KVParityStrict).
+	kvParityStrict bool
 	logLevel       slog.Level
 	logJSON        bool
 	showVersion    bool
@@ -75,6 +79,14 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 		return def
 	}
 	var ifaces, level, format, receipts string
+	strictDef := false
+	if v := getenv("LOXILB_KV_PARITY_STRICT", ""); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("LOXILB_KV_PARITY_STRICT=%q: want true or false (1, 0, t, f)", v)
+		}
+		strictDef = b
+	}
 	fs.StringVar(&c.apiAddr, "api-addr", getenv("LOXILB_API_ADDR", "127.0.0.1:11111"), "management API listen address (a non-loopback address requires a token)")
 	fs.StringVar(&c.apiTokenFile, "api-token-file", getenv("LOXILB_API_TOKEN_FILE", ""), "file holding the bearer token required on every API route (env LOXILB_API_TOKEN_FILE)")
 	fs.DurationVar(&c.api.readHeaderTimeout, "api-read-header-timeout", api.DefaultReadHeaderTimeout, "management API: time a client has to send a request's headers (100ms..5m)")
@@ -103,6 +115,7 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	c.proxyLimits.register(fs)
 	c.resilience.register(fs, env)
 	fs.DurationVar(&c.scrapeInterval, "engine-metrics-interval", time.Second, "how often mode-4 endpoints' /metrics are read for load-aware routing")
+	fs.BoolVar(&c.kvParityStrict, "kv-parity-strict", strictDef, "strict attestation for rules that do not set kvParityStrict: an endpoint whose hash-parity verdict is hash_mismatch, block_size_mismatch or hash_algo_mismatch gets no Tier-1.5 traffic (env LOXILB_KV_PARITY_STRICT)")
 	fs.BoolVar(&c.metrics, "metrics", false, "enable the Prometheus export at start (otherwise POST /netlox/v1/config/metrics)")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&format, "log-format", "text", "text or json")

@@ -122,7 +122,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		Receipts: cfg.receipts, Proxy: cfg.proxyConfig(), CoalesceWait: coalesceWait,
 		PrefillSlots: prefillSlots, PrefillQueueWait: prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
-		TokenizeConcurrency: cfg.tokConcurrency}, tokens, index, rt, prober, scraper, logger, reg)
+		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: events}, tokens, index, rt, prober, scraper, logger, reg)
 	if err != nil {
 		return err
 	}
@@ -236,8 +236,9 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 
 	srv, err := api.New(apiCfg,
 		api.Deps{Rules: ctl, Capabilities: caps.list, Gatherer: reg, Registerer: reg, Logger: logger, Settings: st,
-			KV:     inspector{index: index, events: events},
-			States: gateway.EndpointState(prober, ctl.Get),
+			KV:      inspector{index: index, events: events},
+			States:  gateway.EndpointState(prober, ctl.Get),
+			KVTrust: gw.KVTrust,
 			// The proxy counts the requests it forwards, the dispatcher
 			// the legs of P/D requests it runs (which the proxy hands it).
 			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) }})

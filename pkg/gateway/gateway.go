@@ -34,6 +34,10 @@ type Tokenizers interface {
 	// Pin names the models the rules serve, which may keep state (a
 	// status row saying why their tokenizer is missing).
 	Pin(models []string)
+	// SoleModel returns the model of the only staged tokenizer, ok=false
+	// when none or several are staged. Called for requests that name no
+	// model; must be cheap (cached).
+	SoleModel() (string, bool)
 }
 
 // Inventory is what the gateway needs of kvindex: the router's view plus
@@ -112,6 +116,15 @@ type Config struct {
 	// Outliers, when not nil, is passive health checking: attempts are
 	// reported to it and the endpoints it ejected are left out.
 	Outliers Outliers
+	// KVParityStrict is strict attestation for rules that do not set
+	// kvParityStrict (--kv-parity-strict, LOXILB_KV_PARITY_STRICT): an
+	// endpoint whose parity verdict is a mismatch gets no Tier-1.5
+	// traffic (see attest.go). Off by default, as in loxilb, where
+	// verdicts are only reported.
+	KVParityStrict bool
+	// Parity supplies the verdicts strict attestation acts on; nil turns
+	// it off whatever the rules say.
+	Parity ParityVerdicts
 }
 
 // Defaults of the request bounds.

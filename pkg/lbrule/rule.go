@@ -106,8 +106,12 @@ type ServiceArgs struct {
 	// inventory has blocks. A pointer so an explicit 0 survives normalization.
 	KVWarmupSec   *int `json:"kvWarmupSec,omitempty"`
 	KVDpRankCount int  `json:"kvDpRankCount,omitempty"`
-	PDDisagg      bool `json:"pd_disagg_mode"`
-	PDBootstrap   int  `json:"pdBootstrapPort,omitempty"`
+	// KVParityStrict keeps Tier-1.5 traffic off endpoints whose hash-parity
+	// verdict is a mismatch (hash_mismatch, block_size_mismatch,
+	// hash_algo_mismatch). nil: the daemon's --kv-parity-strict.
+	KVParityStrict *bool `json:"kvParityStrict,omitempty"`
+	PDDisagg       bool  `json:"pd_disagg_mode"`
+	PDBootstrap    int   `json:"pdBootstrapPort,omitempty"`
 }
 
 // Endpoint is one entry of endpoints[].
@@ -124,6 +128,12 @@ type Endpoint struct {
 	// maintenance (it takes no new requests or flows; those in flight
 	// finish). Set through the drain API, never by a create body.
 	Draining bool `json:"draining,omitempty"`
+	// KVParity is read-back only: the endpoint's hash-parity verdict
+	// (ok, unverified, hash_mismatch, ...) on KV-exact rules.
+	KVParity string `json:"kvParity,omitempty"`
+	// KVExcluded is read-back only: strict attestation keeps Tier-1.5
+	// traffic off the endpoint (its verdict is a mismatch).
+	KVExcluded bool `json:"kvExcluded,omitempty"`
 }
 
 // Addr renders the endpoint as host:port ("[v6]:port" for IPv6), the
@@ -217,6 +227,10 @@ func (r *Rule) Clone() *Rule {
 	if r.Service.KVWarmupSec != nil {
 		v := *r.Service.KVWarmupSec
 		c.Service.KVWarmupSec = &v
+	}
+	if r.Service.KVParityStrict != nil {
+		v := *r.Service.KVParityStrict
+		c.Service.KVParityStrict = &v
 	}
 	return &c
 }
