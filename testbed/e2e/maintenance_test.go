@@ -197,3 +197,62 @@ func TestEndpointDrain(t *testing.T) {
 		t.Errorf("every endpoint draining: %d %s", resp.StatusCode, body)
 	}
 }
+
+// TestStrictAttestationThroughDaemon: engine 1 hashes 32-token blocks
+// against the rule's 16, so its verdict becomes block_size_mismatch; the
+// rule sets kvParityStrict, so from then on it gets no Tier-1.5 request
+// (it still serves misses), and the exclusion shows in the listing, the
+// wide view, the inventory API and the metrics.
+func TestStrictAttestationThroughDaemon(t *testing.T) {
+	p := newPool(t, poolOpts{n: 2, net: 214, sel: 0, ruleArgs: `"kvParityStrict":true`,
+		engine: func(i int, c *enginesim.Config) {
+			if i == 1 {
+				c.BlockSize = 32
+			}
+		}})
+	type epList struct {
+		LBAttr []struct {
+			Endpoints []struct {
+				KVParity   string `json:"kvParity"`
+				KVExcluded bool   `json:"kvExcluded"`
+			} `json:"endpoints"`
+		} `json:"lbAttr"`
+	}
+	n := 0
+	waitFor(t, "endpoint 1's verdict", 20*time.Second, func() bool {
+		complete(t, p.vip, longPrompt("verdict", n))
+		n++
+		var l epList
+		getJSON(t, p.d.URL("/config/loadbalancer/all"), &l)
+		return l.LBAttr[0].Endpoints[1].KVParity == "block_size_mismatch" && l.LBAttr[0].Endpoints[1].KVExcluded
+	})
+	served := map[string]int{}
+	for i := 0; i < 8; i++ {
+		prompt := longPrompt("strict", i)
+		for j := 0; j < 3; j++ {
+			r := complete(t, p.vip, prompt)
+			served[fmt.Sprintf("%d/%s", r.ep, r.tier)]++
+			if r.ep == 1 && r.tier != router.TierFallback {
+				t.Fatalf("the mismatched endpoint got a %s request: %+v (served so far %v)", r.tier, r, served)
+			}
+		}
+	}
+	if served["0/"+router.TierKV] == 0 || served["1/"+router.TierFallback] == 0 {
+		t.Errorf("want Tier-1.5 hits on endpoint 0 and misses still served by endpoint 1: %v", served)
+	}
+	t.Logf("requests by endpoint/tier: %v", served)
+	var inv struct {
+		Excluded bool `json:"kv_excluded"`
+	}
+	getJSON(t, p.d.URL("/config/ai/kv/inventory?service_id=1&ep_idx=1"), &inv)
+	if !inv.Excluded {
+		t.Error("inventory API: kv_excluded is false")
+	}
+	wide, _, _ := daemontest.CLI(t, bins, p.d.Port, "get", "lb", "-o", "wide")
+	if !strings.Contains(wide, "block_size_mismatch:no-tier1.5") {
+		t.Errorf("get lb -o wide:\n%s", wide)
+	}
+	if v := metricValue(metrics(t, p.d), "loxilb_gateway_kv_untrusted_skipped_total", `ep_idx="1"`, `verdict="block_size_mismatch"`); v < 8 {
+		t.Errorf("loxilb_gateway_kv_untrusted_skipped_total = %v", v)
+	}
+}
