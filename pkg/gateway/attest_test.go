@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -260,4 +261,28 @@ func newFixtureDir(t testing.TB, dir string, cfg Config, rules ...*lbrule.Rule) 
 		t.Fatal(err)
 	}
 	return fixture{g, ix, reg}
+}
+
+// TestDrainedPDEndpoints: a draining prefill or decode endpoint is left out
+// of its role's pool (the dispatcher never chooses an unhealthy one).
+func TestDrainedPDEndpoints(t *testing.T) {
+	r := &lbrule.Rule{Service: lbrule.ServiceArgs{ExternalIP: "127.0.0.77", Port: 9000, Protocol: "tcp", Mode: 4, KVEngine: "vllm", PDDisagg: true},
+		Endpoints: []lbrule.Endpoint{{IP: "127.0.0.78", Port: 8000, Weight: 1, Role: lbrule.RolePrefill}, {IP: "127.0.0.79", Port: 8000, Weight: 1, Role: lbrule.RolePrefill},
+			{IP: "127.0.0.80", Port: 8000, Weight: 1, Role: lbrule.RoleDecode}, {IP: "127.0.0.81", Port: 8000, Weight: 1, Role: lbrule.RoleDecode}}}
+	f := newFixture(t)
+	p, err := lbrule.Prepare(r, func(string) (string, bool) { return "1", true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.g.Reconcile(context.Background(), []control.Service{{ID: 1, Rule: p, Draining: []string{"127.0.0.79:8000", "127.0.0.80:8000"}}}); err != nil {
+		t.Fatal(err)
+	}
+	pool := f.g.pdPool(f.g.lookup(1))
+	got := map[int]bool{}
+	for _, e := range append(pool.Prefill, pool.Decode...) {
+		got[e.Idx] = e.Healthy
+	}
+	if want := map[int]bool{0: true, 1: false, 2: false, 3: true}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("pool health %v, want %v", got, want)
+	}
 }
