@@ -117,8 +117,10 @@ func TestEndpointDrain(t *testing.T) {
 	}
 	w, other := warm.ep, 1-warm.ep
 
-	// A long stream on the warm endpoint, then the drain.
-	sr, br := stream(t, m.vip, prompt, 40)
+	// A long stream on the warm endpoint (6 s, so it outlasts the loxicmd
+	// calls on a loaded machine), then the drain.
+	const streamTokens = 120
+	sr, br := stream(t, m.vip, prompt, streamTokens)
 	if sr.ep != w {
 		t.Fatalf("stream went to %d, want the warm endpoint %d", sr.ep, w)
 	}
@@ -136,7 +138,7 @@ func TestEndpointDrain(t *testing.T) {
 		t.Errorf("the draining engine received %d new requests", got-before)
 	}
 	events, done, err := readRest(br)
-	if err != nil || !done || events < 39 {
+	if err != nil || !done || events < streamTokens-1 {
 		t.Fatalf("in-flight stream: %d events, done=%v, err=%v", events, done, err)
 	}
 
