@@ -218,6 +218,7 @@ type service struct {
 	sel    selector.Selector
 	addrs  []string       // endpoint dial addresses, by index
 	selKey string         // the settings the selector was built from
+	key    keySpec        // how requests are keyed for the hashing selectors
 	rank   *rankTargeting // nil unless requests can name a data-parallel rank
 }
 
@@ -383,12 +384,17 @@ func (g *Gateway) buildService(cs control.Service, prev *service) (*service, err
 			st.rank = newRankTargeting(r.Engine(), r.Service.KVDpRankCount)
 		}
 	}
-	st.selKey = fmt.Sprintf("%d/%v", r.Service.Sel, st.addrs)
+	st.key = keySpecFor(r)
+	var opts selector.Options
+	if lbrule.IsHashSel(r.Service.Sel) {
+		opts.MeanLoadFactor, opts.VirtualNodes = r.ChwblMeanLoadFactor(), r.ChwblReplication()
+	}
+	st.selKey = fmt.Sprintf("%d/%d/%d/%v", r.Service.Sel, opts.MeanLoadFactor, opts.VirtualNodes, st.addrs)
 	if prev != nil && prev.selKey == st.selKey {
 		st.sel = prev.sel
 		return st, nil
 	}
-	sel, err := selector.New(r.Service.Sel, selector.Options{})
+	sel, err := selector.New(r.Service.Sel, opts)
 	if err != nil {
 		return nil, fmt.Errorf("selector: %w", err)
 	}

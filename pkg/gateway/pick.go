@@ -55,10 +55,14 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	ejected := g.ejectCandidates(st, cands)
 	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode, ShortestFirst: g.prefill.slots > 0}
 	freq := selector.Request{ClientIP: req.ClientAddr.Addr()}
-	if h := r.Service.SessionHeaderName; h != "" {
+	if h := r.Service.SessionHeaderName; h != "" && st.key.has(lbrule.ChwblFlagSession) {
 		if v := req.Header.Get(h); v != "" {
 			freq.Key = []byte(v)
 		}
+	}
+	kr, err := g.keyRequest(st, req)
+	if err != nil {
+		return proxy.Plan{}, err
 	}
 
 	model := r.Service.ModelName
@@ -74,7 +78,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 
 	switch {
 	case st.hasher == nil:
-		g.fillKeyFromBody(&freq, model, req.Body)
+		g.fillKey(st, &freq, model, req, kr)
 		d = g.router.Fallback(view, router.ReasonModeOff, cands, st.sel, freq)
 	case !isInference(req.Method, req.Path):
 		d = g.router.Fallback(view, ReasonNotInference, cands, st.sel, freq)
@@ -87,14 +91,21 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 			return proxy.Plan{}, err
 		}
 		if reason != "" {
-			g.fillKeyFromBody(&freq, model, req.Body)
+			g.fillKey(st, &freq, model, req, kr)
 			d = g.router.Fallback(view, reason, cands, st.sel, freq)
 			break
 		}
 		promptTokens = len(ids)
 		keys = st.hasher.Keys(keys, ids)
-		if freq.Key == nil {
-			freq.Key = tokenKey(model, ids)
+		if freq.Key == nil && usesKey(r.Service.Sel) {
+			switch {
+			case kr == nil:
+				freq.Key = tokenKey(model, ids)
+			case req.Path == "/v1/completions":
+				freq.Key = st.key.tokenBlocksKey(model, *kr, ids, keys, st.hasher.BlockSize())
+			default:
+				freq.Key = st.key.requestKey(model, req.Path, *kr)
+			}
 		}
 		d = g.router.Decide(view, keys, st.hasher.BlockSize(), cands, st.sel, freq)
 	}
@@ -340,9 +351,46 @@ func tokenKey(model string, ids []uint32) []byte {
 	return b
 }
 
-// fillKeyFromBody keys the selectors on model + a body prefix when the
-// prompt is not tokenized. A client sends the same prompt prefix in the
-// same byte order, so repeated prefixes still meet on one endpoint.
+// rejectCacheSalt counts requests refused for lacking the cache_salt
+// their rule requires (chwbl_enable_cache_salt).
+const rejectCacheSalt = "cache_salt_missing"
+
+// keyRequest parses what the routing key reads from an inference request,
+// when the rule's selector hashes a key or the rule requires cache_salt;
+// nil otherwise, or when the body is not a JSON object.
+func (g *Gateway) keyRequest(st *service, req *proxy.Request) (*keyRequest, error) {
+	if !isInference(req.Method, req.Path) || !usesKey(st.rule.Service.Sel) && !st.key.requireSalt {
+		return nil, nil
+	}
+	kr, ok := parseKeyRequest(req.Body)
+	if err := st.key.checkCacheSalt(kr); err != nil {
+		g.m.rejected(st.label, rejectCacheSalt)
+		g.logReject(st, rejectCacheSalt, err)
+		return nil, err
+	}
+	if !ok {
+		return nil, nil
+	}
+	return &kr, nil
+}
+
+// fillKey keys the hashing selectors when the prompt is not tokenized: on
+// the prompt prefix at the rule's depth (routekey.go), or on model + the
+// first bytes of a body that is not a JSON object.
+func (g *Gateway) fillKey(st *service, freq *selector.Request, model string, req *proxy.Request, kr *keyRequest) {
+	if freq.Key != nil || !usesKey(st.rule.Service.Sel) {
+		return
+	}
+	if kr != nil {
+		freq.Key = st.key.requestKey(model, req.Path, *kr)
+		return
+	}
+	g.fillKeyFromBody(freq, model, req.Body)
+}
+
+// fillKeyFromBody keys the selectors on model + a body prefix. A client
+// sends the same prompt prefix in the same byte order, so repeated
+// prefixes still meet on one endpoint.
 func (g *Gateway) fillKeyFromBody(freq *selector.Request, model string, body []byte) {
 	if freq.Key != nil || len(body) == 0 {
 		return

@@ -102,6 +102,11 @@ func (h *HealthReconciler) Reconcile(_ context.Context, services []control.Servi
 	for _, s := range services {
 		r := s.Rule
 		monitor := health.MonitorEnabled(r.Service.Monitor, r.Service.ProbeType)
+		if pt := r.Service.ProbeType; pt == "udp" || pt == "sctp" {
+			// Accepted for loxilb rule files and reported inert
+			// (lbrule.Inert): the endpoints are not probed.
+			monitor = false
+		}
 		var probe health.Probe
 		if monitor {
 			p, err := health.ProbeFromRule(r.Service.ProbeType, r.Service.ProbePort, r.Service.ProbeReq, r.Service.ProbeResp,
