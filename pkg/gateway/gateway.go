@@ -316,6 +316,14 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 		}
 		ps := proxy.Service{ID: cs.ID, Listen: netip.AddrPortFrom(vip, uint16(r.Service.Port)), Security: proxy.Security(r.Service.Security),
 			CertFile: g.cfg.CertFile, KeyFile: g.cfg.KeyFile, CAFile: g.cfg.CAFile, Receipts: g.cfg.Receipts}
+		if b := r.Service.MTLSBackend; b != nil {
+			// mtls_backend: the rule's own endpoint CA and client
+			// certificate (security 2) take the daemon's place.
+			if b.BackendCAPath != "" {
+				ps.CAFile = b.BackendCAPath
+			}
+			ps.ClientCertFile, ps.ClientKeyFile = b.ClientCertPath, b.ClientKeyPath
+		}
 		if ps.Security != proxy.SecurityPlain && (ps.CertFile == "" || ps.KeyFile == "") {
 			errs = append(errs, &control.RuleError{ID: cs.ID, Reason: lbrule.ReasonProxyTLSUnset, Err: &lbrule.RuleError{Class: lbrule.ErrPrecondition,
 				Field: "serviceArguments.security", Reason: lbrule.ReasonProxyTLSUnset,

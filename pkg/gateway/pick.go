@@ -253,7 +253,8 @@ func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, r
 		g.m.tokenizerMissing(st.label, label, err)
 		return nil, router.ReasonNoTokenizer, nil
 	}
-	opts := tokenizer.RequestOptions{MaxPromptBytes: g.cfg.MaxPromptBytes, MaxPromptTokens: g.cfg.MaxPromptTokens}
+	opts := tokenizer.RequestOptions{MaxPromptBytes: g.cfg.MaxPromptBytes, MaxPromptTokens: g.cfg.MaxPromptTokens,
+		CompletionsBOS: st.rule.Profile().CompletionsBOS}
 	if opts.MaxPromptTokens <= 0 {
 		opts.MaxPromptTokens = tok.MaxLength()
 		if opts.MaxPromptTokens <= 0 {
