@@ -371,7 +371,24 @@ func (s *Server) createLB(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, ResultBody{Result: "Success", ServiceID: svc.ID, Created: &created})
+	out := ResultBody{Result: "Success", ServiceID: svc.ID, Created: &created}
+	if r, err := lbrule.Decode(body); err == nil {
+		out.Inert = lbrule.Inert(r)
+	}
+	c.JSON(http.StatusOK, out)
+}
+
+// InertCapabilityPrefix names the capability entries of rule fields that
+// are accepted but inert: "rule_field:serviceArguments.kvWarmupSec".
+const InertCapabilityPrefix = "rule_field:"
+
+// inertCapabilities lists every accepted-but-inert rule field.
+func inertCapabilities() []Capability {
+	var out []Capability
+	for _, f := range lbrule.InertCatalog() {
+		out = append(out, Capability{Name: InertCapabilityPrefix + f.Field, ReasonCode: "inert", Reason: f.Reason})
+	}
+	return out
 }
 
 func (s *Server) listLB(c *gin.Context) {
@@ -497,6 +514,7 @@ func (s *Server) capabilities(c *gin.Context) {
 	if s.deps.Capabilities != nil {
 		out.Capabilities = append(out.Capabilities, s.deps.Capabilities()...)
 	}
+	out.Capabilities = append(out.Capabilities, inertCapabilities()...)
 	c.JSON(http.StatusOK, out)
 }
 

@@ -21,6 +21,9 @@ type ResultBody struct {
 	ServiceID uint32 `json:"serviceID,omitempty"`
 	Created   *bool  `json:"created,omitempty"`
 	Deleted   int    `json:"deleted,omitempty"`
+	// Inert lists the fields the created rule sets that this gateway
+	// accepts and echoes but does not act on, each with the reason.
+	Inert []lbrule.InertField `json:"inert,omitempty"`
 }
 
 // LBList is the body of GET /config/loadbalancer/all.

@@ -83,7 +83,7 @@ var inertReasons = []InertField{
 // with why (for the capability API).
 func InertCatalog() []InertField {
 	out := append([]InertField(nil), inertReasons...)
-	out = append(out, InertField{svcField("chwbl_*"), "applies only to sel 8 (chwbl) and 10 (wrr-hash) on mode 4; the L4 modes serve chwbl with a Maglev table"})
+	out = append(out, InertField{svcField("chwbl_*"), "applies only to sel 8 (chwbl) and 10 (wrr-hash) on a mode-4 single pool; the L4 modes serve chwbl with a Maglev table, P/D pools do not use sel"})
 	return out
 }
 
@@ -157,6 +157,8 @@ func Inert(r *Rule) []InertField {
 		case !c.set:
 		case !IsHashSel(s.Sel):
 			add(svcField(c.name), fmt.Sprintf("applies only to sel 8 (chwbl) and 10 (wrr-hash); this rule has sel %d", s.Sel))
+		case s.PDDisagg:
+			add(svcField(c.name), "a prefill/decode pool picks prefill endpoints by KV-exact match and load, decode endpoints by load: sel does not apply")
 		case s.Mode != ModeFullProxy:
 			add(svcField(c.name), "the L4 modes serve chwbl with a Maglev table in the kernel; the prompt key and load bound need mode 4 (fullproxy)")
 		}
