@@ -201,6 +201,7 @@ type Gateway struct {
 	keyPool sync.Pool
 	leaders leaders
 	prefill prefillGate
+	work    prefillWork // outstanding prefill tokens per endpoint
 	// tokSlots bounds concurrent tokenization (TokenizeConcurrency).
 	tokSlots chan struct{}
 	// Clients can repeat these conditions at will: log them rate-limited.
@@ -351,6 +352,7 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 			g.router.Forget(id)
 			g.m.forget(old[id].label)
 			g.leaders.forget(id)
+			g.work.forget(id)
 			if g.cfg.Outliers != nil {
 				g.cfg.Outliers.Forget(id)
 			}
