@@ -169,7 +169,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		}
 		inherit = out == waitReleased
 	}
-	if promptTokens > 0 && g.prefill.slots > 0 {
+	if promptTokens > 0 && g.prefill.on() {
 		start := time.Now()
 		var out admitOutcome
 		slot, out = g.prefill.admit(ctx, st.id, d.EP, uncached, self, g.cfg.PrefillQueueWait, inherit)
