@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -94,7 +93,10 @@ type Arm struct {
 var (
 	ArmRR    = Arm{Name: "rr", Label: "round robin", Select: "rr", Sel: 0}
 	ArmCHWBL = Arm{Name: "chwbl", Label: "chwbl (consistent hash, bounded load)", Select: "chwbl", Sel: 8}
-	ArmKV    = Arm{Name: "kv", Label: "KV-exact, spill relief on", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on"}}
+	// ArmKV is KV-exact with the product's defaults and no tuning
+	// variable: spill relief on (kvExactMode 3) and the prefill queue
+	// sized per endpoint by the budget the gateway learns from the engine.
+	ArmKV = Arm{Name: "kv", Label: "KV-exact, product defaults", Select: "rr", Sel: 0, KVExactMode: 3}
 	// ArmKVFCFS is KV-exact without the gateway's prefill queue: every
 	// request is forwarded at once and waits in the engine's own
 	// first-come-first-served queue.
@@ -106,22 +108,6 @@ var (
 	ArmKVLoad = Arm{Name: "kv-load512", Label: "KV-exact, spill on, load penalty 512", Select: "rr", Sel: 0, KVExactMode: 3,
 		Env: []string{"LOXILB_KV_SPILL_RELIEF=on", "LOXILB_KV_LOAD_PENALTY=512"}}
 )
-
-// fleetArms deploys the KV arms as an operator would for fleet f: the
-// gateway's prefill queue sized to the engines' concurrent-sequence budget
-// (LOXILB_KV_PREFILL_SLOTS), unless the arm sets it itself. The report
-// lists each arm's daemon environment.
-func fleetArms(arms []Arm, f FleetConfig) []Arm {
-	out := make([]Arm, len(arms))
-	for i, a := range arms {
-		out[i] = a
-		if a.KVExactMode == 0 || slices.ContainsFunc(a.Env, func(e string) bool { return strings.HasPrefix(e, "LOXILB_KV_PREFILL_SLOTS=") }) {
-			continue
-		}
-		out[i].Env = append([]string{fmt.Sprintf("LOXILB_KV_PREFILL_SLOTS=%d", f.MaxRunning)}, a.Env...)
-	}
-	return out
-}
 
 // DefaultArms returns the arms of the default suite in report order.
 func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl} }
@@ -184,7 +170,6 @@ func Run(ctx context.Context, s Suite, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer fl.close()
-	s.Arms = fleetArms(s.Arms, f)
 	rep := &Report{Suite: s, Machine: DescribeMachine(), Started: time.Now().UTC()}
 	total := 0
 	for _, w := range s.Workloads {
