@@ -91,6 +91,10 @@ const (
 	ReasonLoadBlend     = "load_blend"     // the blend preferred a less loaded, less warm endpoint
 	ReasonOverCap       = "over_cap"       // spill relief: the chosen endpoint was above the fleet cap
 	ReasonColdSeed      = "cold_seed"
+	// ReasonLeastPrefill: every healthy endpoint holds the same prefix (a
+	// shared system prompt), so overlap chose nothing and the request went
+	// to the least outstanding prefill work, as a miss does.
+	ReasonLeastPrefill = "least_prefill"
 
 	ReasonModeOff        = "mode_off"        // rule has kvExactMode 0
 	ReasonShortPrompt    = "short_prompt"    // prompt has no full block
@@ -420,6 +424,21 @@ func leastLoaded(cands []selector.Candidate, w selector.LoadWeights) (int, bool)
 // a worse TTFT p99 than round robin), and its own prefill delays every
 // request queued behind it there.
 func (r *Router) placeMiss(st *serviceState, s *scratch, reason string, total, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
+	ep, load, ok := r.leastWork(s, cands, fallback, freq)
+	if !ok {
+		return r.fallback(st, ReasonNoHealthy, total, blockSize, cands, fallback, freq)
+	}
+	d := Decision{EP: ep, Tier: TierFallback, TotalBlocks: total, BlockSize: blockSize, From: -1, Load: load, Reason: reason}
+	r.m.miss.WithLabelValues(st.label, d.Reason).Inc()
+	return d
+}
+
+// leastWork returns the healthy candidate (its Idx and load) with the
+// least outstanding prefill work, then the least load in whole
+// request-equivalents (the KV-pressure term would make every load
+// distinct); the rule's selector, when given, chooses among ties. ok is
+// false when no candidate is healthy.
+func (r *Router) leastWork(s *scratch, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) (int, float64, bool) {
 	best := -1
 	var bestWork int64
 	var bestLoad float64
@@ -429,8 +448,6 @@ func (r *Router) placeMiss(st *serviceState, s *scratch, reason string, total, b
 		if !c.Healthy {
 			continue
 		}
-		// Whole request-equivalents: the KV-pressure term makes every load
-		// distinct, and the selector should still see the ties.
 		work, load := max(c.PrefillTokens, 0), math.Floor(selector.Load(*c, r.cfg.LoadWeights))
 		if best < 0 || work < bestWork || (work == bestWork && load < bestLoad) {
 			best, bestWork, bestLoad = i, work, load
@@ -441,23 +458,46 @@ func (r *Router) placeMiss(st *serviceState, s *scratch, reason string, total, b
 		}
 	}
 	if best < 0 {
-		return r.fallback(st, ReasonNoHealthy, total, blockSize, cands, fallback, freq)
+		return -1, 0, false
 	}
-	d := Decision{EP: -1, Tier: TierFallback, TotalBlocks: total, BlockSize: blockSize, From: -1, Reason: reason}
-	ok := false
+	ep, ok := -1, false
 	if fallback != nil && len(s.tied) > 1 {
-		d.EP, ok = fallback.Pick(freq, s.tied)
+		ep, ok = fallback.Pick(freq, s.tied)
 	}
 	if !ok {
-		d.EP = s.tied[0].Idx
+		ep = s.tied[0].Idx
 	}
 	for i := range s.tied {
-		if s.tied[i].Idx == d.EP {
-			d.Load = selector.Load(s.tied[i], r.cfg.LoadWeights)
-			break
+		if s.tied[i].Idx == ep {
+			return ep, selector.Load(s.tied[i], r.cfg.LoadWeights), true
 		}
 	}
-	r.m.miss.WithLabelValues(st.label, d.Reason).Inc()
+	return s.tied[0].Idx, selector.Load(s.tied[0], r.cfg.LoadWeights), true
+}
+
+// evenMatch reports whether every healthy candidate holds the same prefix
+// of the request.
+func (r *Router) evenMatch(s *scratch) bool {
+	for _, m := range s.match[1:] {
+		if m != s.match[0] {
+			return false
+		}
+	}
+	return true
+}
+
+// placeEven routes a hit whose prefix every healthy endpoint holds alike
+// (typically a shared system prompt before a one-shot question): overlap
+// cannot choose, and what the request costs anywhere is its uncached rest,
+// so it joins the shortest prefill queue, exactly as a miss does.
+func (r *Router) placeEven(st *serviceState, s *scratch, warm, warmUncached, total, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
+	ep, load, _ := r.leastWork(s, cands, fallback, freq)
+	d := Decision{EP: ep, Tier: TierKV, MatchedBlocks: s.match[warm], TotalBlocks: total, BlockSize: blockSize,
+		From: -1, Load: load, Reason: ReasonLeastPrefill}
+	if r.cfg.LoadPenalty == LoadPenaltyAdaptive {
+		st.observeWork(warmUncached, blockSize)
+	}
+	r.m.hits.WithLabelValues(st.label, strconv.Itoa(ep)).Inc()
 	return d
 }
 
@@ -509,7 +549,10 @@ func (r *Router) spillRelief(svc ServiceView) bool {
 //     miss (no_match, or empty_inventory when every inventory is empty);
 //     best < minBlocks is a miss (shallow), where minBlocks =
 //     min(ceil(LLB_KV_MIN_MATCH_TOKENS/blockSize), len(keys)), at least 1.
-//     A miss goes to the fallback selector.
+//     A miss goes to the healthy candidate with the least outstanding
+//     prefill work (Candidate.PrefillTokens), then the least load; the
+//     fallback selector breaks ties (see placeMiss). So does a hit whose
+//     prefix every healthy candidate holds alike (reason least_prefill).
 //
 //  2. Blend. Each healthy candidate scores
 //
@@ -547,12 +590,16 @@ func (r *Router) spillRelief(svc ServiceView) bool {
 //  3. Spill relief (when enabled). cap = ceil(MeanLoadFactor/100·(L+1)/n),
 //     L the summed load of the n healthy candidates. If the winner has at
 //     least SpillMinLoad load and load+1 > cap, the request moves to the
-//     best-scoring candidate with load+1 <= cap; since the score includes
-//     overlap, a second warm endpoint is preferred over a cold one.
+//     best-scoring candidate with load+1 <= cap whose move pays (movePays:
+//     the prefill waiting it avoids exceeds the cached tokens it throws
+//     away); since the score includes overlap, a second warm endpoint is
+//     preferred over a cold one.
 //
-//  4. Cold seeding. Every ColdSeedN-th hit of the service is diverted to the
-//     lowest-index healthy candidate whose inventory is below ColdMinBlocks,
-//     so a restarted endpoint re-enters a warm fleet.
+//  4. Cold seeding. Every ColdSeedN-th hit of the service makes a seed due;
+//     the next hit whose cached prefix is at most seedLossLimit tokens is
+//     diverted to the lowest-index healthy candidate whose inventory is
+//     below ColdMinBlocks, so a restarted endpoint re-enters a warm fleet
+//     without moving a long session off its history.
 //
 // Zero-hit watchdog: every lookup where all healthy inventories miss
 // although one is non-empty extends a per-service run; a hit resets it. When
@@ -641,8 +688,12 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		return r.placeMiss(st, s, ReasonShallow, total, blockSize, cands, fallback, freq)
 	}
 
-	// 2. Blend.
 	warmUncached := (total - s.match[warm]) * blockSize
+	if n > 1 && r.evenMatch(s) {
+		return r.placeEven(st, s, warm, warmUncached, total, blockSize, cands, fallback, freq)
+	}
+
+	// 2. Blend.
 	penalty := r.penalty(st, warmUncached, blockSize)
 	score := func(i int) float64 {
 		m := s.match[i]

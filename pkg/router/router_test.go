@@ -904,3 +904,24 @@ func TestColdSeedSparesLongSessions(t *testing.T) {
 		t.Fatalf("short request should seed cold endpoint 2: %+v", d)
 	}
 }
+
+// A one-shot question after a system prompt every endpoint holds: overlap
+// cannot choose, so the request goes where the least prefill is queued,
+// not to the lowest index the blend's tie-break would pick.
+func TestSharedSystemPromptPlacedByPrefillWork(t *testing.T) {
+	sys := chain(1, 8)
+	q := append(append([]uint64(nil), sys...), chain(2, 60)...)
+	inv := newFakeInv()
+	for ep := 0; ep < 4; ep++ {
+		inv.add(7, ep, sys...)
+	}
+	cfg := DefaultConfig()
+	cfg.ColdSeedN = 0
+	r, _ := newRouter(t, cfg, inv)
+	cs := cands(4)
+	cs[0].PrefillTokens, cs[1].PrefillTokens, cs[3].PrefillTokens = 5000, 2200, 900
+	d := r.Decide(mode3, q, 16, cs, rr(t), selector.Request{})
+	if d.EP != 2 || d.Tier != TierKV || d.Reason != ReasonLeastPrefill || d.MatchedBlocks != 8 || d.From != -1 {
+		t.Fatalf("got %+v, want endpoint 2 (no prefill queued) by least_prefill", d)
+	}
+}

@@ -315,7 +315,7 @@ func waitReady(ctx context.Context, d *daemon, f FleetConfig, arm Arm) error {
 		ok := true
 		if arm.KVExactMode != 0 {
 			v, err := d.metric("loxilb_kv_subscriber_connected")
-			ok = err == nil && int(v) == f.Engines*f.ranks()
+			ok = err == nil && int(v) == f.Engines // one gauge per endpoint, all its ranks
 		}
 		if ok {
 			resp, err := http.Get("http://" + f.vip() + "/v1/models")
