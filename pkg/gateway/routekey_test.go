@@ -171,3 +171,38 @@ func TestChwblCacheSalt(t *testing.T) {
 		t.Errorf("flags without the cache_salt bit still key on it: %v", seen)
 	}
 }
+
+// With a tokenized rule the key is the block hash of the rendered
+// conversation opening, so one conversation sent with string content and
+// with a text-parts list (the same tokens) meets on one endpoint; keyed on
+// the JSON (rule not tokenized) the two spellings are different keys.
+func TestChwblTokenKeyIgnoresJSONSpelling(t *testing.T) {
+	spell := func(conv int, parts bool) *proxy.Request {
+		user := fmt.Sprintf("Conversation %d: what is the fee for transfer type %d?", conv, conv*7)
+		var content any = user
+		if parts {
+			content = []map[string]string{{"type": "text", "text": user}}
+		}
+		b, _ := json.Marshal(map[string]any{"model": "Qwen/Qwen3-0.6B", "messages": []map[string]any{
+			{"role": "system", "content": systemPrompt}, {"role": "user", "content": content}}})
+		r := req(string(b))
+		r.Path = "/v1/chat/completions"
+		return r
+	}
+	differ := func(kv int) int {
+		f := newFixtureConfig(t, Config{Seed: "1", SpeculativeTTL: -1}, chwblRule(kv, nil))
+		n := 0
+		for c := 0; c < 20; c++ {
+			if pickEP(t, f, spell(c, false)) != pickEP(t, f, spell(c, true)) {
+				n++
+			}
+		}
+		return n
+	}
+	if n := differ(lbrule.KVExactSingle); n != 0 {
+		t.Errorf("tokenized rule: %d of 20 conversations landed apart for a JSON spelling", n)
+	}
+	if n := differ(lbrule.KVExactOff); n == 0 {
+		t.Errorf("untokenized rule keys on the JSON: spellings should differ (the check above could not fail)")
+	}
+}
