@@ -96,6 +96,25 @@ func (k keyHasher) field(tag byte, b []byte) {
 	_, _ = k.h.Write(b)
 }
 
+// blocks feeds the chained hash of the last full block of ids (a hash of
+// all the blocks before it) and the tokens after that block.
+func (k keyHasher) blocks(ids []uint32, blockKeys []uint64, blockSize int) {
+	full := 0
+	if blockSize > 0 {
+		full = min(len(ids)/blockSize, len(blockKeys))
+	}
+	var b [8]byte
+	if full > 0 {
+		binary.LittleEndian.PutUint64(b[:], blockKeys[full-1])
+		k.field('b', b[:])
+	}
+	tail := make([]byte, 0, 4*(len(ids)-full*blockSize))
+	for _, id := range ids[full*blockSize:] {
+		tail = binary.LittleEndian.AppendUint32(tail, id)
+	}
+	k.field('T', tail)
+}
+
 func (k keyHasher) sum() []byte {
 	s := k.h.Sum128().Bytes()
 	return s[:]
@@ -212,17 +231,7 @@ func (k keySpec) chatTokenKey(model string, kr keyRequest, tok *tokenizer.Tokeni
 	kh := keyHasher{xxh3.New()}
 	kh.field('m', []byte(model))
 	k.optional(kh, kr)
-	full := min(n/blockSize, len(blockKeys))
-	var b [8]byte
-	if full > 0 {
-		binary.LittleEndian.PutUint64(b[:], blockKeys[full-1])
-		kh.field('b', b[:])
-	}
-	tail := make([]byte, 0, 4*(n-full*blockSize))
-	for _, id := range ids[full*blockSize : n] {
-		tail = binary.LittleEndian.AppendUint32(tail, id)
-	}
-	kh.field('T', tail)
+	kh.blocks(ids[:n], blockKeys, blockSize)
 	return kh.sum(), true
 }
 
@@ -314,21 +323,7 @@ func (k keySpec) tokenBlocksKey(model string, kr keyRequest, ids []uint32, block
 	kh := keyHasher{xxh3.New()}
 	kh.field('m', []byte(model))
 	k.optional(kh, kr)
-	n := min(len(ids), completionDepthTokens[k.level])
-	full := 0
-	if blockSize > 0 {
-		full = min(n/blockSize, len(blockKeys))
-	}
-	var b [8]byte
-	if full > 0 {
-		binary.LittleEndian.PutUint64(b[:], blockKeys[full-1])
-		kh.field('b', b[:])
-	}
-	tail := make([]byte, 0, 4*(n-full*blockSize))
-	for _, id := range ids[full*blockSize : n] {
-		tail = binary.LittleEndian.AppendUint32(tail, id)
-	}
-	kh.field('T', tail)
+	kh.blocks(ids[:min(len(ids), completionDepthTokens[k.level])], blockKeys, blockSize)
 	return kh.sum()
 }
 
