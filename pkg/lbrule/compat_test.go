@@ -160,8 +160,14 @@ func TestCompatFieldsInvalid(t *testing.T) {
 			t.Errorf("%s: got %v, want %v naming %s", c.name, err, c.class, c.field)
 		}
 	}
-	// udp and sctp probe types are accepted (and reported inert).
+	// icmp is ping's other name.
 	r, _ := Decode(fullSchema(t))
+	r.Service.ProbeType = "ICMP"
+	if p, err := Prepare(r, func(string) (string, bool) { return "", false }); err != nil || p.Service.ProbeType != "icmp" {
+		t.Errorf("probetype icmp: %v", err)
+	}
+	// udp and sctp probe types are accepted (and reported inert).
+	r, _ = Decode(fullSchema(t))
 	r.Service.ProbeType = "udp"
 	if _, err := Prepare(r, func(string) (string, bool) { return "", false }); err != nil {
 		t.Errorf("probetype udp: %v", err)
