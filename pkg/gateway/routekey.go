@@ -30,20 +30,21 @@ import (
 // block hash covering those messages in the rendered prompt (a hash of the
 // first N block hashes) and the tokens after it, so JSON spellings of one
 // conversation meet. Completions prompts have no structure: the key
-// is their first 512/4096/16384 bytes, or, when the rule tokenizes, the
-// chained hash of their first 128/1024/4096 tokens' blocks.
+// is the first 512/4096/16384 bytes of the prompt, or, when the rule
+// tokenizes, the chained hash of its first 128/1024/4096 tokens' blocks.
+// The session_header_name header, when present and selected by the flags,
+// replaces the prompt key (Pick).
 
 // keySpec is how one rule keys its requests.
 type keySpec struct {
-	level         int
-	flags         int // 0: every optional field the request carries
-	requireSalt   bool
-	sessionHeader string
+	level       int
+	flags       int // 0: every optional field the request carries
+	requireSalt bool
 }
 
 func keySpecFor(r *lbrule.Rule) keySpec {
 	s := r.Service
-	ks := keySpec{level: lbrule.DefaultChwblLevel, sessionHeader: s.SessionHeaderName}
+	ks := keySpec{level: lbrule.DefaultChwblLevel}
 	if lbrule.IsHashSel(s.Sel) {
 		ks.level, ks.flags, ks.requireSalt = r.ChwblLevel(), s.ChwblPrefixHashFlags, s.ChwblEnableCacheSalt
 	}
