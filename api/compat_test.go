@@ -24,7 +24,7 @@ func TestFullSchemaCreateEchoInert(t *testing.T) {
 	}
 	for _, f := range []string{"serviceArguments.kvWarmupSec", "serviceArguments.sse_mode", "serviceArguments.max_stream_duration_sec",
 		"serviceArguments.pd_cache_aware_mode", "serviceArguments.pd_cache_threshold", "serviceArguments.pd_balance_abs_threshold",
-		"serviceArguments.mtls_backend.verify_server_cert", "endpoints[0].urlPath", "endpoints[1].expectedCodes"} {
+		"serviceArguments.mtls_backend.verify_server_cert", "endpoints[0].httpMethod", "endpoints[1].expectedCodes"} {
 		if !inert[f] {
 			t.Errorf("create response does not name %s inert: %v", f, inert)
 		}
@@ -61,7 +61,7 @@ func TestFullSchemaCreateEchoInert(t *testing.T) {
 			found[name] = true
 		}
 	}
-	for _, f := range []string{"serviceArguments.kvWarmupSec", "serviceArguments.sse_mode", "serviceArguments.pd_cache_aware_mode", "endpoints[].urlPath"} {
+	for _, f := range []string{"serviceArguments.kvWarmupSec", "serviceArguments.sse_mode", "serviceArguments.pd_cache_aware_mode", "endpoints[].expectedCodes"} {
 		if !found["rule_field:"+f] {
 			t.Errorf("capabilities lack rule_field:%s", f)
 		}

@@ -89,6 +89,9 @@ func newCreateLBCmd(g *globalOpts) *cobra.Command {
 					verb = "created"
 				}
 				g.printf("%s rule %s:%d/%s (service id %d)\n", verb, r.Service.ExternalIP, r.Service.Port, r.Service.Protocol, res.ServiceID)
+				for _, f := range res.Inert {
+					g.printf("  inert: %s: %s\n", f.Field, f.Reason)
+				}
 			}
 			return nil
 		},

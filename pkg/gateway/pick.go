@@ -86,7 +86,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		g.m.missed(st.label, ReasonNoModel)
 		d = g.router.Fallback(view, ReasonNoModel, cands, st.sel, freq)
 	default:
-		ids, reason, err := g.promptTokens(ctx, st, model, req)
+		ids, rendered, reason, err := g.promptTokensRendered(ctx, st, model, req)
 		if err != nil {
 			return proxy.Plan{}, err
 		}
@@ -104,7 +104,11 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 			case req.Path == "/v1/completions":
 				freq.Key = st.key.tokenBlocksKey(model, *kr, ids, keys, st.hasher.BlockSize())
 			default:
-				freq.Key = st.key.requestKey(model, req.Path, *kr)
+				tok, _ := g.tok.Get(model)
+				var ok bool
+				if freq.Key, ok = st.key.chatTokenKey(model, *kr, tok, rendered, ids, keys, st.hasher.BlockSize()); !ok {
+					freq.Key = st.key.requestKey(model, req.Path, *kr)
+				}
 			}
 		}
 		d = g.router.Decide(view, keys, st.hasher.BlockSize(), cands, st.sel, freq)
@@ -246,6 +250,13 @@ func (g *Gateway) logReject(st *service, reason string, err error) {
 // the request itself is malformed, too long, or its client went away
 // while it waited for a tokenization slot.
 func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, req *proxy.Request) ([]uint32, string, error) {
+	ids, _, reason, err := g.promptTokensRendered(ctx, st, model, req)
+	return ids, reason, err
+}
+
+// promptTokensRendered is promptTokens that also returns the rendered chat
+// prompt (empty for completions).
+func (g *Gateway) promptTokensRendered(ctx context.Context, st *service, model string, req *proxy.Request) ([]uint32, string, string, error) {
 	tok, err := g.tok.Get(model)
 	if err != nil {
 		label := model
@@ -257,7 +268,7 @@ func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, r
 			}
 		}
 		g.m.tokenizerMissing(st.label, label, err)
-		return nil, router.ReasonNoTokenizer, nil
+		return nil, "", router.ReasonNoTokenizer, nil
 	}
 	opts := tokenizer.RequestOptions{MaxPromptBytes: g.cfg.MaxPromptBytes, MaxPromptTokens: g.cfg.MaxPromptTokens,
 		CompletionsBOS: st.rule.Profile().CompletionsBOS}
@@ -275,7 +286,7 @@ func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, r
 		g.m.tokWaiting.Dec()
 	case <-ctx.Done():
 		g.m.tokWaiting.Dec()
-		return nil, "", fmt.Errorf("%w: client went away while waiting to be tokenized", proxy.ErrClientCanceled)
+		return nil, "", "", fmt.Errorf("%w: client went away while waiting to be tokenized", proxy.ErrClientCanceled)
 	}
 	rt, err := tok.EncodeRequestWith(st.rule.Engine(), req.Path, req.Body, opts)
 	<-g.tokSlots
@@ -285,18 +296,18 @@ func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, r
 			g.m.rejected(st.label, rejectPrompt)
 			err = fmt.Errorf("%w: %v (model %q)", proxy.ErrBadRequest, err, model)
 			g.logReject(st, rejectPrompt, err)
-			return nil, "", err
+			return nil, "", "", err
 		case errors.Is(err, tokenizer.ErrBadRequest):
-			return nil, "", fmt.Errorf("%w: %v", proxy.ErrBadRequest, err)
+			return nil, "", "", fmt.Errorf("%w: %v", proxy.ErrBadRequest, err)
 		}
 		g.m.missed(st.label, router.ReasonUnhashable)
-		return nil, router.ReasonUnhashable, nil
+		return nil, "", router.ReasonUnhashable, nil
 	}
 	if rt.Unhashable != "" {
 		g.m.unhashable(st.label, rt.Unhashable)
-		return nil, router.ReasonUnhashable, nil
+		return nil, "", router.ReasonUnhashable, nil
 	}
-	return rt.IDs, "", nil
+	return rt.IDs, rt.Rendered, "", nil
 }
 
 func (g *Gateway) candidates(st *service) []selector.Candidate {

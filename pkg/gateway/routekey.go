@@ -5,11 +5,14 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/zeebo/xxh3"
 
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
 )
 
 // Routing keys of the hashing selectors (sel 1 hash, 8 chwbl, 9 gpu-aware,
@@ -23,21 +26,25 @@ import (
 // one ring point, and only the load bound spreads them), level 2 (the
 // default) adds the first user message (a conversation keeps its key as its
 // history grows; distinct conversations spread), level 3 everything before
-// the first assistant turn. Completions prompts have no structure: the key
-// is their first 512/4096/16384 bytes, or, when the rule tokenizes, the
-// chained hash of their first 128/1024/4096 tokens' blocks.
+// the first assistant turn. When the rule tokenizes, the key is the chained
+// block hash covering those messages in the rendered prompt (a hash of the
+// first N block hashes) and the tokens after it, so JSON spellings of one
+// conversation meet. Completions prompts have no structure: the key
+// is the first 512/4096/16384 bytes of the prompt, or, when the rule
+// tokenizes, the chained hash of its first 128/1024/4096 tokens' blocks.
+// The session_header_name header, when present and selected by the flags,
+// replaces the prompt key (Pick).
 
 // keySpec is how one rule keys its requests.
 type keySpec struct {
-	level         int
-	flags         int // 0: every optional field the request carries
-	requireSalt   bool
-	sessionHeader string
+	level       int
+	flags       int // 0: every optional field the request carries
+	requireSalt bool
 }
 
 func keySpecFor(r *lbrule.Rule) keySpec {
 	s := r.Service
-	ks := keySpec{level: lbrule.DefaultChwblLevel, sessionHeader: s.SessionHeaderName}
+	ks := keySpec{level: lbrule.DefaultChwblLevel}
 	if lbrule.IsHashSel(s.Sel) {
 		ks.level, ks.flags, ks.requireSalt = r.ChwblLevel(), s.ChwblPrefixHashFlags, s.ChwblEnableCacheSalt
 	}
@@ -90,6 +97,25 @@ func (k keyHasher) field(tag byte, b []byte) {
 	_, _ = k.h.Write(b)
 }
 
+// blocks feeds the chained hash of the last full block of ids (a hash of
+// all the blocks before it) and the tokens after that block.
+func (k keyHasher) blocks(ids []uint32, blockKeys []uint64, blockSize int) {
+	full := 0
+	if blockSize > 0 {
+		full = min(len(ids)/blockSize, len(blockKeys))
+	}
+	var b [8]byte
+	if full > 0 {
+		binary.LittleEndian.PutUint64(b[:], blockKeys[full-1])
+		k.field('b', b[:])
+	}
+	tail := make([]byte, 0, 4*(len(ids)-full*blockSize))
+	for _, id := range ids[full*blockSize:] {
+		tail = binary.LittleEndian.AppendUint32(tail, id)
+	}
+	k.field('T', tail)
+}
+
 func (k keyHasher) sum() []byte {
 	s := k.h.Sum128().Bytes()
 	return s[:]
@@ -135,32 +161,106 @@ func (k keySpec) optional(kh keyHasher, kr keyRequest) {
 	}
 }
 
+// keyedMessages returns the leading messages the spec's level keys on.
+func (k keySpec) keyedMessages(msgs []keyMessage) []keyMessage {
+	seenUser := false
+	for i, m := range msgs {
+		switch k.level {
+		case lbrule.ChwblLevelSystem:
+			if m.Role != "system" && m.Role != "developer" {
+				return msgs[:i]
+			}
+		case lbrule.ChwblLevelConversation:
+			if seenUser {
+				return msgs[:i]
+			}
+		default:
+			if m.Role == "assistant" {
+				return msgs[:i]
+			}
+		}
+		seenUser = seenUser || m.Role == "user"
+	}
+	return msgs
+}
+
 // chatKey keys a chat request on its leading messages.
 func (k keySpec) chatKey(model string, kr keyRequest) []byte {
 	kh := keyHasher{xxh3.New()}
 	kh.field('m', []byte(model))
 	k.optional(kh, kr)
-	seenUser := false
-	for _, m := range kr.Messages {
-		switch k.level {
-		case lbrule.ChwblLevelSystem:
-			if m.Role != "system" && m.Role != "developer" {
-				return kh.sum()
-			}
-		case lbrule.ChwblLevelConversation:
-			if seenUser {
-				return kh.sum()
-			}
-		default:
-			if m.Role == "assistant" {
-				return kh.sum()
-			}
-		}
+	for _, m := range k.keyedMessages(kr.Messages) {
 		kh.field('r', []byte(m.Role))
 		kh.field('C', k.content(m.Content))
-		seenUser = seenUser || m.Role == "user"
 	}
 	return kh.sum()
+}
+
+// chatTokenKey keys a tokenized chat request on the chained block hash
+// covering its rendered prompt up to the end of the keyed messages, plus
+// the tokens after the last full block: requests whose keyed messages
+// render to the same tokens share a key whatever their JSON spelling.
+// ok is false when the keyed messages cannot be found in the rendering in
+// order, or their prefix does not tokenize as the prompt's start; the
+// caller then uses chatKey.
+func (k keySpec) chatTokenKey(model string, kr keyRequest, tok *tokenizer.Tokenizer, rendered string, ids []uint32, blockKeys []uint64, blockSize int) ([]byte, bool) {
+	if tok == nil || rendered == "" || blockSize <= 0 {
+		return nil, false
+	}
+	end := 0
+	for _, m := range k.keyedMessages(kr.Messages) {
+		text := contentText(m.Content)
+		if text == "" {
+			continue
+		}
+		i := strings.Index(rendered[end:], text)
+		if i < 0 {
+			return nil, false
+		}
+		end += i + len(text)
+	}
+	if end == 0 {
+		return nil, false
+	}
+	prefix := tok.Encode(rendered[:end], false)
+	// The last token may merge with what the template writes after the
+	// message; the ones before it are the prompt's.
+	n := len(prefix) - 1
+	if n <= 0 || n > len(ids) || !slices.Equal(prefix[:n], ids[:n]) {
+		return nil, false
+	}
+	kh := keyHasher{xxh3.New()}
+	kh.field('m', []byte(model))
+	k.optional(kh, kr)
+	kh.blocks(ids[:n], blockKeys, blockSize)
+	return kh.sum(), true
+}
+
+// contentText is a message's text as a template writes it last: the
+// string, or the last text part of a parts list.
+func contentText(raw json.RawMessage) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return ""
+	}
+	var s string
+	if raw[0] == '"' {
+		_ = json.Unmarshal(raw, &s)
+		return s
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(raw, &parts) != nil {
+		return ""
+	}
+	for i := len(parts) - 1; i >= 0; i-- {
+		if parts[i].Type == "text" && parts[i].Text != "" {
+			return parts[i].Text
+		}
+	}
+	return ""
 }
 
 // content drops the image or audio parts of a message when the flags
@@ -224,21 +324,7 @@ func (k keySpec) tokenBlocksKey(model string, kr keyRequest, ids []uint32, block
 	kh := keyHasher{xxh3.New()}
 	kh.field('m', []byte(model))
 	k.optional(kh, kr)
-	n := min(len(ids), completionDepthTokens[k.level])
-	full := 0
-	if blockSize > 0 {
-		full = min(n/blockSize, len(blockKeys))
-	}
-	var b [8]byte
-	if full > 0 {
-		binary.LittleEndian.PutUint64(b[:], blockKeys[full-1])
-		kh.field('b', b[:])
-	}
-	tail := make([]byte, 0, 4*(n-full*blockSize))
-	for _, id := range ids[full*blockSize : n] {
-		tail = binary.LittleEndian.AppendUint32(tail, id)
-	}
-	kh.field('T', tail)
+	kh.blocks(ids[:min(len(ids), completionDepthTokens[k.level])], blockKeys, blockSize)
 	return kh.sum()
 }
 

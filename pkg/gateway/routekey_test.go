@@ -171,3 +171,79 @@ func TestChwblCacheSalt(t *testing.T) {
 		t.Errorf("flags without the cache_salt bit still key on it: %v", seen)
 	}
 }
+
+// With a tokenized rule the key is the block hash of the rendered
+// conversation opening, so one conversation sent with string content and
+// with a text-parts list (the same tokens) meets on one endpoint; keyed on
+// the JSON (rule not tokenized) the two spellings are different keys.
+func TestChwblTokenKeyIgnoresJSONSpelling(t *testing.T) {
+	spell := func(conv int, parts bool) *proxy.Request {
+		user := fmt.Sprintf("Conversation %d: what is the fee for transfer type %d?", conv, conv*7)
+		var content any = user
+		if parts {
+			content = []map[string]string{{"type": "text", "text": user}}
+		}
+		b, _ := json.Marshal(map[string]any{"model": "Qwen/Qwen3-0.6B", "messages": []map[string]any{
+			{"role": "system", "content": systemPrompt}, {"role": "user", "content": content}}})
+		r := req(string(b))
+		r.Path = "/v1/chat/completions"
+		return r
+	}
+	differ := func(kv int) int {
+		f := newFixtureConfig(t, Config{Seed: "1", SpeculativeTTL: -1}, chwblRule(kv, nil))
+		n := 0
+		for c := 0; c < 20; c++ {
+			if pickEP(t, f, spell(c, false)) != pickEP(t, f, spell(c, true)) {
+				n++
+			}
+		}
+		return n
+	}
+	if n := differ(lbrule.KVExactSingle); n != 0 {
+		t.Errorf("tokenized rule: %d of 20 conversations landed apart for a JSON spelling", n)
+	}
+	if n := differ(lbrule.KVExactOff); n == 0 {
+		t.Errorf("untokenized rule keys on the JSON: spellings should differ (the check above could not fail)")
+	}
+}
+
+// Tokenized completions are keyed on the block hash covering their first
+// 1024 tokens (level 2): what follows does not move them, a difference
+// inside does.
+func TestChwblCompletionsTokenDepth(t *testing.T) {
+	ks := keySpec{level: lbrule.ChwblLevelConversation}
+	const bs = 16
+	prompt := func(n int, change int) ([]uint32, []uint64) {
+		ids := make([]uint32, n)
+		for i := range ids {
+			ids[i] = uint32(i)
+		}
+		if change >= 0 {
+			ids[change] = 999999
+		}
+		// A chained key per full block, as blockhash gives.
+		var keys []uint64
+		h := uint64(1)
+		for b := 0; (b+1)*bs <= n; b++ {
+			for _, id := range ids[b*bs : (b+1)*bs] {
+				h = h*1099511628211 ^ uint64(id)
+			}
+			keys = append(keys, h)
+		}
+		return ids, keys
+	}
+	key := func(n, change int) string {
+		ids, keys := prompt(n, change)
+		return string(ks.tokenBlocksKey("m", keyRequest{}, ids, keys, bs))
+	}
+	base := key(1500, -1)
+	if key(3000, -1) != base || key(1500, 1200) != base {
+		t.Error("tokens after the first 1024 changed the key")
+	}
+	if key(1500, 500) == base || key(1500, 1023) == base {
+		t.Error("a token inside the first 1024 did not change the key")
+	}
+	if key(100, -1) == key(101, -1) {
+		t.Error("a short prompt's trailing partial block is not in the key")
+	}
+}

@@ -71,9 +71,7 @@ var inertReasons = []InertField{
 	{svcField("mtls_backend.client_cert_data"), "inline PEM is not loaded: use client_cert_path and client_key_path"},
 	{svcField("mtls_backend.client_key_data"), "inline PEM is not loaded: use client_cert_path and client_key_path"},
 	{svcField("probetype"), "udp and sctp probes are not run: the endpoints count as healthy"},
-	{"endpoints[].monitorAddress", "probes go to the endpoint's own address"},
 	{"endpoints[].httpMethod", "HTTP probes use GET"},
-	{"endpoints[].urlPath", "HTTP probes request the rule's probereq (default /)"},
 	{"endpoints[].expectedCodes", "HTTP probes expect a 2xx status (and proberesp in the body when set)"},
 	{"endpoints[].httpVersion", "HTTP probes use HTTP/1.1"},
 	{"endpoints[].domainName", "HTTPS probes send no SNI or Host name of their own"},
@@ -164,8 +162,10 @@ func Inert(r *Rule) []InertField {
 		}
 	}
 	for i, ep := range r.Endpoints {
-		for _, f := range []struct{ name, v string }{{"monitorAddress", ep.MonitorAddress}, {"httpMethod", ep.HTTPMethod},
-			{"urlPath", ep.URLPath}, {"expectedCodes", ep.ExpectedCodes}, {"httpVersion", ep.HTTPVersion}, {"domainName", ep.DomainName}} {
+		// monitorAddress and urlPath are honoured (the endpoint's probe
+		// target and HTTP path).
+		for _, f := range []struct{ name, v string }{{"httpMethod", ep.HTTPMethod},
+			{"expectedCodes", ep.ExpectedCodes}, {"httpVersion", ep.HTTPVersion}, {"domainName", ep.DomainName}} {
 			if f.v != "" {
 				add(epField(i, f.name), inertReason("endpoints[]."+f.name))
 			}

@@ -79,13 +79,13 @@ func TestFullSchemaInert(t *testing.T) {
 			t.Errorf("serviceArguments.%s not reported inert: %v", f, got)
 		}
 	}
-	for _, f := range []string{"monitorAddress", "httpMethod", "urlPath", "expectedCodes", "httpVersion", "domainName"} {
+	for _, f := range []string{"httpMethod", "expectedCodes", "httpVersion", "domainName"} {
 		if _, ok := got[epField(0, f)]; !ok {
 			t.Errorf("endpoints[0].%s not reported inert", f)
 		}
 	}
 	// Honoured fields are not listed.
-	for _, f := range []string{svcField("kvModelProfile"), svcField("mtls_backend.backend_ca_path"), svcField("probetype"), epField(1, "monitorAddress")} {
+	for _, f := range []string{svcField("kvModelProfile"), svcField("mtls_backend.backend_ca_path"), svcField("probetype"), epField(0, "monitorAddress"), epField(0, "urlPath")} {
 		if _, ok := got[f]; ok {
 			t.Errorf("%s reported inert but it is honoured (or unset)", f)
 		}
@@ -160,8 +160,14 @@ func TestCompatFieldsInvalid(t *testing.T) {
 			t.Errorf("%s: got %v, want %v naming %s", c.name, err, c.class, c.field)
 		}
 	}
-	// udp and sctp probe types are accepted (and reported inert).
+	// icmp is ping's other name.
 	r, _ := Decode(fullSchema(t))
+	r.Service.ProbeType = "ICMP"
+	if p, err := Prepare(r, func(string) (string, bool) { return "", false }); err != nil || p.Service.ProbeType != "icmp" {
+		t.Errorf("probetype icmp: %v", err)
+	}
+	// udp and sctp probe types are accepted (and reported inert).
+	r, _ = Decode(fullSchema(t))
 	r.Service.ProbeType = "udp"
 	if _, err := Prepare(r, func(string) (string, bool) { return "", false }); err != nil {
 		t.Errorf("probetype udp: %v", err)

@@ -131,10 +131,10 @@ func validateService(r *Rule) error {
 		return invalid(svcField("block"), "must not be negative")
 	}
 	switch strings.ToLower(s.ProbeType) {
-	case "", "tcp", "udp", "sctp", "http", "https", "ping", "none":
+	case "", "tcp", "udp", "sctp", "http", "https", "ping", "icmp", "none": // icmp: ping's other name
 		s.ProbeType = strings.ToLower(s.ProbeType)
 	default:
-		return invalid(svcField("probetype"), "%q is not one of tcp, udp, sctp, http, https, ping, none", s.ProbeType)
+		return invalid(svcField("probetype"), "%q is not one of tcp, udp, sctp, http, https, ping (icmp), none", s.ProbeType)
 	}
 	if s.ProbePort < 0 || s.ProbePort > 65535 {
 		return invalid(svcField("probeport"), "%d is out of range 0..65535", s.ProbePort)

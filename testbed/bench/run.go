@@ -87,6 +87,9 @@ type Arm struct {
 	Sel         int      `json:"sel"`    // the same as the rule's sel number
 	KVExactMode int      `json:"kv_exact_mode"`
 	Env         []string `json:"env,omitempty"` // daemon environment
+	// Rule holds extra serviceArguments fields, as JSON members
+	// ("chwbl_mean_load_factor":125); rules created through the API only.
+	Rule string `json:"rule,omitempty"`
 }
 
 // Arms compared by the default suite.
@@ -109,7 +112,13 @@ var (
 	// ArmKVLoad is KV-exact with the load blend weighted 16x the default
 	// (one request in flight is worth 512 cached tokens instead of 32): it
 	// shows how much of the gap to the targets the default blend leaves.
-	ArmKVLoad = Arm{Name: "kv-load512", Label: "KV-exact, spill on, load penalty 512", Select: "rr", Sel: 0, KVExactMode: 3,
+	// ArmCHWBLSystem is chwbl keyed as loxilb's binary does by default
+	// (chwbl_prefix_hash_level 1, system prompt + model): the bounded load
+	// alone spreads a service whose requests share a system prompt.
+	ArmCHWBLSystem = Arm{Name: "chwbl-l1", Label: "chwbl, prefix hash level 1 (system prompt)", Select: "chwbl", Sel: 8, Rule: `"chwbl_prefix_hash_level":1`}
+	// ArmCHWBL125 is chwbl with loxilb's schema default load factor, 125.
+	ArmCHWBL125 = Arm{Name: "chwbl-125", Label: "chwbl, mean load factor 125", Select: "chwbl", Sel: 8, Rule: `"chwbl_mean_load_factor":125`}
+	ArmKVLoad   = Arm{Name: "kv-load512", Label: "KV-exact, spill on, load penalty 512", Select: "rr", Sel: 0, KVExactMode: 3,
 		Env: []string{"LOXILB_KV_SPILL_RELIEF=on", "LOXILB_KV_LOAD_PENALTY=512"}}
 )
 
@@ -117,7 +126,7 @@ var (
 func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl} }
 
 // AllArms adds the arms a run can select by name (llmbench -arms).
-func AllArms() []Arm { return append(DefaultArms(), ArmKVLoad, ArmKVFCFS, ArmKVSlots2) }
+func AllArms() []Arm { return append(DefaultArms(), ArmKVLoad, ArmKVFCFS, ArmKVSlots2, ArmCHWBLSystem, ArmCHWBL125) }
 
 // Suite is one benchmark run.
 type Suite struct {
@@ -261,6 +270,9 @@ func (fl *fleet) stats() []enginesim.Stats {
 
 // createRule installs the arm's mode-4 rule, through loxicmd or the API.
 func createRule(ctx context.Context, o Options, d *daemon, f FleetConfig, arm Arm) error {
+	if o.UseLoxicmd && arm.Rule != "" {
+		return fmt.Errorf("arm %s sets rule fields loxicmd has no flags for: create it through the API", arm.Name)
+	}
 	if o.UseLoxicmd {
 		var eps []string
 		for i := 0; i < f.Engines; i++ {
@@ -291,6 +303,9 @@ func createRule(ctx context.Context, o Options, d *daemon, f FleetConfig, arm Ar
 	if arm.KVExactMode != 0 {
 		kv = fmt.Sprintf(`,"kvExactMode":%d,"kvEngineType":%q,"kvDpRankCount":%d,"kvZmqPort":%d,"kvBlockSize":%d`,
 			arm.KVExactMode, f.engine(), f.ranks(), f.ZMQPort, f.BlockSize)
+	}
+	if arm.Rule != "" {
+		kv += "," + arm.Rule
 	}
 	body := fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%d,"protocol":"tcp","mode":4,"sel":%d,"model_name":%q%s},"endpoints":[%s]}`,
 		f.vipHost(), f.VIPPort, arm.Sel, Model, kv, strings.Join(eps, ","))
