@@ -93,3 +93,17 @@ type PrefillSlots struct {
 type Version struct {
 	Version string `json:"version"`
 }
+
+// EndpointDrain is the body of GET/POST/DELETE on an endpoint's drain
+// route: its maintenance state after the call.
+type EndpointDrain struct {
+	ServiceID uint32 `json:"serviceID"`
+	EPIdx     int    `json:"ep_idx"`
+	Endpoint  string `json:"endpoint"` // host:port
+	Draining  bool   `json:"draining"`
+	// Changed is false when the endpoint already was in that state.
+	Changed bool `json:"changed"`
+	// InFlight is the mode-4 requests still open to the endpoint; a
+	// draining endpoint is idle at 0. Absent without a mode-4 proxy.
+	InFlight *int `json:"inflight,omitempty"`
+}

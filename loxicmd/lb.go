@@ -365,6 +365,10 @@ func printLBWide(g *globalOpts, list api.LBList) {
 		s := r.Service
 		for i, ep := range r.Endpoints {
 			st := ep.State
+			if ep.Draining {
+				// In maintenance: what the probe says still shows.
+				st = strings.TrimPrefix(st+",draining", ",")
+			}
 			if st == "" {
 				st = "-"
 			}

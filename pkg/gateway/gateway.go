@@ -228,7 +228,14 @@ type service struct {
 	selKey string         // the settings the selector was built from
 	key    keySpec        // how requests are keyed for the hashing selectors
 	rank   *rankTargeting // nil unless requests can name a data-parallel rank
+	// draining marks, by index, the endpoints in maintenance: they get no
+	// new request (every tier, the fallback selector, failover); requests
+	// already sent to them run to their end. nil when none is.
+	draining []bool
 }
+
+// isDraining reports whether endpoint i is in maintenance.
+func (st *service) isDraining(i int) bool { return i < len(st.draining) && st.draining[i] }
 
 // New builds the gateway. health and engine may be nil (every endpoint is
 // healthy; no engine metrics).
@@ -391,8 +398,14 @@ func listenErrors(err error) []*proxy.ListenError {
 func (g *Gateway) buildService(cs control.Service, prev *service) (*service, error) {
 	r := cs.Rule
 	st := &service{id: cs.ID, rule: r, label: strconv.FormatUint(uint64(cs.ID), 10)}
-	for _, ep := range r.Endpoints {
+	for i, ep := range r.Endpoints {
 		st.addrs = append(st.addrs, net.JoinHostPort(ep.IP, strconv.Itoa(ep.Port)))
+		if cs.EndpointDraining(i) {
+			if st.draining == nil {
+				st.draining = make([]bool, len(r.Endpoints))
+			}
+			st.draining[i] = true
+		}
 	}
 	if r.Service.KVExactMode == lbrule.KVExactSingle || r.Service.KVExactMode == lbrule.KVExactPD {
 		h, err := blockhash.New(blockhash.Config{Algo: blockhash.Algo(r.Service.KVHashAlgo), BlockSize: r.Service.KVBlockSize, Seed: g.cfg.Seed})

@@ -114,6 +114,9 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		d = g.router.Decide(view, keys, st.hasher.BlockSize(), cands, st.sel, freq)
 	}
 	if d.EP < 0 {
+		if st.draining != nil {
+			return proxy.Plan{}, fmt.Errorf("%w: rule %d has no healthy endpoint that is not draining", proxy.ErrUnavailable, st.id)
+		}
 		return proxy.Plan{}, fmt.Errorf("%w: rule %d has no healthy endpoint", proxy.ErrUnavailable, st.id)
 	}
 	if len(keys) > 0 && g.cfg.SpeculativeTTL > 0 {
@@ -318,8 +321,8 @@ func (g *Gateway) candidates(st *service) []selector.Candidate {
 		if r.Service.PDDisagg && ep.Role != lbrule.RoleNone {
 			continue
 		}
-		c := selector.Candidate{Idx: i, Weight: ep.Weight, Healthy: true}
-		if g.health != nil {
+		c := selector.Candidate{Idx: i, Weight: ep.Weight, Healthy: !st.isDraining(i)}
+		if g.health != nil && c.Healthy {
 			c.Healthy = g.health.Healthy(st.id, i)
 		}
 		if pt != nil {

@@ -149,7 +149,15 @@ type Endpoint struct {
 	// State is read-back only ("active"/"inactive"); ignored on input so a
 	// read-back body can be posted again.
 	State string `json:"state,omitempty"`
+	// Draining is read-back only, like State: the endpoint is in
+	// maintenance (it takes no new requests or flows; those in flight
+	// finish). Set through the drain API, never by a create body.
+	Draining bool `json:"draining,omitempty"`
 }
+
+// Addr renders the endpoint as host:port ("[v6]:port" for IPv6), the
+// form the drain API and the store name it by.
+func (e Endpoint) Addr() string { return netipJoin(e.IP, e.Port) }
 
 // Rule is one load-balancer rule: the body of POST /config/loadbalancer.
 type Rule struct {
