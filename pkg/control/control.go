@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -201,7 +202,8 @@ func (c *Controller) syncLocked(recs []store.Record) []error {
 // fingerprint identifies a stored record's content, so a re-read of what
 // this node wrote itself changes nothing.
 func recordFingerprint(rec store.Record) string {
-	return rec.UpdatedAt.UTC().Format(time.RFC3339Nano) + "\x00" + string(rec.Rule) + "\x00" + string(rec.CreateBody)
+	return rec.UpdatedAt.UTC().Format(time.RFC3339Nano) + "\x00" + string(rec.Rule) + "\x00" + string(rec.CreateBody) +
+		"\x00" + strings.Join(rec.Draining, ",")
 }
 
 // Resync re-reads the store and applies what other nodes changed: the
