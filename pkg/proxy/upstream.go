@@ -200,34 +200,64 @@ func (pc *pconn) emptyResponse(err error) bool {
 // the request may be sent again on a fresh connection.
 var errWriteFailed = errors.New("write request")
 
+// requestWriter writes one request to an endpoint connection; rewind
+// readies it to be written again, for a resend on a fresh connection.
+type requestWriter interface {
+	writeRequest(bw *bufio.Writer) error
+	rewind() error
+}
+
+// stdRequest writes an http.Request (the P/D flows' legs). rewind takes a
+// fresh body from GetBody into a copy, so the caller's request keeps its.
+type stdRequest struct{ req *http.Request }
+
+func (s *stdRequest) writeRequest(bw *bufio.Writer) error { return s.req.Write(bw) }
+
+func (s *stdRequest) rewind() error {
+	req := s.req
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil
+	}
+	if req.GetBody == nil {
+		return errors.New("request body cannot be replayed")
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return err
+	}
+	s.req = req.WithContext(req.Context())
+	s.req.Body = body
+	return nil
+}
+
 // roundTrip sends req to addr and returns the response with its headers
 // read. The response body must be read to EOF or closed; either returns
 // the connection to the pool or closes it.
 func (u *upstream) roundTrip(req *http.Request, addr string) (*http.Response, error) {
+	return u.send(req.Context(), addr, &stdRequest{req: req}, req, req.Close)
+}
+
+// send writes the request w to addr under ctx and returns the response
+// with its headers read. parse is the request the response answers, as
+// the response parser needs it (its method); closeAfter says the
+// connection is not to be reused.
+func (u *upstream) send(ctx context.Context, addr string, w requestWriter, parse *http.Request, closeAfter bool) (*http.Response, error) {
 	for try := 0; ; try++ {
-		pc, err := u.get(req.Context(), addr, try > 0)
+		pc, err := u.get(ctx, addr, try > 0)
 		if err != nil {
 			return nil, &connectError{err: err}
 		}
-		resp, err := pc.exchange(req)
+		resp, err := pc.exchange(ctx, w, parse, closeAfter)
 		if err == nil {
 			return resp, nil
 		}
 		pc.close()
 		resend := errors.Is(err, errWriteFailed) || pc.emptyResponse(err)
-		if !resend || !pc.reused || try > 0 || req.Context().Err() != nil {
+		if !resend || !pc.reused || try > 0 || ctx.Err() != nil {
 			return nil, err
 		}
-		if req.Body != nil && req.Body != http.NoBody {
-			if req.GetBody == nil {
-				return nil, err
-			}
-			body, gerr := req.GetBody()
-			if gerr != nil {
-				return nil, err
-			}
-			req = req.WithContext(req.Context()) // a copy: the caller's request keeps its body
-			req.Body = body
+		if w.rewind() != nil {
+			return nil, err
 		}
 	}
 }
@@ -314,14 +344,14 @@ func (u *upstream) newPconn(addr string, conn, raw net.Conn) *pconn {
 	return pc
 }
 
-// exchange writes req and reads the response headers. The request
-// context's cancellation is wired to the connection's deadline until the
-// body is done, so a client that goes away unblocks any read or write.
-func (pc *pconn) exchange(req *http.Request) (*http.Response, error) {
-	ctx := req.Context()
+// exchange writes the request and reads the response headers. The
+// request context's cancellation is wired to the connection's deadline
+// until the body is done, so a client that goes away unblocks any read or
+// write.
+func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Request, closeAfter bool) (*http.Response, error) {
 	pc.lr.got = 0
 	pc.stopCanc = context.AfterFunc(ctx, pc.cancel)
-	if err := req.Write(pc.bw); err != nil {
+	if err := w.writeRequest(pc.bw); err != nil {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}
 	if err := pc.bw.Flush(); err != nil {
@@ -361,7 +391,7 @@ func (pc *pconn) exchange(req *http.Request) (*http.Response, error) {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil, errors.New("endpoint switched protocols, which the proxy does not relay")
 	}
-	resp.Body = &bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !req.Close}
+	resp.Body = &bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !closeAfter}
 	return resp, nil
 }
 
