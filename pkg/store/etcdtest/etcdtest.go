@@ -18,11 +18,13 @@ import (
 // Server is one running etcd member.
 type Server struct {
 	Endpoint string // host:port of the client URL
-	t        testing.TB
-	cmd      *exec.Cmd
-	done     chan struct{}
-	mu       sync.Mutex
-	logs     bytes.Buffer
+	// TLS is set by StartTLS: the PEM files a client needs.
+	TLS  *TLSFiles
+	t    testing.TB
+	cmd  *exec.Cmd
+	done chan struct{}
+	mu   sync.Mutex
+	logs bytes.Buffer
 }
 
 type lockedWriter struct{ s *Server }
@@ -55,16 +57,38 @@ func Binary(t testing.TB) string {
 }
 
 // Start runs etcd and waits until it serves clients.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { t.Helper(); return start(t, nil) }
+
+// StartTLS runs etcd serving clients over TLS only, with a certificate of
+// a fresh CA, and requiring a client certificate of that CA.
+func StartTLS(t testing.TB) *Server {
+	t.Helper()
+	f, err := writeTLSFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return start(t, f)
+}
+
+func start(t testing.TB, tf *TLSFiles) *Server {
 	t.Helper()
 	bin := Binary(t)
 	client, peer := freePort(t), freePort(t)
-	s := &Server{Endpoint: fmt.Sprintf("127.0.0.1:%d", client), t: t, done: make(chan struct{})}
-	cu, pu := "http://"+s.Endpoint, fmt.Sprintf("http://127.0.0.1:%d", peer)
-	s.cmd = exec.Command(bin, "--name", "test", "--data-dir", t.TempDir(),
+	s := &Server{Endpoint: fmt.Sprintf("127.0.0.1:%d", client), TLS: tf, t: t, done: make(chan struct{})}
+	scheme := "http://"
+	if tf != nil {
+		scheme = "https://"
+	}
+	cu, pu := scheme+s.Endpoint, fmt.Sprintf("http://127.0.0.1:%d", peer)
+	args := []string{"--name", "test", "--data-dir", t.TempDir(),
 		"--listen-client-urls", cu, "--advertise-client-urls", cu,
 		"--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
-		"--initial-cluster", "test="+pu, "--initial-cluster-state", "new")
+		"--initial-cluster", "test=" + pu, "--initial-cluster-state", "new"}
+	if tf != nil {
+		args = append(args, "--cert-file", tf.ServerCert, "--key-file", tf.ServerKey,
+			"--trusted-ca-file", tf.CA, "--client-cert-auth")
+	}
+	s.cmd = exec.Command(bin, args...)
 	s.cmd.Stdout, s.cmd.Stderr = lockedWriter{s}, lockedWriter{s}
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("start etcd: %v", err)
