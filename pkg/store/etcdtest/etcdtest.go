@@ -22,6 +22,8 @@ type Server struct {
 	TLS  *TLSFiles
 	t    testing.TB
 	cmd  *exec.Cmd
+	bin  string
+	args []string
 	done chan struct{}
 	mu   sync.Mutex
 	logs bytes.Buffer
@@ -88,19 +90,36 @@ func start(t testing.TB, tf *TLSFiles) *Server {
 		args = append(args, "--cert-file", tf.ServerCert, "--key-file", tf.ServerKey,
 			"--trusted-ca-file", tf.CA, "--client-cert-auth")
 	}
-	s.cmd = exec.Command(bin, args...)
+	s.bin, s.args = bin, args
+	s.run()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Restart starts the stopped etcd again on the same ports and data.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Stop()
+	s.done = make(chan struct{})
+	s.run()
+}
+
+func (s *Server) run() {
+	t := s.t
+	t.Helper()
+	s.cmd = exec.Command(s.bin, s.args...)
 	s.cmd.Stdout, s.cmd.Stderr = lockedWriter{s}, lockedWriter{s}
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("start etcd: %v", err)
 	}
-	go func() { _ = s.cmd.Wait(); close(s.done) }()
-	t.Cleanup(s.Stop)
+	done := s.done
+	go func() { _ = s.cmd.Wait(); close(done) }()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		c, err := net.DialTimeout("tcp", s.Endpoint, 100*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return s
+			return
 		}
 		select {
 		case <-s.done:
@@ -109,7 +128,6 @@ func start(t testing.TB, tf *TLSFiles) *Server {
 		}
 	}
 	t.Fatalf("etcd did not come up:\n%s", s.Logs())
-	return nil
 }
 
 // Logs returns what etcd printed.
