@@ -94,6 +94,12 @@ type Config struct {
 	// proxy writes. A client whose connection resets or fails a write is
 	// treated as gone either way. Like HAProxy's "option abortonclose".
 	AbortOnClientClose bool
+	// ReusePort binds each VIP:port with SO_REUSEPORT, so several
+	// gateway nodes on one host (sharing one rule store) all serve it and
+	// the kernel spreads new connections over them. Off by default: a
+	// lone daemon must see a VIP:port another process holds as in use.
+	// Fixed at New.
+	ReusePort bool
 	// MaxConnsPerListener bounds the client connections open on one
 	// listener; connections beyond it are closed at accept. Default 10000.
 	MaxConnsPerListener int

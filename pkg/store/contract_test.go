@@ -123,23 +123,29 @@ func TestConcurrentClaims(t *testing.T) {
 		var wg sync.WaitGroup
 		errs := make([]error, racers)
 		ids := make([]uint32, racers)
-		start := make(chan struct{})
+		// Ids are drawn at once too, then every racer puts at once, so
+		// the puts meet between reading the claims and committing.
+		var drawn, start sync.WaitGroup
+		drawn.Add(racers)
+		start.Add(1)
 		for i := range racers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				st := nodes[i%len(nodes)]
-				<-start
 				id, err := st.NextID()
+				ids[i] = id
+				drawn.Done()
+				start.Wait()
 				if err != nil {
 					errs[i] = err
 					return
 				}
-				ids[i] = id
 				errs[i] = st.Put(Record{ID: id, Rule: json.RawMessage(`{}`)}, "key:10.1.1.1:80/tcp")
 			}()
 		}
-		close(start)
+		drawn.Wait()
+		start.Done()
 		wg.Wait()
 		seen := map[uint32]bool{}
 		winners := 0

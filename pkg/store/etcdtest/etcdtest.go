@@ -18,11 +18,15 @@ import (
 // Server is one running etcd member.
 type Server struct {
 	Endpoint string // host:port of the client URL
-	t        testing.TB
-	cmd      *exec.Cmd
-	done     chan struct{}
-	mu       sync.Mutex
-	logs     bytes.Buffer
+	// TLS is set by StartTLS: the PEM files a client needs.
+	TLS  *TLSFiles
+	t    testing.TB
+	cmd  *exec.Cmd
+	bin  string
+	args []string
+	done chan struct{}
+	mu   sync.Mutex
+	logs bytes.Buffer
 }
 
 type lockedWriter struct{ s *Server }
@@ -55,28 +59,67 @@ func Binary(t testing.TB) string {
 }
 
 // Start runs etcd and waits until it serves clients.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { t.Helper(); return start(t, nil) }
+
+// StartTLS runs etcd serving clients over TLS only, with a certificate of
+// a fresh CA, and requiring a client certificate of that CA.
+func StartTLS(t testing.TB) *Server {
+	t.Helper()
+	f, err := writeTLSFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return start(t, f)
+}
+
+func start(t testing.TB, tf *TLSFiles) *Server {
 	t.Helper()
 	bin := Binary(t)
 	client, peer := freePort(t), freePort(t)
-	s := &Server{Endpoint: fmt.Sprintf("127.0.0.1:%d", client), t: t, done: make(chan struct{})}
-	cu, pu := "http://"+s.Endpoint, fmt.Sprintf("http://127.0.0.1:%d", peer)
-	s.cmd = exec.Command(bin, "--name", "test", "--data-dir", t.TempDir(),
+	s := &Server{Endpoint: fmt.Sprintf("127.0.0.1:%d", client), TLS: tf, t: t, done: make(chan struct{})}
+	scheme := "http://"
+	if tf != nil {
+		scheme = "https://"
+	}
+	cu, pu := scheme+s.Endpoint, fmt.Sprintf("http://127.0.0.1:%d", peer)
+	args := []string{"--name", "test", "--data-dir", t.TempDir(),
 		"--listen-client-urls", cu, "--advertise-client-urls", cu,
 		"--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
-		"--initial-cluster", "test="+pu, "--initial-cluster-state", "new")
+		"--initial-cluster", "test=" + pu, "--initial-cluster-state", "new"}
+	if tf != nil {
+		args = append(args, "--cert-file", tf.ServerCert, "--key-file", tf.ServerKey,
+			"--trusted-ca-file", tf.CA, "--client-cert-auth")
+	}
+	s.bin, s.args = bin, args
+	s.run()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Restart starts the stopped etcd again on the same ports and data.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Stop()
+	s.done = make(chan struct{})
+	s.run()
+}
+
+func (s *Server) run() {
+	t := s.t
+	t.Helper()
+	s.cmd = exec.Command(s.bin, s.args...)
 	s.cmd.Stdout, s.cmd.Stderr = lockedWriter{s}, lockedWriter{s}
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("start etcd: %v", err)
 	}
-	go func() { _ = s.cmd.Wait(); close(s.done) }()
-	t.Cleanup(s.Stop)
+	done := s.done
+	go func() { _ = s.cmd.Wait(); close(done) }()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		c, err := net.DialTimeout("tcp", s.Endpoint, 100*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return s
+			return
 		}
 		select {
 		case <-s.done:
@@ -85,7 +128,6 @@ func Start(t testing.TB) *Server {
 		}
 	}
 	t.Fatalf("etcd did not come up:\n%s", s.Logs())
-	return nil
 }
 
 // Logs returns what etcd printed.
