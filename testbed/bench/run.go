@@ -126,7 +126,9 @@ var (
 func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl} }
 
 // AllArms adds the arms a run can select by name (llmbench -arms).
-func AllArms() []Arm { return append(DefaultArms(), ArmKVLoad, ArmKVFCFS, ArmKVSlots2, ArmCHWBLSystem, ArmCHWBL125) }
+func AllArms() []Arm {
+	return append(DefaultArms(), ArmKVLoad, ArmKVFCFS, ArmKVSlots2, ArmCHWBLSystem, ArmCHWBL125)
+}
 
 // Suite is one benchmark run.
 type Suite struct {
