@@ -65,6 +65,13 @@ type KVInspector interface {
 	Subscriber(service uint32, ep int) (any, bool)
 }
 
+// PrefillBudgets reports the prefill admission budget the gateway applies
+// to an endpoint (*gateway.Gateway): slots (0: not queued) and their
+// source.
+type PrefillBudgets interface {
+	PrefillBudget(service uint32, ep int) (slots int, source string)
+}
+
 // Config configures the server.
 type Config struct {
 	Addr            string // listen address, default 127.0.0.1:11111
@@ -134,7 +141,10 @@ type Deps struct {
 	Capabilities CapabilitySource
 	States       EndpointStates
 	KV           KVInspector
-	Gatherer     prometheus.Gatherer
+	// Prefill reports endpoints' prefill admission budgets in the KV
+	// inventory; nil leaves them out.
+	Prefill  PrefillBudgets
+	Gatherer prometheus.Gatherer
 	// Registerer receives the server's own metrics; nil keeps them
 	// unregistered.
 	Registerer prometheus.Registerer
@@ -598,6 +608,10 @@ func (s *Server) inventory(c *gin.Context) {
 	}
 	if st, ok := s.deps.KV.Subscriber(uint32(sid), ep); ok {
 		out.Subscriber = st
+	}
+	if s.deps.Prefill != nil {
+		n, src := s.deps.Prefill.PrefillBudget(uint32(sid), ep)
+		out.PrefillSlots = &PrefillSlots{Slots: n, Source: src}
 	}
 	c.JSON(http.StatusOK, out)
 }

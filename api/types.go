@@ -73,6 +73,20 @@ type Inventory struct {
 	// Subscriber carries the ingestion state: connection, sequence numbers,
 	// gaps, replays, resets, decode errors and the parity verdict.
 	Subscriber any `json:"subscriber,omitempty"`
+	// PrefillSlots is the endpoint's prefill admission budget; absent when
+	// the daemon has no prefill queue.
+	PrefillSlots *PrefillSlots `json:"prefill_slots,omitempty"`
+}
+
+// PrefillSlots is the prefill admission budget the gateway applies to an
+// endpoint: at most Slots requests forwarded before their first byte.
+type PrefillSlots struct {
+	// Slots is 0 when requests are not queued (source none or off).
+	Slots int `json:"slots"`
+	// Source is server_info or observed (learned from the engine),
+	// configured (LOXILB_KV_PREFILL_SLOTS=N), none (not learned yet) or
+	// off (LOXILB_KV_PREFILL_SLOTS=0).
+	Source string `json:"source"`
 }
 
 // Version is the body of GET /version.

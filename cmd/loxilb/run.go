@@ -236,7 +236,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 
 	srv, err := api.New(apiCfg,
 		api.Deps{Rules: ctl, Capabilities: caps.list, Gatherer: reg, Registerer: reg, Logger: logger, Settings: st,
-			KV:     inspector{index: index, events: events},
+			KV: inspector{index: index, events: events}, Prefill: gw,
 			States: gateway.EndpointState(prober, ctl.Get)})
 	if err != nil {
 		return err

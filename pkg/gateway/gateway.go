@@ -86,8 +86,10 @@ type Config struct {
 	// PrefillSlots is how many requests per endpoint the gateway forwards
 	// before their first byte comes back; more wait in the gateway,
 	// shortest predicted prefill first (see prefillq.go),
-	// LOXILB_KV_PREFILL_SLOTS. Set it to the engines' concurrent-sequence
-	// budget. 0 (the default) forwards every request at once.
+	// LOXILB_KV_PREFILL_SLOTS. PrefillAuto (the daemon's default) uses
+	// each endpoint's concurrent-sequence budget as learned by the engine
+	// metrics (New's engine, when it is a SlotLearner; budget.go); N > 0
+	// is a fixed budget; 0 forwards every request at once.
 	PrefillSlots int
 	// PrefillQueueWait bounds a request's wait for a prefill slot; then it
 	// is forwarded anyway, LOXILB_KV_PREFILL_QUEUE_MS. 0 means the default.
@@ -133,19 +135,24 @@ const (
 // prefills on a busy engine, so a long prompt is overtaken for at most that.
 const DefaultPrefillQueueWait = 2 * time.Second
 
+// PrefillAuto is Config.PrefillSlots for budgets learned per endpoint.
+const PrefillAuto = prefillAuto
+
 // Environment variables of the prefill admission queue.
 const (
 	EnvPrefillSlots     = "LOXILB_KV_PREFILL_SLOTS"
 	EnvPrefillQueueWait = "LOXILB_KV_PREFILL_QUEUE_MS"
 )
 
-// PrefillFromEnv parses EnvPrefillSlots (unset or 0: off; 1..4096) and
+// PrefillFromEnv parses EnvPrefillSlots (unset or "auto": PrefillAuto,
+// the budget learned per endpoint; 0: off; 1..4096: fixed) and
 // EnvPrefillQueueWait (unset: the default; 1..600000 ms).
 func PrefillFromEnv(getenv func(string) string) (slots int, wait time.Duration, err error) {
-	if v := getenv(EnvPrefillSlots); v != "" {
+	slots = PrefillAuto
+	if v := getenv(EnvPrefillSlots); v != "" && v != "auto" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 || n > 4096 {
-			return 0, 0, fmt.Errorf("%s=%q: want a slot count within 0..4096 per endpoint (0 turns the prefill queue off)", EnvPrefillSlots, v)
+			return 0, 0, fmt.Errorf("%s=%q: want auto (learn each endpoint's budget) or a slot count within 0..4096 per endpoint (0 turns the prefill queue off)", EnvPrefillSlots, v)
 		}
 		slots = n
 	}
@@ -201,6 +208,7 @@ type Gateway struct {
 	keyPool sync.Pool
 	leaders leaders
 	prefill prefillGate
+	work    prefillWork // outstanding prefill tokens per endpoint
 	// tokSlots bounds concurrent tokenization (TokenizeConcurrency).
 	tokSlots chan struct{}
 	// Clients can repeat these conditions at will: log them rate-limited.
@@ -256,10 +264,13 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 	g := &Gateway{cfg: cfg, tok: tok, inv: inv, router: rt, health: health, engine: engine, logger: logger, m: m,
 		tokSlots:   make(chan struct{}, cfg.TokenizeConcurrency),
 		unknownLog: logLimiter{every: logEvery}, rejectLog: logLimiter{every: logEvery}}
-	g.prefill.slots = max(cfg.PrefillSlots, 0)
+	g.prefill.slots = max(cfg.PrefillSlots, PrefillAuto)
+	g.prefill.learner, _ = engine.(SlotLearner)
 	if reg != nil {
-		if err := reg.Register(&g.prefill); err != nil {
-			return nil, err
+		for _, c := range []prometheus.Collector{&g.prefill, slotsCollector{g}} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
 		}
 	}
 	empty := map[uint32]*service{}
@@ -351,6 +362,7 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 			g.router.Forget(id)
 			g.m.forget(old[id].label)
 			g.leaders.forget(id)
+			g.work.forget(id)
 			if g.cfg.Outliers != nil {
 				g.cfg.Outliers.Forget(id)
 			}

@@ -136,12 +136,16 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	uncached := int64(max(promptTokens-d.PredictedCachedTokens(), 1))
 	lead := func() {} // ends this request's coalescing leadership
 	slot := func() {} // frees its prefill slot
+	work := func() {} // uncounts its outstanding prefill work
+	if promptTokens > 0 {
+		work = g.work.add(st.id, d.EP, uncached)
+	}
 	var follow, self *leader
 	if promptTokens > 0 && g.cfg.CoalesceWait > 0 {
 		follow = g.leaderFor(st, d, keys)
 		lead, self = g.leaders.register(st.id, d.EP, keys[min(d.MatchedBlocks, len(keys)):], uncached)
 	}
-	release := func() { lead(); slot() }
+	release := func() { lead(); slot(); work() }
 	plan.FirstByte = release
 	plan.Done = func(proxy.Result) { release() }
 	if st.hasher != nil && len(keys) > 0 {
@@ -164,11 +168,12 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		g.m.coalesceWait.WithLabelValues(st.label).Observe(time.Since(start).Seconds())
 		if out == waitCancelled {
 			lead()
+			work()
 			return proxy.Plan{}, fmt.Errorf("%w: client went away while waiting for a shared prefill", proxy.ErrClientCanceled)
 		}
 		inherit = out == waitReleased
 	}
-	if promptTokens > 0 && g.prefill.slots > 0 {
+	if promptTokens > 0 && g.prefill.on() {
 		start := time.Now()
 		var out admitOutcome
 		slot, out = g.prefill.admit(ctx, st.id, d.EP, uncached, self, g.cfg.PrefillQueueWait, inherit)
@@ -178,6 +183,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		}
 		if out == admitCancelled {
 			lead()
+			work()
 			return proxy.Plan{}, fmt.Errorf("%w: client went away while queued for a prefill slot", proxy.ErrClientCanceled)
 		}
 	}
@@ -324,6 +330,7 @@ func (g *Gateway) candidates(st *service) []selector.Candidate {
 		c.InFlight += g.leaders.heldFor(st.id, i)
 		// So are requests queued for one of its prefill slots.
 		c.InFlight += g.prefill.queuedFor(st.id, i)
+		c.PrefillTokens = g.work.outstanding(st.id, i)
 		if g.engine != nil {
 			if m, ok := g.engine.Metrics(st.id, i); ok {
 				c.Metrics = m
