@@ -486,6 +486,9 @@ func newGetInventoryCmd(g *globalOpts) *cobra.Command {
 			if inv.Truncated {
 				g.printf(" (showing %d)", len(inv.Blocks))
 			}
+			if ps := inv.PrefillSlots; ps != nil {
+				g.printf("; prefill slots %d (%s)", ps.Slots, ps.Source)
+			}
 			g.printf("\n")
 			for _, b := range inv.Blocks {
 				g.printf("%d\t%d\n", b.BlockIdx, b.Hash)

@@ -103,8 +103,12 @@ var (
 	// ArmKVFCFS is KV-exact without the gateway's prefill queue: every
 	// request is forwarded at once and waits in the engine's own
 	// first-come-first-served queue.
-	ArmKVFCFS  = Arm{Name: "kv-fcfs", Label: "KV-exact, no prefill queue", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on", "LOXILB_KV_PREFILL_SLOTS=0"}}
-	ArmKVNoSpl = Arm{Name: "kv-nospill", Label: "KV-exact, spill relief off", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=off"}}
+	ArmKVFCFS = Arm{Name: "kv-fcfs", Label: "KV-exact, no prefill queue", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on", "LOXILB_KV_PREFILL_SLOTS=0"}}
+	// ArmKVSlots2 is the kv arm with the prefill budget set by hand to
+	// the default fleet's two running sequences, as an operator who knows
+	// it would: it measures what learning the budget costs.
+	ArmKVSlots2 = Arm{Name: "kv-slots2", Label: "KV-exact, prefill budget fixed at 2", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_PREFILL_SLOTS=2"}}
+	ArmKVNoSpl  = Arm{Name: "kv-nospill", Label: "KV-exact, spill relief off", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=off"}}
 	// ArmKVLoad is KV-exact with the load blend weighted 16x the default
 	// (one request in flight is worth 512 cached tokens instead of 32): it
 	// shows how much of the gap to the targets the default blend leaves.
@@ -122,7 +126,7 @@ var (
 func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl} }
 
 // AllArms adds the arms a run can select by name (llmbench -arms).
-func AllArms() []Arm { return append(DefaultArms(), ArmKVLoad, ArmKVFCFS, ArmCHWBLSystem, ArmCHWBL125) }
+func AllArms() []Arm { return append(DefaultArms(), ArmKVLoad, ArmKVFCFS, ArmKVSlots2, ArmCHWBLSystem, ArmCHWBL125) }
 
 // Suite is one benchmark run.
 type Suite struct {
@@ -468,6 +472,11 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 	after := fl.stats()
 	spills, _ := d.metric("loxilb_pd_kv_tier15_spills_total")
 	ar := summarize(arm, samples, before, after, wall, spills)
+	if arm.KVExactMode != 0 {
+		if ar.PrefillBudgets, ar.PrefillQueued, err = d.prefillBudgets(f.Engines); err != nil {
+			return ArmResult{}, fmt.Errorf("prefill budgets: %w", err)
+		}
+	}
 	if !w.HasTurns() {
 		ar.TTFTLaterTurnsMs = nil
 	}
