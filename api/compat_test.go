@@ -22,7 +22,7 @@ func TestFullSchemaCreateEchoInert(t *testing.T) {
 		}
 		inert[m["field"].(string)] = true
 	}
-	for _, f := range []string{"serviceArguments.kvWarmupSec", "serviceArguments.sse_mode", "serviceArguments.max_stream_duration_sec",
+	for _, f := range []string{"serviceArguments.kvWarmupSec", "serviceArguments.sse_mode",
 		"serviceArguments.pd_cache_aware_mode", "serviceArguments.pd_cache_threshold", "serviceArguments.pd_balance_abs_threshold",
 		"serviceArguments.mtls_backend.verify_server_cert", "endpoints[0].httpMethod", "endpoints[1].expectedCodes"} {
 		if !inert[f] {

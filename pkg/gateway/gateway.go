@@ -334,6 +334,11 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 		}
 		ps := proxy.Service{ID: cs.ID, Listen: netip.AddrPortFrom(vip, uint16(r.Service.Port)), Security: proxy.Security(r.Service.Security),
 			CertFile: g.cfg.CertFile, KeyFile: g.cfg.KeyFile, CAFile: g.cfg.CAFile, Receipts: g.cfg.Receipts}
+		// max_stream_duration_sec: 0 is loxilb's 24 h hard cap.
+		ps.MaxStreamDuration = time.Duration(r.Service.MaxStreamDurationSec) * time.Second
+		if ps.MaxStreamDuration == 0 {
+			ps.MaxStreamDuration = lbrule.MaxStreamDurationSec * time.Second
+		}
 		if b := r.Service.MTLSBackend; b != nil {
 			// mtls_backend: the rule's own endpoint CA and client
 			// certificate (security 2) take the daemon's place.

@@ -66,7 +66,6 @@ var inertReasons = []InertField{
 	{svcField("pd_cache_threshold"), "no radix-trie tier: KV-exact matching uses LOXILB_KV_MIN_MATCH_TOKENS"},
 	{svcField("pd_balance_abs_threshold"), "no radix-trie tier: the KV-exact load blend (LOXILB_KV_LB_MODE) bounds imbalance"},
 	{svcField("sse_mode"), "event streams are always relayed as they arrive; silence between events is bounded by --proxy-stream-idle-timeout"},
-	{svcField("max_stream_duration_sec"), "streams are bounded by --proxy-stream-idle-timeout between events, not by total duration"},
 	{svcField("mtls_backend.verify_server_cert"), "endpoint certificates are always verified for security 2 (against backend_ca_path, the daemon's --proxy-tls-ca, or the system roots)"},
 	{svcField("mtls_backend.client_cert_data"), "inline PEM is not loaded: use client_cert_path and client_key_path"},
 	{svcField("mtls_backend.client_key_data"), "inline PEM is not loaded: use client_cert_path and client_key_path"},
@@ -122,9 +121,6 @@ func Inert(r *Rule) []InertField {
 	}
 	if s.SSEMode {
 		add(svcField("sse_mode"), "")
-	}
-	if s.MaxStreamDurationSec != 0 {
-		add(svcField("max_stream_duration_sec"), "")
 	}
 	if b := s.MTLSBackend; b != nil {
 		if b.VerifyServerCert != nil && !*b.VerifyServerCert {

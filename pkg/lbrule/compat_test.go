@@ -73,7 +73,7 @@ func TestFullSchemaInert(t *testing.T) {
 		got[f.Field] = f.Reason
 	}
 	for _, f := range []string{"kvWarmupSec", "pd_cache_aware_mode", "pd_session_ttl_sec", "pd_cache_threshold", "pd_balance_abs_threshold",
-		"sse_mode", "max_stream_duration_sec", "mtls_backend.verify_server_cert", "mtls_backend.client_cert_data", "mtls_backend.client_key_data",
+		"sse_mode", "mtls_backend.verify_server_cert", "mtls_backend.client_cert_data", "mtls_backend.client_key_data",
 		"chwbl_prefix_hash_level", "chwbl_replication"} {
 		if _, ok := got[svcField(f)]; !ok {
 			t.Errorf("serviceArguments.%s not reported inert: %v", f, got)
@@ -85,7 +85,7 @@ func TestFullSchemaInert(t *testing.T) {
 		}
 	}
 	// Honoured fields are not listed.
-	for _, f := range []string{svcField("kvModelProfile"), svcField("mtls_backend.backend_ca_path"), svcField("probetype"), epField(0, "monitorAddress"), epField(0, "urlPath")} {
+	for _, f := range []string{svcField("kvModelProfile"), svcField("max_stream_duration_sec"), svcField("mtls_backend.backend_ca_path"), svcField("probetype"), epField(0, "monitorAddress"), epField(0, "urlPath")} {
 		if _, ok := got[f]; ok {
 			t.Errorf("%s reported inert but it is honoured (or unset)", f)
 		}

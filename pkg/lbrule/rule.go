@@ -121,14 +121,16 @@ type ServiceArgs struct {
 
 	// loxilb fields this gateway accepts, validates and echoes but does not
 	// act on; Inert lists the ones a rule sets (see compat.go).
-	PDCacheAware          bool          `json:"pd_cache_aware_mode,omitempty"`
-	PDSessionTTLSec       int           `json:"pd_session_ttl_sec,omitempty"`
-	PDCacheThreshold      *int          `json:"pd_cache_threshold,omitempty"`
-	PDBalanceAbsThreshold *int          `json:"pd_balance_abs_threshold,omitempty"`
-	SSEMode               bool          `json:"sse_mode,omitempty"`
-	MaxStreamDurationSec  int           `json:"max_stream_duration_sec,omitempty"`
-	MTLSFrontend          *MTLSFrontend `json:"mtls_frontend,omitempty"`
-	MTLSBackend           *MTLSBackend  `json:"mtls_backend,omitempty"`
+	PDCacheAware          bool `json:"pd_cache_aware_mode,omitempty"`
+	PDSessionTTLSec       int  `json:"pd_session_ttl_sec,omitempty"`
+	PDCacheThreshold      *int `json:"pd_cache_threshold,omitempty"`
+	PDBalanceAbsThreshold *int `json:"pd_balance_abs_threshold,omitempty"`
+	SSEMode               bool `json:"sse_mode,omitempty"`
+	// MaxStreamDurationSec caps an event stream's length (honoured; 0 is
+	// loxilb's 24 h cap).
+	MaxStreamDurationSec int           `json:"max_stream_duration_sec,omitempty"`
+	MTLSFrontend         *MTLSFrontend `json:"mtls_frontend,omitempty"`
+	MTLSBackend          *MTLSBackend  `json:"mtls_backend,omitempty"`
 }
 
 // Endpoint is one entry of endpoints[].

@@ -287,6 +287,10 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) error {
 	bp := copyBufPool.Get().(*[]byte)
 	defer copyBufPool.Put(bp)
 	buf := *bp
+	var deadline time.Time
+	if d := ex.svc.cfg.MaxStreamDuration; d > 0 && tap.sse {
+		deadline = time.Now().Add(d)
+	}
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
@@ -310,6 +314,10 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) error {
 			}
 			if flusher != nil {
 				flusher.Flush()
+			}
+			if !deadline.IsZero() && rerr != io.EOF && time.Now().After(deadline) {
+				ex.cutStream(ep)
+				return nil
 			}
 		}
 		if rerr == io.EOF {
@@ -344,6 +352,18 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) error {
 		tap.finish(&ex.res)
 	}
 	return nil
+}
+
+// cutStream ends an event stream that outlived the service's
+// MaxStreamDuration: the client sees a truncated body, the limit is counted.
+func (ex *exchange) cutStream(ep Endpoint) {
+	d := ex.svc.cfg.MaxStreamDuration
+	ex.res.Class = ClassTimeout
+	ex.res.Err = fmt.Errorf("%w: event stream cut after max_stream_duration_sec (%v)", ErrUpstreamTimeout, d)
+	ex.abort = true
+	ex.s.m.upstreamLimit.WithLabelValues(ex.svc.label, strconv.Itoa(ep.Idx), "stream_duration").Inc()
+	ex.s.rare.warn("stream_duration", "proxy: event stream cut at its maximum duration",
+		"service", ex.svc.cfg.ID, "ep", ep.Idx, "max", d)
 }
 
 // commit sends the endpoint's status line and headers to the client.
