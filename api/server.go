@@ -65,6 +65,13 @@ type KVInspector interface {
 	Subscriber(service uint32, ep int) (any, bool)
 }
 
+// PrefillBudgets reports the prefill admission budget the gateway applies
+// to an endpoint (*gateway.Gateway): slots (0: not queued) and their
+// source.
+type PrefillBudgets interface {
+	PrefillBudget(service uint32, ep int) (slots int, source string)
+}
+
 // Config configures the server.
 type Config struct {
 	Addr            string // listen address, default 127.0.0.1:11111
@@ -134,7 +141,10 @@ type Deps struct {
 	Capabilities CapabilitySource
 	States       EndpointStates
 	KV           KVInspector
-	Gatherer     prometheus.Gatherer
+	// Prefill reports endpoints' prefill admission budgets in the KV
+	// inventory; nil leaves them out.
+	Prefill  PrefillBudgets
+	Gatherer prometheus.Gatherer
 	// Registerer receives the server's own metrics; nil keeps them
 	// unregistered.
 	Registerer prometheus.Registerer
@@ -382,7 +392,24 @@ func (s *Server) createLB(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, ResultBody{Result: "Success", ServiceID: svc.ID, Created: &created})
+	out := ResultBody{Result: "Success", ServiceID: svc.ID, Created: &created}
+	if r, err := lbrule.Decode(body); err == nil {
+		out.Inert = lbrule.Inert(r)
+	}
+	c.JSON(http.StatusOK, out)
+}
+
+// InertCapabilityPrefix names the capability entries of rule fields that
+// are accepted but inert: "rule_field:serviceArguments.kvWarmupSec".
+const InertCapabilityPrefix = "rule_field:"
+
+// inertCapabilities lists every accepted-but-inert rule field.
+func inertCapabilities() []Capability {
+	var out []Capability
+	for _, f := range lbrule.InertCatalog() {
+		out = append(out, Capability{Name: InertCapabilityPrefix + f.Field, ReasonCode: "inert", Reason: f.Reason})
+	}
+	return out
 }
 
 func (s *Server) listLB(c *gin.Context) {
@@ -501,6 +528,7 @@ func (s *Server) capabilities(c *gin.Context) {
 	if s.deps.Capabilities != nil {
 		out.Capabilities = append(out.Capabilities, s.deps.Capabilities()...)
 	}
+	out.Capabilities = append(out.Capabilities, inertCapabilities()...)
 	c.JSON(http.StatusOK, out)
 }
 
@@ -587,6 +615,10 @@ func (s *Server) inventory(c *gin.Context) {
 	}
 	if s.deps.KVTrust != nil {
 		_, out.KVExcluded = s.deps.KVTrust(uint32(sid), ep)
+	}
+	if s.deps.Prefill != nil {
+		n, src := s.deps.Prefill.PrefillBudget(uint32(sid), ep)
+		out.PrefillSlots = &PrefillSlots{Slots: n, Source: src}
 	}
 	c.JSON(http.StatusOK, out)
 }

@@ -21,6 +21,9 @@ type ResultBody struct {
 	ServiceID uint32 `json:"serviceID,omitempty"`
 	Created   *bool  `json:"created,omitempty"`
 	Deleted   int    `json:"deleted,omitempty"`
+	// Inert lists the fields the created rule sets that this gateway
+	// accepts and echoes but does not act on, each with the reason.
+	Inert []lbrule.InertField `json:"inert,omitempty"`
 }
 
 // LBList is the body of GET /config/loadbalancer/all.
@@ -74,6 +77,20 @@ type Inventory struct {
 	// --kv-parity-strict) keeps Tier-1.5 traffic off the endpoint because
 	// its parity verdict (subscriber.parity.verdict) is a mismatch.
 	KVExcluded bool `json:"kv_excluded"`
+	// PrefillSlots is the endpoint's prefill admission budget; absent when
+	// the daemon has no prefill queue.
+	PrefillSlots *PrefillSlots `json:"prefill_slots,omitempty"`
+}
+
+// PrefillSlots is the prefill admission budget the gateway applies to an
+// endpoint: at most Slots requests forwarded before their first byte.
+type PrefillSlots struct {
+	// Slots is 0 when requests are not queued (source none or off).
+	Slots int `json:"slots"`
+	// Source is server_info or observed (learned from the engine),
+	// configured (LOXILB_KV_PREFILL_SLOTS=N), none (not learned yet) or
+	// off (LOXILB_KV_PREFILL_SLOTS=0).
+	Source string `json:"source"`
 }
 
 // Version is the body of GET /version.

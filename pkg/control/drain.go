@@ -63,10 +63,13 @@ func (c *Controller) SetDrain(ctx context.Context, k lbrule.Key, addr string, on
 	if err != nil {
 		return DrainState{}, err
 	}
-	if err := c.store.Put(store.Record{ID: svc.ID, Rule: rb, CreateBody: svc.CreateBody, Draining: next,
-		CreatedAt: svc.CreatedAt, UpdatedAt: svc.UpdatedAt}); err != nil {
+	rec := store.Record{ID: svc.ID, Rule: rb, CreateBody: svc.CreateBody, Draining: next,
+		CreatedAt: svc.CreatedAt, UpdatedAt: svc.UpdatedAt}
+	if err := c.store.Put(rec); err != nil {
 		return DrainState{}, fmt.Errorf("persist rule %d: %w", svc.ID, err)
 	}
+	// Nodes sharing the store see the change in the fingerprint and apply it.
+	c.stored[svc.ID] = recordFingerprint(rec)
 	svc.Draining = next
 	svc.Status = RuleStatus{}
 	c.services[svc.ID] = svc

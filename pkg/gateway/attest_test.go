@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/loxilb-llm/loxilb/pkg/control"
-	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
@@ -235,32 +234,7 @@ func TestModelLessRequests(t *testing.T) {
 // newFixtureDir is newFixtureConfig over another tokenizer directory.
 func newFixtureDir(t testing.TB, dir string, cfg Config, rules ...*lbrule.Rule) fixture {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	toks, err := tokenizer.NewRegistry(dir, nil, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ix, _ := kvindex.New(kvindex.Config{}, reg)
-	rt, err := router.New(router.DefaultConfig(), ix, nil, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := New(cfg, toks, ix, rt, nil, nil, nil, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var svcs []control.Service
-	for i, r := range rules {
-		p, err := lbrule.Prepare(r, func(string) (string, bool) { return "1", true })
-		if err != nil {
-			t.Fatal(err)
-		}
-		svcs = append(svcs, control.Service{ID: uint32(i + 1), Rule: p})
-	}
-	if err := g.Reconcile(context.Background(), svcs); err != nil {
-		t.Fatal(err)
-	}
-	return fixture{g, ix, reg}
+	return newFixtureAt(t, dir, cfg, nil, rules...)
 }
 
 // TestDrainedPDEndpoints: a draining prefill or decode endpoint is left out

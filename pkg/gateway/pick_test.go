@@ -11,10 +11,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
+	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
 )
 
 type fixture struct {
@@ -30,7 +32,45 @@ func newFixture(t testing.TB, rules ...*lbrule.Rule) fixture {
 
 func newFixtureConfig(t testing.TB, cfg Config, rules ...*lbrule.Rule) fixture {
 	t.Helper()
-	return newFixtureDir(t, filepath.Join("..", "..", "testdata", "tokenizers"), cfg, rules...)
+	return newFixtureEngine(t, cfg, nil, rules...)
+}
+
+// newFixtureEngine builds the fixture with engine metrics (and, when
+// engine is a SlotLearner, learned prefill budgets).
+func newFixtureEngine(t testing.TB, cfg Config, engine EngineMetrics, rules ...*lbrule.Rule) fixture {
+	t.Helper()
+	return newFixtureAt(t, filepath.Join("..", "..", "testdata", "tokenizers"), cfg, engine, rules...)
+}
+
+// newFixtureAt builds the fixture over the tokenizers staged in dir.
+func newFixtureAt(t testing.TB, dir string, cfg Config, engine EngineMetrics, rules ...*lbrule.Rule) fixture {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	toks, err := tokenizer.NewRegistry(dir, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix, _ := kvindex.New(kvindex.Config{}, reg)
+	rt, err := router.New(router.DefaultConfig(), ix, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := New(cfg, toks, ix, rt, nil, engine, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var svcs []control.Service
+	for i, r := range rules {
+		p, err := lbrule.Prepare(r, func(string) (string, bool) { return "1", true })
+		if err != nil {
+			t.Fatal(err)
+		}
+		svcs = append(svcs, control.Service{ID: uint32(i + 1), Rule: p})
+	}
+	if err := g.Reconcile(context.Background(), svcs); err != nil {
+		t.Fatal(err)
+	}
+	return fixture{g, ix, reg}
 }
 
 func rule(kv int, model string) *lbrule.Rule {
