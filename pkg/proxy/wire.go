@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"errors"
 	"net"
 	"net/http"
 	"net/url"
@@ -43,8 +42,6 @@ type field struct {
 // outboundFields counts the fields a request usually carries; more still
 // work, the array just stops being enough.
 const outboundFields = 32
-
-var errInvalidHost = errors.New("http: invalid Host header")
 
 // dropped reports whether the merged field k is not relayed as it is.
 func (w *wireRequest) dropped(k string) bool {
@@ -102,7 +99,9 @@ func (w *wireRequest) writeRequest(bw *bufio.Writer) error {
 		return err
 	}
 	if !httpguts.ValidHostHeader(host) {
-		return errInvalidHost
+		// Never relay a Host that could smuggle: send it empty, as
+		// net/http does (the server in front rejects these anyway).
+		host = ""
 	}
 	host = removeZone(host)
 	method := r.Method
