@@ -30,7 +30,8 @@ type wireRequest struct {
 	r     *http.Request
 	ep    Endpoint
 	body  []byte
-	https bool // the client connection was TLS
+	https bool     // the client connection was TLS
+	num   [20]byte // scratch for Content-Length
 }
 
 // field is one header field that goes out unchanged.
@@ -120,9 +121,8 @@ func (w *wireRequest) writeRequest(bw *bufio.Writer) error {
 	// net/http declares an empty body only for the methods servers
 	// expect one with.
 	if n := len(w.body); n > 0 || method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch {
-		var num [20]byte
 		bw.WriteString("Content-Length: ")
-		bw.Write(strconv.AppendInt(num[:0], int64(n), 10))
+		bw.Write(strconv.AppendInt(w.num[:0], int64(n), 10))
 		bw.WriteString("\r\n")
 	}
 
