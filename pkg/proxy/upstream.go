@@ -74,6 +74,7 @@ type pconn struct {
 	// probeAfterIdle), so an endpoint close may have crossed the request.
 	unprobed bool
 	stopCanc func() bool // detaches the request context's cancellation
+	cancelFn func()      // pc.cancel, bound once per connection
 	probe    *peekProbe  // liveness probe state, built on first reuse
 	// dmu orders deadline changes against the request context firing: once
 	// cancelled is set the deadline stays in the past, so a later header
@@ -350,7 +351,10 @@ func (u *upstream) newPconn(addr string, conn, raw net.Conn) *pconn {
 // write.
 func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Request, closeAfter bool) (*http.Response, error) {
 	pc.lr.got = 0
-	pc.stopCanc = context.AfterFunc(ctx, pc.cancel)
+	if pc.cancelFn == nil {
+		pc.cancelFn = pc.cancel
+	}
+	pc.stopCanc = context.AfterFunc(ctx, pc.cancelFn)
 	if err := w.writeRequest(pc.bw); err != nil {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}
