@@ -12,8 +12,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // EtcdConfig says how to reach the etcd cluster that several nodes share.
@@ -146,6 +149,10 @@ func (e *Etcd) op(f func(ctx context.Context) error) error {
 	case errors.As(err, &ce), errors.As(err, &cor), errors.Is(err, errIDSpace):
 		e.setUp(nil)
 		return err
+	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
+		// The cluster answered: it refuses this request, not every one.
+		e.setUp(nil)
+		return fmt.Errorf("%w: etcd %s: %w (raise etcd's --max-request-bytes, or make the rule smaller)", ErrTooLarge, e.where, err)
 	}
 	e.setUp(err)
 	return &UnavailableError{Backend: "etcd " + e.where, Err: err}
