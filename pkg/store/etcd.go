@@ -111,7 +111,10 @@ func OpenEtcd(cfg EtcdConfig) (*Etcd, error) {
 	where := strings.Join(cfg.Endpoints, ",")
 	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: cfg.DialTimeout, TLS: cfg.TLS,
 		Username: cfg.Username, Password: cfg.Password, Logger: zap.NewNop(),
-		DialKeepAliveTime: 2 * time.Second, DialKeepAliveTimeout: 2 * time.Second})
+		DialKeepAliveTime: 2 * time.Second, DialKeepAliveTimeout: 2 * time.Second,
+		// A reply (the whole rule set) is bounded: etcd's default would
+		// accept 2 GiB before decoding it.
+		MaxCallRecvMsgSize: maxReplyBytes})
 	if err != nil {
 		return nil, fmt.Errorf("etcd store %s: %w", where, err)
 	}
@@ -206,6 +209,10 @@ func (e *Etcd) List() ([]Record, error) {
 	})
 	return out, err
 }
+
+// maxReplyBytes bounds one etcd reply: 256 rules of the largest size etcd
+// takes in one request by default (1.5 MiB).
+const maxReplyBytes = 384 << 20
 
 // maxTxnTries bounds the optimistic retries of one write: each retry means
 // another node changed the same keys in between.
