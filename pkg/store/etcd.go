@@ -196,12 +196,17 @@ func (e *Etcd) List() ([]Record, error) {
 		}
 		out = out[:0]
 		for _, kv := range resp.Kvs {
-			var rec Record
-			if err := json.Unmarshal(kv.Value, &rec); err != nil {
-				return &CorruptError{Path: "etcd " + e.where + " key " + string(kv.Key), Reason: err.Error()}
+			key := string(kv.Key)
+			id, perr := strconv.ParseUint(strings.TrimPrefix(key, e.prefix+"rules/"), 16, 32)
+			if perr != nil || id == 0 || key != e.ruleKey(uint32(id)) {
+				return &CorruptError{Path: "etcd " + e.where + " key " + key, Reason: "not a rule key"}
 			}
-			if string(kv.Key) != e.ruleKey(rec.ID) {
-				return &CorruptError{Path: "etcd " + e.where + " key " + string(kv.Key), Reason: fmt.Sprintf("holds rule id %d", rec.ID)}
+			var rec Record
+			if err := json.Unmarshal(kv.Value, &rec); err != nil || rec.ID != uint32(id) {
+				// One record another writer damaged must not hide the
+				// others: it is handed on as it is, and control reports
+				// it as unreadable (logged, counted) and applies the rest.
+				rec = Record{ID: uint32(id), Rule: json.RawMessage(kv.Value)}
 			}
 			out = append(out, rec)
 		}
