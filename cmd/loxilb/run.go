@@ -255,8 +255,11 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 
 	srv, err := api.New(apiCfg,
 		api.Deps{Rules: ctl, Capabilities: caps.list, Gatherer: reg, Registerer: reg, Logger: logger, Settings: st,
-			KV:     inspector{index: index, events: events},
-			States: gateway.EndpointState(prober, ctl.Get)})
+			KV: inspector{index: index, events: events}, Prefill: gw,
+			States: gateway.EndpointState(prober, ctl.Get),
+			// The proxy counts the requests it forwards, the dispatcher
+			// the legs of P/D requests it runs (which the proxy hands it).
+			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) }})
 	if err != nil {
 		return err
 	}

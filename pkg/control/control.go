@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +32,20 @@ type Service struct {
 	// CreateBody is the last applied create body, byte for byte, as
 	// stored (read-back only; kept for rules that failed to apply too).
 	CreateBody []byte
+	// Draining holds the addresses (lbrule.Endpoint.Addr) of the
+	// endpoints in maintenance: stages give them no new requests or flows
+	// and keep everything else about them (KV subscriptions, probes), so
+	// they come back warm. Sorted; nil when none.
+	Draining []string
+}
+
+// EndpointDraining reports whether endpoint i of the rule is draining.
+func (s Service) EndpointDraining(i int) bool {
+	if len(s.Draining) == 0 || i < 0 || i >= len(s.Rule.Endpoints) {
+		return false
+	}
+	_, found := slices.BinarySearch(s.Draining, s.Rule.Endpoints[i].Addr())
+	return found
 }
 
 // Reconciler is a stage that makes its own state match the desired services.
@@ -160,7 +176,8 @@ func (c *Controller) syncLocked(recs []store.Record) []error {
 			}
 			raw = &lenient
 		}
-		svc := Service{ID: rec.ID, Rule: raw, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt, CreateBody: rec.CreateBody}
+		svc := Service{ID: rec.ID, Rule: raw, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt, CreateBody: rec.CreateBody,
+			Draining: keepDraining(raw, rec.Draining)}
 		if err == nil {
 			svc.Rule, err = lbrule.Prepare(raw, c.env)
 		}
@@ -185,7 +202,8 @@ func (c *Controller) syncLocked(recs []store.Record) []error {
 // fingerprint identifies a stored record's content, so a re-read of what
 // this node wrote itself changes nothing.
 func recordFingerprint(rec store.Record) string {
-	return rec.UpdatedAt.UTC().Format(time.RFC3339Nano) + "\x00" + string(rec.Rule) + "\x00" + string(rec.CreateBody)
+	return rec.UpdatedAt.UTC().Format(time.RFC3339Nano) + "\x00" + string(rec.Rule) + "\x00" + string(rec.CreateBody) +
+		"\x00" + strings.Join(rec.Draining, ",")
 }
 
 // Resync re-reads the store and applies what other nodes changed: the
@@ -300,6 +318,8 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 				Msg: fmt.Sprintf("lbrule-exists error: rule %s already exists with the same configuration", key)}
 		}
 		svc.ID, svc.CreatedAt = old.ID, old.CreatedAt
+		// An update keeps the maintenance state of the endpoints it keeps.
+		svc.Draining = keepDraining(r, old.Draining)
 	} else {
 		id, err := c.store.NextID()
 		if err != nil {
@@ -351,7 +371,7 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 	if err != nil {
 		return Service{}, false, err
 	}
-	rec := store.Record{ID: svc.ID, Rule: rb, CreateBody: svc.CreateBody, CreatedAt: svc.CreatedAt, UpdatedAt: svc.UpdatedAt}
+	rec := store.Record{ID: svc.ID, Rule: rb, CreateBody: svc.CreateBody, Draining: svc.Draining, CreatedAt: svc.CreatedAt, UpdatedAt: svc.UpdatedAt}
 	if err := c.store.Put(rec, claims(r)...); err != nil {
 		rollback()
 		var ce *store.ClaimError

@@ -152,6 +152,10 @@ type Service struct {
 	// whoever reads it how much of a prompt some endpoint already holds,
 	// which lets any client probe other users' prompts.
 	Receipts ReceiptPolicy
+	// MaxStreamDuration caps how long an event-stream response is relayed
+	// (the rule's max_stream_duration_sec): past it the stream is cut after
+	// the event in hand. 0: no cap.
+	MaxStreamDuration time.Duration
 }
 
 // ReceiptPolicy is when the proxy adds the routing receipt to a response.

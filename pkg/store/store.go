@@ -36,8 +36,12 @@ type Record struct {
 	// order and escapes survive; a record written under "createBody" as a
 	// JSON value (compacted by an older build) still reads back.
 	CreateBody json.RawMessage `json:"-"`
-	CreatedAt  time.Time       `json:"createdAt"`
-	UpdatedAt  time.Time       `json:"updatedAt"`
+	// Draining lists the endpoints ("ip:port", as lbrule renders them)
+	// an operator put in maintenance: they take no new requests or flows
+	// until put back, across restarts.
+	Draining  []string  `json:"-"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
 }
 
 // recordWire is the stored form of a Record.
@@ -46,13 +50,14 @@ type recordWire struct {
 	Rule            json.RawMessage `json:"rule"`
 	CreateBodyBytes []byte          `json:"createBodyBytes,omitempty"`
 	LegacyBody      json.RawMessage `json:"createBody,omitempty"`
+	Draining        []string        `json:"draining,omitempty"`
 	CreatedAt       time.Time       `json:"createdAt"`
 	UpdatedAt       time.Time       `json:"updatedAt"`
 }
 
 // MarshalJSON stores the create body as exact bytes.
 func (r Record) MarshalJSON() ([]byte, error) {
-	return json.Marshal(recordWire{ID: r.ID, Rule: r.Rule, CreateBodyBytes: r.CreateBody, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt})
+	return json.Marshal(recordWire{ID: r.ID, Rule: r.Rule, CreateBodyBytes: r.CreateBody, Draining: r.Draining, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt})
 }
 
 // UnmarshalJSON reads both the exact and the older compacted create body.
@@ -61,7 +66,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
-	*r = Record{ID: w.ID, Rule: w.Rule, CreateBody: w.CreateBodyBytes, CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt}
+	*r = Record{ID: w.ID, Rule: w.Rule, CreateBody: w.CreateBodyBytes, Draining: w.Draining, CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt}
 	if r.CreateBody == nil {
 		r.CreateBody = w.LegacyBody
 	}
