@@ -21,6 +21,9 @@ type ResultBody struct {
 	ServiceID uint32 `json:"serviceID,omitempty"`
 	Created   *bool  `json:"created,omitempty"`
 	Deleted   int    `json:"deleted,omitempty"`
+	// Inert lists the fields the created rule sets that this gateway
+	// accepts and echoes but does not act on, each with the reason.
+	Inert []lbrule.InertField `json:"inert,omitempty"`
 }
 
 // LBList is the body of GET /config/loadbalancer/all.
@@ -89,4 +92,18 @@ type PrefillSlots struct {
 // Version is the body of GET /version.
 type Version struct {
 	Version string `json:"version"`
+}
+
+// EndpointDrain is the body of GET/POST/DELETE on an endpoint's drain
+// route: its maintenance state after the call.
+type EndpointDrain struct {
+	ServiceID uint32 `json:"serviceID"`
+	EPIdx     int    `json:"ep_idx"`
+	Endpoint  string `json:"endpoint"` // host:port
+	Draining  bool   `json:"draining"`
+	// Changed is false when the endpoint already was in that state.
+	Changed bool `json:"changed"`
+	// InFlight is the mode-4 requests still open to the endpoint; a
+	// draining endpoint is idle at 0. Absent without a mode-4 proxy.
+	InFlight *int `json:"inflight,omitempty"`
 }

@@ -64,7 +64,16 @@ type lbCtVal struct {
 	Mode       uint8
 	Pad        uint8
 	Epoch      uint32
-	Pad2       uint32
+	FibGen     uint32
+	FibIfindex uint32
+	FibIif     uint32
+	FibDmac    [6]uint8
+	FibSmac    [6]uint8
+	FibStamp   uint32
+	FibLen     uint16
+	FibTos     uint8
+	Pad2       uint8
+	Pad3       uint32
 }
 
 type lbLbCounter uint32
@@ -93,8 +102,14 @@ const (
 	lbLbCounterCNT_PROXY_ASSIGN_FAILED lbLbCounter = 20
 	lbLbCounterCNT_FLOW_STALE          lbLbCounter = 21
 	lbLbCounterCNT_RST_SENT            lbLbCounter = 22
-	lbLbCounterCNT_MAX                 lbLbCounter = 23
+	lbLbCounterCNT_FIB_CACHED          lbLbCounter = 23
+	lbLbCounterCNT_MAX                 lbLbCounter = 24
 )
+
+type lbLbFilter struct {
+	_    structs.HostLayout
+	Bits [256]uint64
+}
 
 type lbProxyVal struct {
 	_       structs.HostLayout
@@ -142,6 +157,8 @@ const (
 	lbMapLbConntrack     = "lb_conntrack"
 	lbMapLbCounters      = "lb_counters"
 	lbMapLbEpEpoch       = "lb_ep_epoch"
+	lbMapLbFibGen        = "lb_fib_gen"
+	lbMapLbFilter        = "lb_filter"
 	lbMapLbProxySocks    = "lb_proxy_socks"
 	lbMapLbProxyVips     = "lb_proxy_vips"
 	lbMapLbRrCursor      = "lb_rr_cursor"
@@ -211,6 +228,8 @@ type lbMapSpecs struct {
 	LbConntrack   *ebpf.MapSpec `ebpf:"lb_conntrack"`
 	LbCounters    *ebpf.MapSpec `ebpf:"lb_counters"`
 	LbEpEpoch     *ebpf.MapSpec `ebpf:"lb_ep_epoch"`
+	LbFibGen      *ebpf.MapSpec `ebpf:"lb_fib_gen"`
+	LbFilter      *ebpf.MapSpec `ebpf:"lb_filter"`
 	LbProxySocks  *ebpf.MapSpec `ebpf:"lb_proxy_socks"`
 	LbProxyVips   *ebpf.MapSpec `ebpf:"lb_proxy_vips"`
 	LbRrCursor    *ebpf.MapSpec `ebpf:"lb_rr_cursor"`
@@ -254,6 +273,8 @@ type lbMaps struct {
 	LbConntrack   *ebpf.Map `ebpf:"lb_conntrack"`
 	LbCounters    *ebpf.Map `ebpf:"lb_counters"`
 	LbEpEpoch     *ebpf.Map `ebpf:"lb_ep_epoch"`
+	LbFibGen      *ebpf.Map `ebpf:"lb_fib_gen"`
+	LbFilter      *ebpf.Map `ebpf:"lb_filter"`
 	LbProxySocks  *ebpf.Map `ebpf:"lb_proxy_socks"`
 	LbProxyVips   *ebpf.Map `ebpf:"lb_proxy_vips"`
 	LbRrCursor    *ebpf.Map `ebpf:"lb_rr_cursor"`
@@ -270,6 +291,8 @@ func (m *lbMaps) Close() error {
 		m.LbConntrack,
 		m.LbCounters,
 		m.LbEpEpoch,
+		m.LbFibGen,
+		m.LbFilter,
 		m.LbProxySocks,
 		m.LbProxyVips,
 		m.LbRrCursor,
