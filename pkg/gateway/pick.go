@@ -54,7 +54,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	}
 	cands := g.candidates(st)
 	ejected := g.ejectCandidates(st, cands)
-	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode, ShortestFirst: g.prefill.slots > 0}
+	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode, ShortestFirst: g.prefill.queues(st.id, len(st.addrs))}
 	freq := selector.Request{ClientIP: req.ClientAddr.Addr()}
 	// Only a hashing selector reads the key: round robin and the like
 	// skip building one (a copy of up to routingKeyBytes of the body).
