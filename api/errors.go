@@ -8,6 +8,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/store"
 )
 
 // Sentinels of the API layer itself.
@@ -29,6 +30,9 @@ const (
 	ReasonListenPermission = proxy.ReasonListenPermission
 	ReasonBodyTooLarge     = "API_BODY_TOO_LARGE"
 	ReasonBodyTimeout      = "API_BODY_TIMEOUT"
+	// ReasonStoreUnavailable: the shared rule store (etcd) cannot be
+	// reached; rules are not changed, the ones applied keep serving.
+	ReasonStoreUnavailable = "STORE_UNAVAILABLE"
 	reasonNone             = ""
 )
 
@@ -56,6 +60,8 @@ func classify(err error) (int, string) {
 		return http.StatusNotFound, reasonNone
 	case errors.Is(err, errUnavailable):
 		return http.StatusServiceUnavailable, reasonNone
+	case errors.Is(err, store.ErrUnavailable):
+		return http.StatusServiceUnavailable, ReasonStoreUnavailable
 	case listen && errors.Is(err, syscall.EADDRINUSE):
 		// Another process (or rule) holds the VIP:port.
 		return http.StatusConflict, ReasonVIPPortInUse

@@ -55,10 +55,14 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	ejected := g.ejectCandidates(st, cands)
 	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode, ShortestFirst: g.prefill.slots > 0}
 	freq := selector.Request{ClientIP: req.ClientAddr.Addr()}
-	if h := r.Service.SessionHeaderName; h != "" {
+	if h := r.Service.SessionHeaderName; h != "" && st.key.has(lbrule.ChwblFlagSession) {
 		if v := req.Header.Get(h); v != "" {
 			freq.Key = []byte(v)
 		}
+	}
+	kr, err := g.keyRequest(st, req)
+	if err != nil {
+		return proxy.Plan{}, err
 	}
 
 	model := r.Service.ModelName
@@ -74,7 +78,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 
 	switch {
 	case st.hasher == nil:
-		g.fillKeyFromBody(&freq, model, req.Body)
+		g.fillKey(st, &freq, model, req, kr)
 		d = g.router.Fallback(view, router.ReasonModeOff, cands, st.sel, freq)
 	case !isInference(req.Method, req.Path):
 		d = g.router.Fallback(view, ReasonNotInference, cands, st.sel, freq)
@@ -82,23 +86,37 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		g.m.missed(st.label, ReasonNoModel)
 		d = g.router.Fallback(view, ReasonNoModel, cands, st.sel, freq)
 	default:
-		ids, reason, err := g.promptTokens(ctx, st, model, req)
+		ids, rendered, reason, err := g.promptTokensRendered(ctx, st, model, req)
 		if err != nil {
 			return proxy.Plan{}, err
 		}
 		if reason != "" {
-			g.fillKeyFromBody(&freq, model, req.Body)
+			g.fillKey(st, &freq, model, req, kr)
 			d = g.router.Fallback(view, reason, cands, st.sel, freq)
 			break
 		}
 		promptTokens = len(ids)
 		keys = st.hasher.Keys(keys, ids)
-		if freq.Key == nil {
-			freq.Key = tokenKey(model, ids)
+		if freq.Key == nil && usesKey(r.Service.Sel) {
+			switch {
+			case kr == nil:
+				freq.Key = tokenKey(model, ids)
+			case req.Path == "/v1/completions":
+				freq.Key = st.key.tokenBlocksKey(model, *kr, ids, keys, st.hasher.BlockSize())
+			default:
+				tok, _ := g.tok.Get(model)
+				var ok bool
+				if freq.Key, ok = st.key.chatTokenKey(model, *kr, tok, rendered, ids, keys, st.hasher.BlockSize()); !ok {
+					freq.Key = st.key.requestKey(model, req.Path, *kr)
+				}
+			}
 		}
 		d = g.router.Decide(view, keys, st.hasher.BlockSize(), cands, st.sel, freq)
 	}
 	if d.EP < 0 {
+		if st.draining != nil {
+			return proxy.Plan{}, fmt.Errorf("%w: rule %d has no healthy endpoint that is not draining", proxy.ErrUnavailable, st.id)
+		}
 		return proxy.Plan{}, fmt.Errorf("%w: rule %d has no healthy endpoint", proxy.ErrUnavailable, st.id)
 	}
 	if len(keys) > 0 && g.cfg.SpeculativeTTL > 0 {
@@ -121,12 +139,16 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	uncached := int64(max(promptTokens-d.PredictedCachedTokens(), 1))
 	lead := func() {} // ends this request's coalescing leadership
 	slot := func() {} // frees its prefill slot
+	work := func() {} // uncounts its outstanding prefill work
+	if promptTokens > 0 {
+		work = g.work.add(st.id, d.EP, uncached)
+	}
 	var follow, self *leader
 	if promptTokens > 0 && g.cfg.CoalesceWait > 0 {
 		follow = g.leaderFor(st, d, keys)
 		lead, self = g.leaders.register(st.id, d.EP, keys[min(d.MatchedBlocks, len(keys)):], uncached)
 	}
-	release := func() { lead(); slot() }
+	release := func() { lead(); slot(); work() }
 	plan.FirstByte = release
 	plan.Done = func(proxy.Result) { release() }
 	if st.hasher != nil && len(keys) > 0 {
@@ -149,11 +171,12 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		g.m.coalesceWait.WithLabelValues(st.label).Observe(time.Since(start).Seconds())
 		if out == waitCancelled {
 			lead()
+			work()
 			return proxy.Plan{}, fmt.Errorf("%w: client went away while waiting for a shared prefill", proxy.ErrClientCanceled)
 		}
 		inherit = out == waitReleased
 	}
-	if promptTokens > 0 && g.prefill.slots > 0 {
+	if promptTokens > 0 && g.prefill.on() {
 		start := time.Now()
 		var out admitOutcome
 		slot, out = g.prefill.admit(ctx, st.id, d.EP, uncached, self, g.cfg.PrefillQueueWait, inherit)
@@ -163,6 +186,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		}
 		if out == admitCancelled {
 			lead()
+			work()
 			return proxy.Plan{}, fmt.Errorf("%w: client went away while queued for a prefill slot", proxy.ErrClientCanceled)
 		}
 	}
@@ -229,6 +253,13 @@ func (g *Gateway) logReject(st *service, reason string, err error) {
 // the request itself is malformed, too long, or its client went away
 // while it waited for a tokenization slot.
 func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, req *proxy.Request) ([]uint32, string, error) {
+	ids, _, reason, err := g.promptTokensRendered(ctx, st, model, req)
+	return ids, reason, err
+}
+
+// promptTokensRendered is promptTokens that also returns the rendered chat
+// prompt (empty for completions).
+func (g *Gateway) promptTokensRendered(ctx context.Context, st *service, model string, req *proxy.Request) ([]uint32, string, string, error) {
 	tok, err := g.tok.Get(model)
 	if err != nil {
 		label := model
@@ -240,9 +271,10 @@ func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, r
 			}
 		}
 		g.m.tokenizerMissing(st.label, label, err)
-		return nil, router.ReasonNoTokenizer, nil
+		return nil, "", router.ReasonNoTokenizer, nil
 	}
-	opts := tokenizer.RequestOptions{MaxPromptBytes: g.cfg.MaxPromptBytes, MaxPromptTokens: g.cfg.MaxPromptTokens}
+	opts := tokenizer.RequestOptions{MaxPromptBytes: g.cfg.MaxPromptBytes, MaxPromptTokens: g.cfg.MaxPromptTokens,
+		CompletionsBOS: st.rule.Profile().CompletionsBOS}
 	if opts.MaxPromptTokens <= 0 {
 		opts.MaxPromptTokens = tok.MaxLength()
 		if opts.MaxPromptTokens <= 0 {
@@ -257,7 +289,7 @@ func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, r
 		g.m.tokWaiting.Dec()
 	case <-ctx.Done():
 		g.m.tokWaiting.Dec()
-		return nil, "", fmt.Errorf("%w: client went away while waiting to be tokenized", proxy.ErrClientCanceled)
+		return nil, "", "", fmt.Errorf("%w: client went away while waiting to be tokenized", proxy.ErrClientCanceled)
 	}
 	rt, err := tok.EncodeRequestWith(st.rule.Engine(), req.Path, req.Body, opts)
 	<-g.tokSlots
@@ -267,18 +299,18 @@ func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, r
 			g.m.rejected(st.label, rejectPrompt)
 			err = fmt.Errorf("%w: %v (model %q)", proxy.ErrBadRequest, err, model)
 			g.logReject(st, rejectPrompt, err)
-			return nil, "", err
+			return nil, "", "", err
 		case errors.Is(err, tokenizer.ErrBadRequest):
-			return nil, "", fmt.Errorf("%w: %v", proxy.ErrBadRequest, err)
+			return nil, "", "", fmt.Errorf("%w: %v", proxy.ErrBadRequest, err)
 		}
 		g.m.missed(st.label, router.ReasonUnhashable)
-		return nil, router.ReasonUnhashable, nil
+		return nil, "", router.ReasonUnhashable, nil
 	}
 	if rt.Unhashable != "" {
 		g.m.unhashable(st.label, rt.Unhashable)
-		return nil, router.ReasonUnhashable, nil
+		return nil, "", router.ReasonUnhashable, nil
 	}
-	return rt.IDs, "", nil
+	return rt.IDs, rt.Rendered, "", nil
 }
 
 func (g *Gateway) candidates(st *service) []selector.Candidate {
@@ -289,8 +321,8 @@ func (g *Gateway) candidates(st *service) []selector.Candidate {
 		if r.Service.PDDisagg && ep.Role != lbrule.RoleNone {
 			continue
 		}
-		c := selector.Candidate{Idx: i, Weight: ep.Weight, Healthy: true}
-		if g.health != nil {
+		c := selector.Candidate{Idx: i, Weight: ep.Weight, Healthy: !st.isDraining(i)}
+		if g.health != nil && c.Healthy {
 			c.Healthy = g.health.Healthy(st.id, i)
 		}
 		if pt != nil {
@@ -301,6 +333,7 @@ func (g *Gateway) candidates(st *service) []selector.Candidate {
 		c.InFlight += g.leaders.heldFor(st.id, i)
 		// So are requests queued for one of its prefill slots.
 		c.InFlight += g.prefill.queuedFor(st.id, i)
+		c.PrefillTokens = g.work.outstanding(st.id, i)
 		if g.engine != nil {
 			if m, ok := g.engine.Metrics(st.id, i); ok {
 				c.Metrics = m
@@ -340,9 +373,46 @@ func tokenKey(model string, ids []uint32) []byte {
 	return b
 }
 
-// fillKeyFromBody keys the selectors on model + a body prefix when the
-// prompt is not tokenized. A client sends the same prompt prefix in the
-// same byte order, so repeated prefixes still meet on one endpoint.
+// rejectCacheSalt counts requests refused for lacking the cache_salt
+// their rule requires (chwbl_enable_cache_salt).
+const rejectCacheSalt = "cache_salt_missing"
+
+// keyRequest parses what the routing key reads from an inference request,
+// when the rule's selector hashes a key or the rule requires cache_salt;
+// nil otherwise, or when the body is not a JSON object.
+func (g *Gateway) keyRequest(st *service, req *proxy.Request) (*keyRequest, error) {
+	if !isInference(req.Method, req.Path) || !usesKey(st.rule.Service.Sel) && !st.key.requireSalt {
+		return nil, nil
+	}
+	kr, ok := parseKeyRequest(req.Body)
+	if err := st.key.checkCacheSalt(kr); err != nil {
+		g.m.rejected(st.label, rejectCacheSalt)
+		g.logReject(st, rejectCacheSalt, err)
+		return nil, err
+	}
+	if !ok {
+		return nil, nil
+	}
+	return &kr, nil
+}
+
+// fillKey keys the hashing selectors when the prompt is not tokenized: on
+// the prompt prefix at the rule's depth (routekey.go), or on model + the
+// first bytes of a body that is not a JSON object.
+func (g *Gateway) fillKey(st *service, freq *selector.Request, model string, req *proxy.Request, kr *keyRequest) {
+	if freq.Key != nil || !usesKey(st.rule.Service.Sel) {
+		return
+	}
+	if kr != nil {
+		freq.Key = st.key.requestKey(model, req.Path, *kr)
+		return
+	}
+	g.fillKeyFromBody(freq, model, req.Body)
+}
+
+// fillKeyFromBody keys the selectors on model + a body prefix. A client
+// sends the same prompt prefix in the same byte order, so repeated
+// prefixes still meet on one endpoint.
 func (g *Gateway) fillKeyFromBody(freq *selector.Request, model string, body []byte) {
 	if freq.Key != nil || len(body) == 0 {
 		return

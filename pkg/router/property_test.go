@@ -82,14 +82,14 @@ func TestDecideInvariants(t *testing.T) {
 			t.Fatalf("iter %d: receipt says %d matched, inventory %d", iter, d.MatchedBlocks, out[0])
 		}
 		okReason := map[string][]string{
-			TierKV:       {ReasonLongestPrefix, ReasonLoadBlend},
+			TierKV:       {ReasonLongestPrefix, ReasonLoadBlend, ReasonLeastPrefill},
 			TierSpill:    {ReasonLoadBlend, ReasonOverCap},
 			TierColdSeed: {ReasonColdSeed},
 		}[d.Tier]
 		if !slices.Contains(okReason, d.Reason) {
 			t.Fatalf("iter %d: tier/reason mismatch %+v", iter, d)
 		}
-		if (d.From >= 0) != (d.Reason != ReasonLongestPrefix) {
+		if (d.From >= 0) != (d.Reason != ReasonLongestPrefix && d.Reason != ReasonLeastPrefill) {
 			t.Fatalf("iter %d: from/reason mismatch %+v", iter, d)
 		}
 		// Spill relief never moves a request onto an endpoint above the cap.

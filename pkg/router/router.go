@@ -91,6 +91,10 @@ const (
 	ReasonLoadBlend     = "load_blend"     // the blend preferred a less loaded, less warm endpoint
 	ReasonOverCap       = "over_cap"       // spill relief: the chosen endpoint was above the fleet cap
 	ReasonColdSeed      = "cold_seed"
+	// ReasonLeastPrefill: every healthy endpoint holds the same prefix (a
+	// shared system prompt), so overlap chose nothing and the request went
+	// to the least outstanding prefill work, as a miss does.
+	ReasonLeastPrefill = "least_prefill"
 
 	ReasonModeOff        = "mode_off"        // rule has kvExactMode 0
 	ReasonShortPrompt    = "short_prompt"    // prompt has no full block
@@ -165,6 +169,10 @@ type serviceState struct {
 	// the prefill work one more request of load typically represents. 0
 	// until the first sample.
 	work atomic.Uint64
+	// seedDue is set by every ColdSeedN-th hit and cleared by the hit that
+	// takes the seed: a hit whose move would throw away a long cached
+	// prefix leaves it for a later, shorter one.
+	seedDue atomic.Bool
 }
 
 // workStep is the multiplicative step of the median estimate: each request
@@ -239,6 +247,7 @@ type scratch struct {
 	match []int
 	conf  []int // confirmed (non-speculative) matches, for the watchdog
 	load  []float64
+	tied  []selector.Candidate // misses: the candidates with the least outstanding prefill
 }
 
 type metrics struct {
@@ -404,6 +413,120 @@ func leastLoaded(cands []selector.Candidate, w selector.LoadWeights) (int, bool)
 	return cands[best].Idx, true
 }
 
+// placeMiss routes a tokenized request that matched nothing usable (no
+// full block, empty or non-matching inventories, a shallow match) to the
+// healthy candidate with the least outstanding prefill work, then the
+// least load; the rule's selector breaks ties among those. A miss
+// recomputes its whole prompt wherever it goes, so its only choice is
+// whose queue it joins: the rule's selector alone would send it behind
+// the long prefills that cached prefixes concentrate on a few endpoints
+// (measured: a 50/50 mix of document questions and one-shot prompts had
+// a worse TTFT p99 than round robin), and its own prefill delays every
+// request queued behind it there.
+func (r *Router) placeMiss(st *serviceState, s *scratch, reason string, total, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
+	ep, load, ok := r.leastWork(s, cands, fallback, freq)
+	if !ok {
+		return r.fallback(st, ReasonNoHealthy, total, blockSize, cands, fallback, freq)
+	}
+	d := Decision{EP: ep, Tier: TierFallback, TotalBlocks: total, BlockSize: blockSize, From: -1, Load: load, Reason: reason}
+	r.m.miss.WithLabelValues(st.label, d.Reason).Inc()
+	return d
+}
+
+// leastWork returns the healthy candidate (its Idx and load) with the
+// least outstanding prefill work, then the least load in whole
+// request-equivalents (the KV-pressure term would make every load
+// distinct); the rule's selector, when given, chooses among ties. ok is
+// false when no candidate is healthy.
+func (r *Router) leastWork(s *scratch, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) (int, float64, bool) {
+	best := -1
+	var bestWork int64
+	var bestLoad float64
+	s.tied = s.tied[:0]
+	for i := range cands {
+		c := &cands[i]
+		if !c.Healthy {
+			continue
+		}
+		work, load := max(c.PrefillTokens, 0), math.Floor(selector.Load(*c, r.cfg.LoadWeights))
+		if best < 0 || work < bestWork || (work == bestWork && load < bestLoad) {
+			best, bestWork, bestLoad = i, work, load
+			s.tied = s.tied[:0]
+		}
+		if work == bestWork && load == bestLoad {
+			s.tied = append(s.tied, *c)
+		}
+	}
+	if best < 0 {
+		return -1, 0, false
+	}
+	ep, ok := -1, false
+	if fallback != nil && len(s.tied) > 1 {
+		ep, ok = fallback.Pick(freq, s.tied)
+	}
+	if !ok {
+		ep = s.tied[0].Idx
+	}
+	for i := range s.tied {
+		if s.tied[i].Idx == ep {
+			return ep, selector.Load(s.tied[i], r.cfg.LoadWeights), true
+		}
+	}
+	return s.tied[0].Idx, selector.Load(s.tied[0], r.cfg.LoadWeights), true
+}
+
+// evenMatch reports whether every healthy candidate holds the same prefix
+// of the request.
+func (r *Router) evenMatch(s *scratch) bool {
+	for _, m := range s.match[1:] {
+		if m != s.match[0] {
+			return false
+		}
+	}
+	return true
+}
+
+// placeEven routes a hit whose prefix every healthy endpoint holds alike
+// (typically a shared system prompt before a one-shot question): overlap
+// cannot choose, and what the request costs anywhere is its uncached rest,
+// so it joins the shortest prefill queue, exactly as a miss does.
+func (r *Router) placeEven(st *serviceState, s *scratch, warm, warmUncached, total, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
+	ep, load, _ := r.leastWork(s, cands, fallback, freq)
+	d := Decision{EP: ep, Tier: TierKV, MatchedBlocks: s.match[warm], TotalBlocks: total, BlockSize: blockSize,
+		From: -1, Load: load, Reason: ReasonLeastPrefill}
+	if r.cfg.LoadPenalty == LoadPenaltyAdaptive {
+		st.observeWork(warmUncached, blockSize)
+	}
+	r.m.hits.WithLabelValues(st.label, strconv.Itoa(ep)).Inc()
+	return d
+}
+
+// movePays reports whether moving a request from healthy candidate win to
+// alt (positions in the scratch slices) saves more prefill waiting than
+// the cached tokens it throws away: the move must beat its recompute cost.
+// The wait at an endpoint, in tokens, is the larger of its outstanding
+// prefill work and its load priced at penalty tokens per request.
+func (r *Router) movePays(s *scratch, cands []selector.Candidate, win, alt, total, blockSize int, penalty float64) bool {
+	if alt == win {
+		return true
+	}
+	wait := func(i int) float64 {
+		return max(float64(cands[s.pos[i]].PrefillTokens), penalty*s.load[i])
+	}
+	own := func(i int) float64 { return float64(max(total-s.match[i], 1) * blockSize) }
+	return wait(alt)+own(alt) < wait(win)+own(win)
+}
+
+// seedLossLimit is the most cached prefix, in tokens, a cold seed may throw
+// away: the prefill work one request of load is worth (the penalty) or
+// ColdMinBlocks blocks, whichever is more. That is enough to give a cold
+// endpoint its first blocks, and a session with a long cached history is
+// never moved mid-conversation to prime one: the seed waits for a request
+// whose loss is small.
+func (r *Router) seedLossLimit(penalty float64, blockSize int) float64 {
+	return max(penalty, float64(max(r.cfg.ColdMinBlocks, 1)*blockSize))
+}
+
 // spillRelief reports whether relief applies to the service.
 func (r *Router) spillRelief(svc ServiceView) bool {
 	if r.cfg.SpillRelief != nil {
@@ -426,7 +549,10 @@ func (r *Router) spillRelief(svc ServiceView) bool {
 //     miss (no_match, or empty_inventory when every inventory is empty);
 //     best < minBlocks is a miss (shallow), where minBlocks =
 //     min(ceil(LLB_KV_MIN_MATCH_TOKENS/blockSize), len(keys)), at least 1.
-//     A miss goes to the fallback selector.
+//     A miss goes to the healthy candidate with the least outstanding
+//     prefill work (Candidate.PrefillTokens), then the least load; the
+//     fallback selector breaks ties (see placeMiss). So does a hit whose
+//     prefix every healthy candidate holds alike (reason least_prefill).
 //
 //  2. Blend. Each healthy candidate scores
 //
@@ -464,12 +590,16 @@ func (r *Router) spillRelief(svc ServiceView) bool {
 //  3. Spill relief (when enabled). cap = ceil(MeanLoadFactor/100·(L+1)/n),
 //     L the summed load of the n healthy candidates. If the winner has at
 //     least SpillMinLoad load and load+1 > cap, the request moves to the
-//     best-scoring candidate with load+1 <= cap; since the score includes
-//     overlap, a second warm endpoint is preferred over a cold one.
+//     best-scoring candidate with load+1 <= cap whose move pays (movePays:
+//     the prefill waiting it avoids exceeds the cached tokens it throws
+//     away); since the score includes overlap, a second warm endpoint is
+//     preferred over a cold one.
 //
-//  4. Cold seeding. Every ColdSeedN-th hit of the service is diverted to the
-//     lowest-index healthy candidate whose inventory is below ColdMinBlocks,
-//     so a restarted endpoint re-enters a warm fleet.
+//  4. Cold seeding. Every ColdSeedN-th hit of the service makes a seed due;
+//     the next hit whose cached prefix is at most seedLossLimit tokens is
+//     diverted to the lowest-index healthy candidate whose inventory is
+//     below ColdMinBlocks, so a restarted endpoint re-enters a warm fleet
+//     without moving a long session off its history.
 //
 // Zero-hit watchdog: every lookup where all healthy inventories miss
 // although one is non-empty extends a per-service run; a hit resets it. When
@@ -495,12 +625,13 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		return r.fallback(st, ReasonModeOff, total, blockSize, cands, fallback, freq)
 	case blockSize <= 0:
 		return r.fallback(st, ReasonUnhashable, total, blockSize, cands, fallback, freq)
-	case total == 0:
-		return r.fallback(st, ReasonShortPrompt, total, blockSize, cands, fallback, freq)
 	}
 
 	s := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(s)
+	if total == 0 {
+		return r.placeMiss(st, s, ReasonShortPrompt, total, blockSize, cands, fallback, freq)
+	}
 	s.eps, s.pos, s.load = s.eps[:0], s.pos[:0], s.load[:0]
 	for i := range cands {
 		if cands[i].Healthy {
@@ -542,10 +673,10 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 			}
 		}
 		if !nonEmpty {
-			return r.fallback(st, ReasonEmptyInventory, total, blockSize, cands, fallback, freq)
+			return r.placeMiss(st, s, ReasonEmptyInventory, total, blockSize, cands, fallback, freq)
 		}
 		r.zeroHit(st, svc, s.eps)
-		return r.fallback(st, ReasonNoMatch, total, blockSize, cands, fallback, freq)
+		return r.placeMiss(st, s, ReasonNoMatch, total, blockSize, cands, fallback, freq)
 	}
 	r.confirmHit(st, svc, keys, s)
 
@@ -554,11 +685,15 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		minBlocks = min((r.cfg.MinMatchTokens+blockSize-1)/blockSize, total)
 	}
 	if s.match[warm] < minBlocks {
-		return r.fallback(st, ReasonShallow, total, blockSize, cands, fallback, freq)
+		return r.placeMiss(st, s, ReasonShallow, total, blockSize, cands, fallback, freq)
+	}
+
+	warmUncached := (total - s.match[warm]) * blockSize
+	if n > 1 && r.evenMatch(s) {
+		return r.placeEven(st, s, warm, warmUncached, total, blockSize, cands, fallback, freq)
 	}
 
 	// 2. Blend.
-	warmUncached := (total - s.match[warm]) * blockSize
 	penalty := r.penalty(st, warmUncached, blockSize)
 	score := func(i int) float64 {
 		m := s.match[i]
@@ -615,7 +750,7 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		if s.load[win]+1 > capLoad {
 			alt := -1
 			for i := 0; i < n; i++ {
-				if s.load[i]+1 <= capLoad && (alt < 0 || better(i, alt)) {
+				if s.load[i]+1 <= capLoad && (alt < 0 || better(i, alt)) && r.movePays(s, cands, win, i, total, blockSize, penalty) {
 					alt = i
 				}
 			}
@@ -630,6 +765,9 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 
 	// 4. Cold seeding.
 	if r.cfg.ColdSeedN > 0 && st.tick.Add(1)%uint64(r.cfg.ColdSeedN) == 0 {
+		st.seedDue.Store(true)
+	}
+	if st.seedDue.Load() && float64(s.match[win]*blockSize) <= r.seedLossLimit(penalty, blockSize) {
 		floor := max(r.cfg.ColdMinBlocks, 1)
 		cold := -1
 		for i := 0; i < n; i++ {
@@ -637,7 +775,10 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 				cold = i
 			}
 		}
-		if cold >= 0 {
+		switch {
+		case cold < 0:
+			st.seedDue.Store(false) // nothing to seed
+		case st.seedDue.CompareAndSwap(true, false):
 			from = win
 			win, tier, reason = cold, TierColdSeed, ReasonColdSeed
 		}

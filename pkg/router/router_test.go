@@ -261,19 +261,27 @@ func TestSpillUnderHotPrefix(t *testing.T) {
 	inv.add(7, 3, chain(4, 20)...)
 	cs := cands(4)
 	cs[0].InFlight, cs[1].InFlight, cs[2].InFlight, cs[3].InFlight = 10, 1, 1, 1
-	// sum 13, n 4: cap = ceil(1.75*14/4) = 7; endpoint 0 is above it.
+	// sum 13, n 4: cap = ceil(2*14/4) = 7; endpoint 0 is above it, with
+	// 4k tokens of prefill queued: more than the 1k tokens endpoint 2
+	// would recompute.
+	cs[0].PrefillTokens = 4096
 	for _, c := range []struct {
-		name   string
-		svc    ServiceView
-		relief *bool
-		want   int
-		tier   string
+		name    string
+		svc     ServiceView
+		relief  *bool
+		prefill int64 // endpoint 0's outstanding prefill tokens
+		want    int
+		tier    string
 	}{
-		{"mode 3 default on", mode3, nil, 2, TierSpill},
-		{"mode 1 default off", ServiceView{ID: 7, KVExactMode: 1}, nil, 0, TierKV},
-		{"forced off", mode3, boolp(false), 0, TierKV},
-		{"forced on in mode 1", ServiceView{ID: 7, KVExactMode: 1}, boolp(true), 2, TierSpill},
+		{"mode 3 default on", mode3, nil, 4096, 2, TierSpill},
+		{"mode 1 default off", ServiceView{ID: 7, KVExactMode: 1}, nil, 4096, 0, TierKV},
+		{"forced off", mode3, boolp(false), 4096, 0, TierKV},
+		{"forced on in mode 1", ServiceView{ID: 7, KVExactMode: 1}, boolp(true), 4096, 2, TierSpill},
+		// The ten requests are past their prefill (decoding): waiting
+		// behind them costs less than recomputing 1k tokens elsewhere.
+		{"move does not beat the recompute", mode3, nil, 0, 0, TierKV},
 	} {
+		cs[0].PrefillTokens = c.prefill
 		cfg := DefaultConfig()
 		cfg.SpillRelief = c.relief
 		cfg.ColdSeedN = 0
@@ -298,7 +306,9 @@ func TestSpillMinLoadFloor(t *testing.T) {
 	inv := newFakeInv()
 	inv.add(7, 0, q...)
 	cs := cands(4)
-	cs[0].InFlight = 1 // cap = ceil(1.75*2/4) = 1, so loxilb would spill
+	cs[0].InFlight = 1 // cap = ceil(2*2/4) = 1, so loxilb would spill
+	// ... and it is prefilling 1k tokens, so the move would pay.
+	cs[0].PrefillTokens = 1024
 	for _, c := range []struct {
 		floor, want int
 	}{{2, 0}, {1, 1}, {0, 1}} {
@@ -312,10 +322,12 @@ func TestSpillMinLoadFloor(t *testing.T) {
 	}
 }
 
-// A burst on one hot prefix, nothing completing: relief keeps every
-// endpoint within the fleet cap, and spilled requests prefer the endpoint
-// that already received siblings (modelled by recording its blocks, as the
-// proxy's speculative entries do).
+// A burst on one hot prefix, each request with its own 512-token question,
+// nothing completing: relief moves requests once the prefill queued on the
+// warm endpoint outweighs recomputing the prefix, keeps the load within
+// twice the mean, and spilled requests prefer the endpoint that already
+// received siblings (modelled by recording its blocks, as the proxy's
+// speculative entries do).
 func TestHotPrefixBurst(t *testing.T) {
 	q := chain(1, 128)
 	inv := newFakeInv()
@@ -328,23 +340,21 @@ func TestHotPrefixBurst(t *testing.T) {
 	r, _ := newRouter(t, cfg, inv)
 	cs := cands(4)
 	for i := 0; i < 64; i++ {
-		d := r.Decide(mode3, q, 16, cs, rr(t), selector.Request{})
+		keys := append(append([]uint64(nil), q...), chain(uint64(100+i), 32)...)
+		d := r.Decide(mode3, keys, 16, cs, rr(t), selector.Request{})
 		if d.EP < 0 || d.Tier == TierFallback {
 			t.Fatalf("request %d: %+v", i, d)
 		}
-		sum := 0
-		for _, c := range cs {
-			sum += c.InFlight
-		}
-		capLoad := (cfg.MeanLoadFactor*(sum+1) + 399) / 400
-		if cs[d.EP].InFlight+1 > max(capLoad, cfg.SpillMinLoad) {
-			t.Fatalf("request %d put ep %d at %d > cap %d", i, d.EP, cs[d.EP].InFlight+1, capLoad)
-		}
 		cs[d.EP].InFlight++
+		cs[d.EP].PrefillTokens += int64((d.TotalBlocks - d.MatchedBlocks) * 16)
 		inv.add(7, d.EP, q...)
 	}
-	if cs[0].InFlight < cs[1].InFlight || cs[0].InFlight < 16 {
-		t.Errorf("warm endpoint should carry the most: %+v", cs)
+	maxLoad := 0
+	for _, c := range cs {
+		maxLoad = max(maxLoad, c.InFlight)
+	}
+	if cs[0].InFlight < maxLoad || maxLoad > 2*64/4 {
+		t.Errorf("warm endpoint should carry the most, at most twice the mean: %+v", cs)
 	}
 	spills := 0.0
 	for ep := 0; ep < 4; ep++ {
@@ -809,5 +819,109 @@ func TestWatchdogIgnoresSpeculativeHits(t *testing.T) {
 	r.Decide(mode3, q, 16, cands(2), rr(t), selector.Request{})
 	if r.ZeroHitStreak(7) != 0 {
 		t.Fatalf("confirmed hit did not reset the streak")
+	}
+}
+
+// A request that matches nothing recomputes its whole prompt wherever it
+// goes: it joins the shortest prefill queue, not the rule selector's pick,
+// and the selector only breaks ties. Requests that were not tokenized keep
+// the rule's selector.
+func TestMissGoesToLeastPrefillWork(t *testing.T) {
+	q := chain(1, 16)
+	inv := newFakeInv()
+	inv.add(7, 0, chain(2, 64)...)
+	inv.add(7, 2, chain(3, 64)...)
+	cfg := DefaultConfig()
+	cfg.ColdSeedN = 0
+	r, _ := newRouter(t, cfg, inv)
+	cs := cands(4)
+	// Endpoints 0 and 2 are prefilling documents; 3 a little.
+	cs[0].PrefillTokens, cs[2].PrefillTokens, cs[3].PrefillTokens = 6000, 3000, 200
+	sel := rr(t)
+	for i := 0; i < 3; i++ {
+		d := r.Decide(mode3, q, 16, cs, sel, selector.Request{})
+		if d.EP != 1 || d.Tier != TierFallback || d.Reason != ReasonNoMatch {
+			t.Fatalf("miss %d: %+v, want endpoint 1 (no prefill outstanding)", i, d)
+		}
+	}
+	// Shallow and empty-inventory misses too.
+	cfg.MinMatchTokens = 1024
+	r2, _ := newRouter(t, cfg, inv)
+	q2 := chain(4, 16)
+	inv.add(7, 0, q2[:2]...)
+	if d := r2.Decide(mode3, q2, 16, cs, sel, selector.Request{}); d.EP != 1 || d.Reason != ReasonShallow {
+		t.Fatalf("shallow miss: %+v", d)
+	}
+	if d := r.Decide(ServiceView{ID: 9, KVExactMode: 3}, q, 16, cs, sel, selector.Request{}); d.EP != 1 || d.Reason != ReasonEmptyInventory {
+		t.Fatalf("empty-inventory miss: %+v", d)
+	}
+	// Equal prefill work, unequal load: the less loaded one.
+	cs[3].PrefillTokens, cs[1].InFlight = 0, 2
+	if d := r.Decide(mode3, q, 16, cs, sel, selector.Request{}); d.EP != 3 {
+		t.Fatalf("tie on work should go to the less loaded endpoint 3: %+v", d)
+	}
+	// A full tie: the rule's selector rotates among the tied endpoints only.
+	cs[1].InFlight = 0
+	seen := map[int]int{}
+	for i := 0; i < 8; i++ {
+		seen[r.Decide(mode3, q, 16, cs, sel, selector.Request{}).EP]++
+	}
+	if len(seen) != 2 || seen[1] != 4 || seen[3] != 4 {
+		t.Fatalf("tied misses should alternate over endpoints 1 and 3: %v", seen)
+	}
+	// Not tokenized: the rule's selector, whatever the prefill work.
+	lc, _ := selector.New(selector.SelLeastConn, selector.Options{})
+	cs[0].InFlight, cs[1].InFlight, cs[2].InFlight, cs[3].InFlight = 0, 3, 3, 3
+	if d := r.Fallback(mode3, ReasonNoTokenizer, cs, lc, selector.Request{}); d.EP != 0 {
+		t.Fatalf("untokenized request should follow the rule's selector: %+v", d)
+	}
+}
+
+// A session step with a long cached history is never moved to prime a cold
+// endpoint: the seed waits for a request whose cached prefix is short.
+func TestColdSeedSparesLongSessions(t *testing.T) {
+	session := chain(1, 136) // a ~2k-token history + a new turn
+	inv := newFakeInv()
+	inv.add(7, 0, session[:128]...)
+	short := chain(2, 20)
+	inv.add(7, 1, short[:4]...)
+	inv.add(7, 1, chain(9, 100)...)
+	// endpoint 2 is empty (cold); endpoint 3 warm with other prefixes.
+	inv.add(7, 3, chain(8, 100)...)
+	cfg := DefaultConfig()
+	cfg.ColdSeedN = 1
+	r, _ := newRouter(t, cfg, inv)
+	cs := cands(4)
+	for i := 0; i < 3; i++ {
+		d := r.Decide(mode3, session, 16, cs, rr(t), selector.Request{})
+		if d.EP != 0 || d.Tier != TierKV || d.MatchedBlocks != 128 {
+			t.Fatalf("session step %d moved off its 2k-token history: %+v", i, d)
+		}
+	}
+	// The seed is still due: a request that loses 64 tokens takes it.
+	d := r.Decide(mode3, short, 16, cs, rr(t), selector.Request{})
+	if d.EP != 2 || d.Tier != TierColdSeed || d.From != 1 {
+		t.Fatalf("short request should seed cold endpoint 2: %+v", d)
+	}
+}
+
+// A one-shot question after a system prompt every endpoint holds: overlap
+// cannot choose, so the request goes where the least prefill is queued,
+// not to the lowest index the blend's tie-break would pick.
+func TestSharedSystemPromptPlacedByPrefillWork(t *testing.T) {
+	sys := chain(1, 8)
+	q := append(append([]uint64(nil), sys...), chain(2, 60)...)
+	inv := newFakeInv()
+	for ep := 0; ep < 4; ep++ {
+		inv.add(7, ep, sys...)
+	}
+	cfg := DefaultConfig()
+	cfg.ColdSeedN = 0
+	r, _ := newRouter(t, cfg, inv)
+	cs := cands(4)
+	cs[0].PrefillTokens, cs[1].PrefillTokens, cs[3].PrefillTokens = 5000, 2200, 900
+	d := r.Decide(mode3, q, 16, cs, rr(t), selector.Request{})
+	if d.EP != 2 || d.Tier != TierKV || d.Reason != ReasonLeastPrefill || d.MatchedBlocks != 8 || d.From != -1 {
+		t.Fatalf("got %+v, want endpoint 2 (no prefill queued) by least_prefill", d)
 	}
 }

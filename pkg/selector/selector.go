@@ -53,7 +53,12 @@ type Candidate struct {
 	Weight   int
 	Healthy  bool
 	InFlight int // requests the proxy currently has open to this endpoint
-	Metrics  EngineMetrics
+	// PrefillTokens is the prefill work outstanding on this endpoint: the
+	// uncached prompt tokens of requests the gateway routed to it whose
+	// first byte has not come back yet. 0 when the gateway does not track
+	// it (prompts not tokenized). The KV router places misses by it.
+	PrefillTokens int64
+	Metrics       EngineMetrics
 }
 
 // Request carries what a selector may key on.

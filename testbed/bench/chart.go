@@ -35,8 +35,8 @@ func Chart(w *WorkloadResult, f FleetConfig) string {
 	fmt.Fprintf(&b, `<text x="20" y="26" font-size="17" font-weight="bold">%s</text>`+"\n", html.EscapeString(w.Workload.Name+": "+w.Workload.Title))
 	fmt.Fprintf(&b, `<text x="20" y="46" fill="#444" font-size="11">%s</text>`+"\n", html.EscapeString(w.Workload.Description))
 	fmt.Fprintf(&b, `<text x="20" y="64" fill="#444" font-size="11">%s</text>`+"\n", html.EscapeString(fmt.Sprintf(
-		"%d vLLM emulators x %d blocks x %d tokens; prefill %.0f us/uncached token; decode %.0f ms/step; time scale %g",
-		f.Engines, f.CapacityBlocks, f.BlockSize, f.PrefillUsPerToken, f.DecodeUsPerToken/1000, f.TimeScale)))
+		"%s x %d tokens; prefill %.0f us/uncached token; decode %.0f ms/step; time scale %g",
+		f.Describe(), f.BlockSize, f.PrefillUsPerToken, f.DecodeUsPerToken/1000, f.TimeScale)))
 	n := len(w.Arms)
 	// Left panel: hit ratio.
 	lx, lw := 70.0, 330.0

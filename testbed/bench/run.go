@@ -12,13 +12,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/loxilb-llm/loxilb/pkg/router"
+	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
 	"github.com/loxilb-llm/loxilb/testbed/enginesim"
 )
 
@@ -28,7 +28,14 @@ const Model = "Qwen/Qwen3-0.6B"
 
 // FleetConfig sizes the emulated fleet and its cost model.
 type FleetConfig struct {
-	Engines           int     `json:"engines"`
+	// Engine is the emulated engine kind, vllm (default) or sglang.
+	Engine  string `json:"engine,omitempty"`
+	Engines int    `json:"engines"`
+	// DPRanks is the data-parallel ranks per engine (default 1); each has
+	// its own CapacityBlocks cache and event publisher, the engine's
+	// MaxRunning is shared by them, and the rule names the count
+	// (kvDpRankCount) so the gateway targets ranks.
+	DPRanks           int     `json:"dp_ranks,omitempty"`
 	BlockSize         int     `json:"block_size"`
 	CapacityBlocks    int     `json:"capacity_blocks_per_engine"`
 	PrefillUsPerToken float64 `json:"prefill_us_per_uncached_token"`
@@ -45,7 +52,28 @@ type FleetConfig struct {
 }
 
 // TotalBlocks is the fleet's KV capacity in blocks.
-func (f FleetConfig) TotalBlocks() int { return f.Engines * f.CapacityBlocks }
+func (f FleetConfig) TotalBlocks() int { return f.Engines * f.ranks() * f.CapacityBlocks }
+
+func (f FleetConfig) ranks() int { return max(f.DPRanks, 1) }
+
+func (f FleetConfig) engine() string {
+	if f.Engine == "" {
+		return enginesim.EngineVLLM
+	}
+	return f.Engine
+}
+
+// Describe names the fleet's engines for tables and charts.
+func (f FleetConfig) Describe() string {
+	name := map[string]string{enginesim.EngineVLLM: "vLLM", enginesim.EngineSGLang: "SGLang"}[f.engine()]
+	if name == "" {
+		name = f.engine()
+	}
+	if f.ranks() > 1 {
+		return fmt.Sprintf("%d %s emulators x %d DP ranks x %d blocks", f.Engines, name, f.ranks(), f.CapacityBlocks)
+	}
+	return fmt.Sprintf("%d %s emulators x %d blocks", f.Engines, name, f.CapacityBlocks)
+}
 
 func (f FleetConfig) host(i int) string { return fmt.Sprintf("127.0.%d.%d", f.Net, 11+i) }
 func (f FleetConfig) vipHost() string   { return fmt.Sprintf("127.0.%d.1", f.Net) }
@@ -59,46 +87,48 @@ type Arm struct {
 	Sel         int      `json:"sel"`    // the same as the rule's sel number
 	KVExactMode int      `json:"kv_exact_mode"`
 	Env         []string `json:"env,omitempty"` // daemon environment
+	// Rule holds extra serviceArguments fields, as JSON members
+	// ("chwbl_mean_load_factor":125); rules created through the API only.
+	Rule string `json:"rule,omitempty"`
 }
 
 // Arms compared by the default suite.
 var (
 	ArmRR    = Arm{Name: "rr", Label: "round robin", Select: "rr", Sel: 0}
 	ArmCHWBL = Arm{Name: "chwbl", Label: "chwbl (consistent hash, bounded load)", Select: "chwbl", Sel: 8}
-	ArmKV    = Arm{Name: "kv", Label: "KV-exact, spill relief on", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on"}}
+	// ArmKV is KV-exact with the product's defaults and no tuning
+	// variable: spill relief on (kvExactMode 3) and the prefill queue
+	// sized per endpoint by the budget the gateway learns from the engine.
+	ArmKV = Arm{Name: "kv", Label: "KV-exact, product defaults", Select: "rr", Sel: 0, KVExactMode: 3}
 	// ArmKVFCFS is KV-exact without the gateway's prefill queue: every
 	// request is forwarded at once and waits in the engine's own
 	// first-come-first-served queue.
-	ArmKVFCFS  = Arm{Name: "kv-fcfs", Label: "KV-exact, no prefill queue", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on", "LOXILB_KV_PREFILL_SLOTS=0"}}
-	ArmKVNoSpl = Arm{Name: "kv-nospill", Label: "KV-exact, spill relief off", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=off"}}
+	ArmKVFCFS = Arm{Name: "kv-fcfs", Label: "KV-exact, no prefill queue", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on", "LOXILB_KV_PREFILL_SLOTS=0"}}
+	// ArmKVSlots2 is the kv arm with the prefill budget set by hand to
+	// the default fleet's two running sequences, as an operator who knows
+	// it would: it measures what learning the budget costs.
+	ArmKVSlots2 = Arm{Name: "kv-slots2", Label: "KV-exact, prefill budget fixed at 2", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_PREFILL_SLOTS=2"}}
+	ArmKVNoSpl  = Arm{Name: "kv-nospill", Label: "KV-exact, spill relief off", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=off"}}
 	// ArmKVLoad is KV-exact with the load blend weighted 16x the default
 	// (one request in flight is worth 512 cached tokens instead of 32): it
 	// shows how much of the gap to the targets the default blend leaves.
-	ArmKVLoad = Arm{Name: "kv-load512", Label: "KV-exact, spill on, load penalty 512", Select: "rr", Sel: 0, KVExactMode: 3,
+	// ArmCHWBLSystem is chwbl keyed as loxilb's binary does by default
+	// (chwbl_prefix_hash_level 1, system prompt + model): the bounded load
+	// alone spreads a service whose requests share a system prompt.
+	ArmCHWBLSystem = Arm{Name: "chwbl-l1", Label: "chwbl, prefix hash level 1 (system prompt)", Select: "chwbl", Sel: 8, Rule: `"chwbl_prefix_hash_level":1`}
+	// ArmCHWBL125 is chwbl with loxilb's schema default load factor, 125.
+	ArmCHWBL125 = Arm{Name: "chwbl-125", Label: "chwbl, mean load factor 125", Select: "chwbl", Sel: 8, Rule: `"chwbl_mean_load_factor":125`}
+	ArmKVLoad   = Arm{Name: "kv-load512", Label: "KV-exact, spill on, load penalty 512", Select: "rr", Sel: 0, KVExactMode: 3,
 		Env: []string{"LOXILB_KV_SPILL_RELIEF=on", "LOXILB_KV_LOAD_PENALTY=512"}}
 )
-
-// fleetArms deploys the KV arms as an operator would for fleet f: the
-// gateway's prefill queue sized to the engines' concurrent-sequence budget
-// (LOXILB_KV_PREFILL_SLOTS), unless the arm sets it itself. The report
-// lists each arm's daemon environment.
-func fleetArms(arms []Arm, f FleetConfig) []Arm {
-	out := make([]Arm, len(arms))
-	for i, a := range arms {
-		out[i] = a
-		if a.KVExactMode == 0 || slices.ContainsFunc(a.Env, func(e string) bool { return strings.HasPrefix(e, "LOXILB_KV_PREFILL_SLOTS=") }) {
-			continue
-		}
-		out[i].Env = append([]string{fmt.Sprintf("LOXILB_KV_PREFILL_SLOTS=%d", f.MaxRunning)}, a.Env...)
-	}
-	return out
-}
 
 // DefaultArms returns the arms of the default suite in report order.
 func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl} }
 
 // AllArms adds the arms a run can select by name (llmbench -arms).
-func AllArms() []Arm { return append(DefaultArms(), ArmKVLoad, ArmKVFCFS) }
+func AllArms() []Arm {
+	return append(DefaultArms(), ArmKVLoad, ArmKVFCFS, ArmKVSlots2, ArmCHWBLSystem, ArmCHWBL125)
+}
 
 // Suite is one benchmark run.
 type Suite struct {
@@ -141,12 +171,20 @@ func Run(ctx context.Context, s Suite, o Options) (*Report, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	f := s.Fleet
-	fl, err := startFleet(ctx, f)
+	tok, err := tokenizer.Load(filepath.Join(o.TokenizerDir, tokenizer.Slug(Model)))
+	if err != nil {
+		return nil, fmt.Errorf("model tokenizer: %w", err)
+	}
+	for i := range s.Workloads {
+		if err := tokenizeChat(&s.Workloads[i], tok, f.engine()); err != nil {
+			return nil, err
+		}
+	}
+	fl, err := startFleet(ctx, f, tok)
 	if err != nil {
 		return nil, err
 	}
 	defer fl.close()
-	s.Arms = fleetArms(s.Arms, f)
 	rep := &Report{Suite: s, Machine: DescribeMachine(), Started: time.Now().UTC()}
 	total := 0
 	for _, w := range s.Workloads {
@@ -192,16 +230,19 @@ type fleet struct {
 	wg      sync.WaitGroup
 }
 
-func startFleet(ctx context.Context, f FleetConfig) (*fleet, error) {
+// startFleet starts the engines with the model's real tokenizer, so a
+// chat request renders and tokenizes in the engine exactly as in the
+// gateway.
+func startFleet(ctx context.Context, f FleetConfig, tok *tokenizer.Tokenizer) (*fleet, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	fl := &fleet{cfg: f, cancel: cancel}
 	for i := 0; i < f.Engines; i++ {
-		c := enginesim.Config{Engine: enginesim.EngineVLLM, Model: Model,
+		c := enginesim.Config{Engine: f.engine(), DPRanks: f.ranks(), Model: Model,
 			Listen: fmt.Sprintf("%s:%d", f.host(i), f.Port), ZMQBind: f.host(i), ZMQPort: f.ZMQPort,
 			BlockSize: f.BlockSize, CapacityBlocks: f.CapacityBlocks, Seed: f.HashSeed,
 			PrefillUsPerToken: f.PrefillUsPerToken, DecodeUsPerToken: f.DecodeUsPerToken,
 			MaxRunning: f.MaxRunning, TimeScale: f.TimeScale, TimeScaleSet: true}
-		e, err := enginesim.New(c, enginesim.Deps{})
+		e, err := enginesim.New(c, enginesim.Deps{Tokenizer: enginesim.ModelTokenizer(tok)})
 		if err != nil {
 			fl.close()
 			return nil, fmt.Errorf("engine %d on %s: %w", i, c.Listen, err)
@@ -231,6 +272,9 @@ func (fl *fleet) stats() []enginesim.Stats {
 
 // createRule installs the arm's mode-4 rule, through loxicmd or the API.
 func createRule(ctx context.Context, o Options, d *daemon, f FleetConfig, arm Arm) error {
+	if o.UseLoxicmd && arm.Rule != "" {
+		return fmt.Errorf("arm %s sets rule fields loxicmd has no flags for: create it through the API", arm.Name)
+	}
 	if o.UseLoxicmd {
 		var eps []string
 		for i := 0; i < f.Engines; i++ {
@@ -240,7 +284,8 @@ func createRule(ctx context.Context, o Options, d *daemon, f FleetConfig, arm Ar
 			fmt.Sprintf("--tcp=%d:%d", f.VIPPort, f.Port), "--endpoints=" + strings.Join(eps, ","),
 			"--mode=fullproxy", "--select=" + arm.Select, "--model-name=" + Model}
 		if arm.KVExactMode != 0 {
-			args = append(args, fmt.Sprintf("--kv-exact-mode=%d", arm.KVExactMode), "--kv-engine-type=vllm",
+			args = append(args, fmt.Sprintf("--kv-exact-mode=%d", arm.KVExactMode), "--kv-engine-type="+f.engine(),
+				fmt.Sprintf("--kv-dp-ranks=%d", f.ranks()),
 				fmt.Sprintf("--kv-zmq-port=%d", f.ZMQPort), fmt.Sprintf("--kv-block-size=%d", f.BlockSize))
 		}
 		if o.Commands != nil {
@@ -258,7 +303,11 @@ func createRule(ctx context.Context, o Options, d *daemon, f FleetConfig, arm Ar
 	}
 	kv := ""
 	if arm.KVExactMode != 0 {
-		kv = fmt.Sprintf(`,"kvExactMode":%d,"kvEngineType":"vllm","kvZmqPort":%d,"kvBlockSize":%d`, arm.KVExactMode, f.ZMQPort, f.BlockSize)
+		kv = fmt.Sprintf(`,"kvExactMode":%d,"kvEngineType":%q,"kvDpRankCount":%d,"kvZmqPort":%d,"kvBlockSize":%d`,
+			arm.KVExactMode, f.engine(), f.ranks(), f.ZMQPort, f.BlockSize)
+	}
+	if arm.Rule != "" {
+		kv += "," + arm.Rule
 	}
 	body := fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%d,"protocol":"tcp","mode":4,"sel":%d,"model_name":%q%s},"endpoints":[%s]}`,
 		f.vipHost(), f.VIPPort, arm.Sel, Model, kv, strings.Join(eps, ","))
@@ -287,7 +336,7 @@ func waitReady(ctx context.Context, d *daemon, f FleetConfig, arm Arm) error {
 		ok := true
 		if arm.KVExactMode != 0 {
 			v, err := d.metric("loxilb_kv_subscriber_connected")
-			ok = err == nil && int(v) == f.Engines
+			ok = err == nil && int(v) == f.Engines // one gauge per endpoint, all its ranks
 		}
 		if ok {
 			resp, err := http.Get("http://" + f.vip() + "/v1/models")
@@ -425,17 +474,32 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 	after := fl.stats()
 	spills, _ := d.metric("loxilb_pd_kv_tier15_spills_total")
 	ar := summarize(arm, samples, before, after, wall, spills)
+	if arm.KVExactMode != 0 {
+		if ar.PrefillBudgets, ar.PrefillQueued, err = d.prefillBudgets(f.Engines); err != nil {
+			return ArmResult{}, fmt.Errorf("prefill budgets: %w", err)
+		}
+	}
 	if !w.HasTurns() {
 		ar.TTFTLaterTurnsMs = nil
 	}
 	return ar, nil
 }
 
-// doRequest streams one completion and times its first token.
+// doRequest streams one completion (a chat completion when r.Chat is set)
+// and times its first token.
 func doRequest(ctx context.Context, c *http.Client, vip string, r Req) sample {
 	sm := sample{group: r.Group, tokens: len(r.Tokens), turn: r.Turn}
-	body, _ := json.Marshal(map[string]any{"model": Model, "prompt": r.Tokens, "max_tokens": r.MaxTokens, "stream": true})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+vip+"/v1/completions", bytes.NewReader(body))
+	path := "/v1/completions"
+	m := map[string]any{"model": Model, "prompt": r.Tokens, "max_tokens": r.MaxTokens, "stream": true}
+	if r.Chat != nil {
+		path = "/v1/chat/completions"
+		m = map[string]any{"model": Model, "messages": r.Chat.Messages, "max_tokens": r.MaxTokens, "stream": true}
+		if len(r.Chat.Tools) > 0 {
+			m["tools"] = r.Chat.Tools
+		}
+	}
+	body, _ := json.Marshal(m)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+vip+path, bytes.NewReader(body))
 	if err != nil {
 		sm.err = err.Error()
 		return sm

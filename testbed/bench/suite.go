@@ -1,6 +1,9 @@
 package bench
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // DefaultFleet is four vLLM emulators sized so the default suite runs in a
 // few minutes on two cores: 1,024 blocks of 16 tokens each (16k tokens per
@@ -14,13 +17,35 @@ func DefaultFleet() FleetConfig {
 		HashSeed: "4242", Net: 77, Port: 28000, ZMQPort: 25557, VIPPort: 28080}
 }
 
-// DefaultWorkloads are the six workloads of the default suite for fleet f.
+// SGLangFleet is DefaultFleet as SGLang engines with two data-parallel
+// ranks each: the same KV capacity (512 blocks per rank), cost model and
+// running sequences per engine, so the two fleets' figures compare; the
+// gateway must name the rank holding a prefix for a hit to land.
+func SGLangFleet() FleetConfig {
+	f := DefaultFleet()
+	f.Engine, f.DPRanks, f.CapacityBlocks = "sglang", 2, 512
+	return f
+}
+
+// FleetFor returns the default fleet of an engine kind: vllm or sglang.
+func FleetFor(engine string) (FleetConfig, error) {
+	switch engine {
+	case "", "vllm":
+		return DefaultFleet(), nil
+	case "sglang":
+		return SGLangFleet(), nil
+	}
+	return FleetConfig{}, fmt.Errorf("engine %q: want vllm or sglang", engine)
+}
+
+// DefaultWorkloads are the workloads of the default suite for fleet f: six
+// on token ids through /v1/completions, then the chat-path ones.
 func DefaultWorkloads(seed uint64, f FleetConfig) []Workload {
 	const sys = 2048
 	sysBlocks := sys / f.BlockSize
 	g100 := f.TotalBlocks() / sysBlocks // system prompts fill the fleet
 	g40 := g100 * 40 / 100
-	return []Workload{
+	return append([]Workload{
 		SharedPrefix(WShared40, seed, SharedPrefixSpec{Groups: g40, PerGroup: 12, SystemTokens: sys, QuestionTokens: 128,
 			OutputTokens: 2, RatePerSec: 90, FillOfFleetPercent: 100 * g40 * sysBlocks / f.TotalBlocks()}),
 		SharedPrefix(WShared100, seed, SharedPrefixSpec{Groups: g100, PerGroup: 12, SystemTokens: sys, QuestionTokens: 128,
@@ -32,7 +57,7 @@ func DefaultWorkloads(seed uint64, f FleetConfig) []Workload {
 			OutputTokens: 2, BurstGap: 250 * time.Millisecond, MaxSpread: 10 * time.Millisecond}),
 		HotPrefix(WHotPrefix, seed, HotPrefixSpec{Prefixes: 16, Requests: 270, HotShare: 0.5, ZipfS: 1.1, PrefixTokens: sys,
 			QuestionTokens: 128, OutputTokens: 2, RatePerSec: 90}),
-	}
+	}, ChatWorkloads(seed, f)...)
 }
 
 // MultiTurnLong is the multi-turn chat of the default suite with sessions
@@ -57,9 +82,11 @@ func ExtraWorkloads(seed uint64, f FleetConfig) []Workload {
 	}
 }
 
-// DefaultSuite is the suite `make bench-routing` runs.
-func DefaultSuite(seed uint64) Suite {
-	f := DefaultFleet()
+// DefaultSuite is the suite `make bench-routing` runs, on the vLLM fleet.
+func DefaultSuite(seed uint64) Suite { return SuiteOn(seed, DefaultFleet()) }
+
+// SuiteOn is the default suite on fleet f.
+func SuiteOn(seed uint64, f FleetConfig) Suite {
 	return Suite{Name: "default", Seed: seed, Fleet: f, Workloads: DefaultWorkloads(seed, f), Arms: DefaultArms(), Runs: 3}
 }
 

@@ -8,9 +8,12 @@ import (
 	"time"
 )
 
-// Req is one completion request of a workload: a prompt as token ids.
+// Req is one request of a workload: a completion whose prompt is token
+// ids, or, when Chat is set, a chat completion whose Tokens are what the
+// engines' chat template and tokenizer make of it (filled in by Run).
 type Req struct {
 	Tokens    []uint32
+	Chat      *ChatBody
 	MaxTokens int
 	// Group names the prefix the request shares with others (prefix group,
 	// chat session, sibling burst, hot-prefix id); -1 when none.

@@ -33,3 +33,7 @@ func (m modelTokenizer) EncodeRequest(engine, path string, body []byte) ([]uint3
 	}
 	return rt.IDs, nil
 }
+
+// ModelTokenizer adapts an already loaded model tokenizer, so a harness
+// that tokenizes requests itself shares one copy with its engines.
+func ModelTokenizer(t *tokenizer.Tokenizer) Tokenizer { return modelTokenizer{t: t} }

@@ -31,14 +31,16 @@ func run() error {
 		seed      = flag.Uint64("seed", 20261129, "workload seed")
 		out       = flag.String("out", "", "directory for report.json and the SVG charts (none when empty)")
 		binDir    = flag.String("bin", "", "directory holding prebuilt loxilb and loxicmd (built into a temp dir when empty)")
-		workloads = flag.String("workloads", "", "comma-separated workloads: shared-prefix-40, shared-prefix-100, multi-turn, multi-turn-long, sibling-bursts, hot-prefix, multi-turn-no-context (the first six when empty)")
-		arms      = flag.String("arms", "", "comma-separated arms to run: rr, chwbl, kv, kv-nospill, kv-load512 (the first four when empty)")
+		workloads = flag.String("workloads", "", "comma-separated workloads: shared-prefix-40, shared-prefix-100, multi-turn, multi-turn-long, sibling-bursts, hot-prefix, doc-qa, doc-qa-mixed, doc-qa-mixed-heavy, agent-loop, multi-turn-no-context (all but the last when empty)")
+		arms      = flag.String("arms", "", "comma-separated arms to run: rr, chwbl, kv, kv-nospill, kv-load512, kv-fcfs, kv-slots2, chwbl-l1, chwbl-125 (the first four when empty)")
 		loxicmd   = flag.Bool("loxicmd", false, "create rules with loxicmd instead of the REST API")
 		quiet     = flag.Bool("quiet", false, "no progress bar")
 		runs      = flag.Int("runs", 0, "repetitions per arm, medians reported (0: the suite's default, 3 for default)")
 		receipts  = flag.String("receipts", "", "write every request's routing receipt and TTFT to this file")
 		from      = flag.String("from", "", "re-render the table and charts of an existing report.json instead of running")
 		late      = flag.Bool("restart-after-subscribe", false, "empty the engines' caches after each arm's daemon has subscribed and replayed their events, instead of before it starts")
+		engine    = flag.String("engine", "vllm", "emulated engine kind of the fleet: vllm (4 engines) or sglang (4 engines x 2 data-parallel ranks, the same KV capacity)")
+		netOctet  = flag.Int("net", 0, "third octet of the fleet's loopback addresses 127.0.N.x (0: the suite's own), so two runs can share a machine")
 		env       = flag.String("env", "", "extra daemon environment for every arm, KEY=VALUE[,KEY=VALUE], e.g. LOXILB_KV_LOAD_PENALTY=64")
 	)
 	flag.Parse()
@@ -68,11 +70,24 @@ func run() error {
 	var s bench.Suite
 	switch *suite {
 	case "default":
-		s = bench.DefaultSuite(*seed)
+		f, err := bench.FleetFor(*engine)
+		if err != nil {
+			return err
+		}
+		s = bench.SuiteOn(*seed, f)
 	case "tiny":
 		s = bench.TinySuite(*seed, 78)
 	default:
 		return fmt.Errorf("suite %q: want default or tiny", *suite)
+	}
+	if *suite != "default" && *engine != "vllm" {
+		return fmt.Errorf("-engine %s: only the default suite runs on another fleet", *engine)
+	}
+	if *netOctet != 0 {
+		if *netOctet < 1 || *netOctet > 254 {
+			return fmt.Errorf("-net %d: want 1..254", *netOctet)
+		}
+		s.Fleet.Net = *netOctet
 	}
 	if *workloads != "" {
 		all := s.Workloads
