@@ -56,6 +56,7 @@ func TestStageErrorsAreTyped(t *testing.T) {
 			http.StatusPreconditionFailed, control.ReasonNoInterfaces},
 		{"shared store unreachable", fmt.Errorf("allocate rule id: %w", &store.UnavailableError{Backend: "etcd 127.0.0.1:2379", Err: context.DeadlineExceeded}),
 			http.StatusServiceUnavailable, api.ReasonStoreUnavailable},
+		{"rule too large for the shared store", fmt.Errorf("persist rule 3: %w", store.ErrTooLarge), http.StatusRequestEntityTooLarge, api.ReasonStoreTooLarge},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			srv, err := api.New(api.Config{}, api.Deps{Rules: failingRules{c.err}})

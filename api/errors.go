@@ -33,7 +33,10 @@ const (
 	// ReasonStoreUnavailable: the shared rule store (etcd) cannot be
 	// reached; rules are not changed, the ones applied keep serving.
 	ReasonStoreUnavailable = "STORE_UNAVAILABLE"
-	reasonNone             = ""
+	// ReasonStoreTooLarge: the rule is larger than the shared store takes
+	// in one request (etcd's --max-request-bytes).
+	ReasonStoreTooLarge = "STORE_RECORD_TOO_LARGE"
+	reasonNone          = ""
 )
 
 // classify is the one error-to-status mapping of this server, with the
@@ -62,6 +65,8 @@ func classify(err error) (int, string) {
 		return http.StatusServiceUnavailable, reasonNone
 	case errors.Is(err, store.ErrUnavailable):
 		return http.StatusServiceUnavailable, ReasonStoreUnavailable
+	case errors.Is(err, store.ErrTooLarge):
+		return http.StatusRequestEntityTooLarge, ReasonStoreTooLarge
 	case listen && errors.Is(err, syscall.EADDRINUSE):
 		// Another process (or rule) holds the VIP:port.
 		return http.StatusConflict, ReasonVIPPortInUse

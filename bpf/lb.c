@@ -3,8 +3,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * tc_lb: the L4 load balancer, attached to TC ingress (TCX) of the interfaces
- * the daemon is configured with. One program handles both directions:
- * conntrack first, then the service table for connection starts.
+ * the daemon is configured with. It parses and runs the address prefilter;
+ * packets that may be ours go on by a tail call to tc_lb_nat, which handles
+ * both directions: conntrack first, then the service table for connection
+ * starts.
  *
  * sk_lookup_proxy: steers connections for mode-4 (fullproxy) VIPs to the Go
  * proxy's listening socket, so the proxy accepts them with the VIP as its
@@ -641,29 +643,24 @@ static __always_inline void ct_forget(struct ct_key *k, struct ct_val *ct)
 	bpf_map_delete_elem(&lb_conntrack, k);
 }
 
+/* tc_lb_nat is the part of tc_lb that may rewrite the packet, entered by a
+ * tail call once the packet passed the prefilter (see tc_lb). */
 SEC("tc")
-int tc_lb(struct __sk_buff *skb)
+int tc_lb_nat(struct __sk_buff *skb)
 {
 	struct pkt p = {};
 	__u32 cnt = CNT_DROP_MALFORMED;
 
+	/* Parsed again: a tail call keeps only the skb. The headers are in
+	 * the linear area by now (tc_lb pulled them), so this is a few loads. */
 	int r = lb_parse(skb, &p, &cnt);
-	if (r == PARSE_PASS) {
-		count(cnt);
+	if (r == PARSE_PASS || (r == PARSE_OK && p.is_frag)) {
+		count(r == PARSE_PASS ? cnt : CNT_PASS_FRAGMENT);
 		return TC_ACT_OK;
 	}
 	if (r != PARSE_OK) {
 		count(cnt);
 		return TC_ACT_SHOT;
-	}
-	if (p.is_frag) {
-		count(CNT_PASS_FRAGMENT);
-		return TC_ACT_OK;
-	}
-
-	if (!filter_match(&p)) {
-		count(CNT_PASS_NO_SERVICE);
-		return TC_ACT_OK;
 	}
 
 	struct ct_key k = {};
@@ -707,6 +704,51 @@ int tc_lb(struct __sk_buff *skb)
 	}
 	struct svc_val sv = *svc; /* snapshot: Go may switch the generation meanwhile */
 	return new_flow(skb, &p, &sv);
+}
+
+/* lb_progs holds tc_lb_nat for tc_lb's tail call, filled at load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, int(void *));
+} lb_progs SEC(".maps") = {
+	.values = {[0] = (void *)&tc_lb_nat},
+};
+
+/* tc_lb is what is attached: parse, then the prefilter. Only packets that
+ * may be the load balancer's go on, by a tail call, to tc_lb_nat. The split
+ * keeps the non-VIP path small and free of direct packet writes: a program
+ * that writes the packet directly starts by making a cloned skb writable
+ * (bpf_skb_pull_data, reading the shared info at the end of its buffer),
+ * which every TCP data packet would otherwise pay. */
+SEC("tc")
+int tc_lb(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	__u32 cnt = CNT_DROP_MALFORMED;
+
+	int r = lb_parse(skb, &p, &cnt);
+	if (r == PARSE_PASS) {
+		count(cnt);
+		return TC_ACT_OK;
+	}
+	if (r != PARSE_OK) {
+		count(cnt);
+		return TC_ACT_SHOT;
+	}
+	if (p.is_frag) {
+		count(CNT_PASS_FRAGMENT);
+		return TC_ACT_OK;
+	}
+	if (!filter_match(&p)) {
+		count(CNT_PASS_NO_SERVICE);
+		return TC_ACT_OK;
+	}
+	bpf_tail_call(skb, &lb_progs, 0);
+	/* Not reached while lb_progs holds tc_lb_nat (it is filled at load). */
+	count(CNT_FWD_STACK);
+	return TC_ACT_OK;
 }
 
 SEC("sk_lookup")

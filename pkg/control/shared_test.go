@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/store"
 	"github.com/loxilb-llm/loxilb/pkg/store/etcdtest"
@@ -149,6 +151,38 @@ func TestSharedStoreCreateRace(t *testing.T) {
 		if len(recs) != 1 {
 			t.Fatalf("round %d: %d stored rules", round, len(recs))
 		}
+	}
+}
+
+// TestSharedStoreDamagedRecord: a record another writer damaged is
+// reported, and the node still applies every other rule.
+func TestSharedStoreDamagedRecord(t *testing.T) {
+	srv := etcdtest.Start(t)
+	a := newNode(t, srv.Endpoint, "/damaged/")
+	if _, _, err := a.ctl.Create(context.Background(), withPort(3006)); err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Put(context.Background(), "/damaged/rules/00000009", "{not json"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.OpenEtcd(store.EtcdConfig{Endpoints: []string{srv.Endpoint}, Prefix: "/damaged/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	b := New(st, func(string) (string, bool) { return "", false }, nil)
+	rec := &lockedRecorder{}
+	b.AddReconciler(rec)
+	if err := b.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "stored rule 9 cannot be read") {
+		t.Fatalf("load: %v", err)
+	}
+	if p := rec.ports(); len(p) != 1 || p[0] != 3006 {
+		t.Fatalf("applied beside the damaged record: %v", p)
 	}
 }
 

@@ -56,8 +56,10 @@ func pickN(t *testing.T, f fixture, body string, n int) []router.Receipt {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p.FirstByte()
-		p.Done(proxy.Result{Endpoint: rc.EP, Status: 200})
+		if p.FirstByte != nil { // nil when the request was not tokenized
+			p.FirstByte()
+			p.Done(proxy.Result{Endpoint: rc.EP, Status: 200})
+		}
 		out = append(out, rc)
 	}
 	return out
@@ -175,7 +177,9 @@ func TestDrainedEndpointGetsNothing(t *testing.T) {
 				t.Fatalf("draining endpoint among the candidates: %+v (%s)", p.Candidates, p.Receipt)
 			}
 		}
-		p.FirstByte()
+		if p.FirstByte != nil {
+			p.FirstByte()
+		}
 	}
 }
 

@@ -265,6 +265,9 @@ func TestPickQueuesOnceBudgetLearned(t *testing.T) {
 	if n, src := f.g.PrefillBudget(1, 0); n != 0 || src != BudgetNone {
 		t.Fatalf("budget before learning: %d %s", n, src)
 	}
+	if f.g.prefill.queues(1, 2) {
+		t.Fatal("the router is told requests queue before any budget is known")
+	}
 	p1.FirstByte()
 	p2.FirstByte()
 	p1.Done(proxy.Result{Status: 200})
@@ -287,6 +290,9 @@ func TestPickQueuesOnceBudgetLearned(t *testing.T) {
 	})
 	if n, src := f.g.PrefillBudget(1, first.EP); n != 1 || src != BudgetObserved {
 		t.Fatalf("budget: %d %s", n, src)
+	}
+	if !f.g.prefill.queues(1, 2) {
+		t.Fatal("a learned budget does not make the router price load shortest-first")
 	}
 	if got := slotsSeries(t, f.reg); got != `ep_idx=0 service=1 source=observed: 1; ep_idx=1 service=1 source=observed: 1; ` {
 		t.Fatalf("loxilb_kv_prefill_slots: %s", got)
@@ -334,6 +340,9 @@ func TestPrefillBudgetSources(t *testing.T) {
 		f := newFixtureEngine(t, Config{Seed: "1", PrefillSlots: slots}, &fakeLearner{}, rule(3, ""))
 		if n, src := f.g.PrefillBudget(1, 1); n != max(slots, 0) || src != want {
 			t.Errorf("PrefillSlots %d: %d %s, want %s", slots, n, src, want)
+		}
+		if f.g.prefill.queues(1, 2) != (slots > 0) {
+			t.Errorf("PrefillSlots %d: queues %v", slots, !(slots > 0))
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/blockhash"
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/pkg/selector"
@@ -237,10 +238,12 @@ type service struct {
 	label  string
 	hasher *blockhash.Hasher // nil unless KV-exact
 	sel    selector.Selector
-	addrs  []string       // endpoint dial addresses, by index
-	selKey string         // the settings the selector was built from
-	key    keySpec        // how requests are keyed for the hashing selectors
-	rank   *rankTargeting // nil unless requests can name a data-parallel rank
+	// observe is the passive health check of Pick's plans (nil: none).
+	observe func(proxy.Endpoint, outlier.Outcome)
+	addrs   []string       // endpoint dial addresses, by index
+	selKey  string         // the settings the selector was built from
+	key     keySpec        // how requests are keyed for the hashing selectors
+	rank    *rankTargeting // nil unless requests can name a data-parallel rank
 	// draining marks, by index, the endpoints in maintenance: they get no
 	// new request (every tier, the fallback selector, failover); requests
 	// already sent to them run to their end. nil when none is.
@@ -416,6 +419,8 @@ func listenErrors(err error) []*proxy.ListenError {
 func (g *Gateway) buildService(cs control.Service, prev *service) (*service, error) {
 	r := cs.Rule
 	st := &service{id: cs.ID, rule: r, label: strconv.FormatUint(uint64(cs.ID), 10)}
+	// Built once: every Pick of a role-less pool hands out the same one.
+	st.observe = g.observer(st, len(r.Endpoints))
 	for i, ep := range r.Endpoints {
 		st.addrs = append(st.addrs, net.JoinHostPort(ep.IP, strconv.Itoa(ep.Port)))
 		if cs.EndpointDraining(i) {

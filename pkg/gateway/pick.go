@@ -1,12 +1,13 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
+	"slices"
 	"strconv"
 	"time"
 
@@ -53,9 +54,12 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	}
 	cands := g.candidates(st)
 	ejected := g.ejectCandidates(st, cands)
-	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode, ShortestFirst: g.prefill.slots > 0}
+	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode, ShortestFirst: g.prefill.queues(st.id, len(st.addrs))}
 	freq := selector.Request{ClientIP: req.ClientAddr.Addr()}
-	if h := r.Service.SessionHeaderName; h != "" && st.key.has(lbrule.ChwblFlagSession) {
+	// Only a hashing selector reads the key: round robin and the like
+	// skip building one (a copy of up to routingKeyBytes of the body).
+	keyed := selector.UsesKey(st.sel)
+	if h := r.Service.SessionHeaderName; h != "" && keyed && st.key.has(lbrule.ChwblFlagSession) {
 		if v := req.Header.Get(h); v != "" {
 			freq.Key = []byte(v)
 		}
@@ -75,7 +79,9 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 
 	switch {
 	case st.hasher == nil:
-		g.fillKey(st, &freq, model, req, kr)
+		if keyed {
+			g.fillKey(st, &freq, model, req, kr)
+		}
 		d = g.router.Fallback(view, router.ReasonModeOff, cands, st.sel, freq)
 	case !isInference(req.Method, req.Path):
 		d = g.router.Fallback(view, ReasonNotInference, cands, st.sel, freq)
@@ -88,7 +94,9 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 			return proxy.Plan{}, err
 		}
 		if reason != "" {
-			g.fillKey(st, &freq, model, req, kr)
+			if keyed {
+				g.fillKey(st, &freq, model, req, kr)
+			}
 			d = g.router.Fallback(view, reason, cands, st.sel, freq)
 			break
 		}
@@ -122,7 +130,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		// events arrive (the index copies the keys).
 		g.inv.StoreSpeculative(st.id, d.EP, keys, g.cfg.SpeculativeTTL)
 	}
-	plan := proxy.Plan{Candidates: g.order(st, d.EP, cands), Observe: g.observer(st, len(cands))}
+	plan := proxy.Plan{Candidates: g.order(st, d.EP, cands), Observe: st.observe}
 	rc := d.Receipt()
 	if ri, ok := g.inv.(RankInventory); ok && st.rank != nil && len(keys) > 0 {
 		rank := chooseRank(ri, st.id, d.EP, st.rank.ranks, keys)
@@ -133,6 +141,11 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		}
 	}
 	plan.Receipt = rc.String() + ejectedField(ejected) + untrustedField(view.Untrusted)
+	if promptTokens == 0 {
+		// Not tokenized: nothing to coalesce, queue or learn from, so
+		// the plan needs no FirstByte or Done (saving their closures).
+		return plan, nil
+	}
 	// The engine recomputes at least the prompt's last token.
 	uncached := int64(max(promptTokens-d.PredictedCachedTokens(), 1))
 	lead := func() {} // ends this request's coalescing leadership
@@ -370,14 +383,16 @@ func (g *Gateway) candidates(st *service) []selector.Candidate {
 // order puts the chosen endpoint first and the other healthy endpoints
 // after it, least loaded first, as failover targets for connect errors.
 func (g *Gateway) order(st *service, chosen int, cands []selector.Candidate) []proxy.Endpoint {
-	out := []proxy.Endpoint{{Idx: chosen, Addr: st.addrs[chosen]}}
-	rest := make([]selector.Candidate, 0, len(cands))
+	out := make([]proxy.Endpoint, 1, max(len(cands), 1))
+	out[0] = proxy.Endpoint{Idx: chosen, Addr: st.addrs[chosen]}
+	var arr [16]selector.Candidate // most rules: no allocation
+	rest := arr[:0]
 	for _, c := range cands {
 		if c.Healthy && c.Idx != chosen {
 			rest = append(rest, c)
 		}
 	}
-	sort.SliceStable(rest, func(i, j int) bool { return rest[i].InFlight < rest[j].InFlight })
+	slices.SortStableFunc(rest, func(a, b selector.Candidate) int { return cmp.Compare(a.InFlight, b.InFlight) })
 	for _, c := range rest {
 		out = append(out, proxy.Endpoint{Idx: c.Idx, Addr: st.addrs[c.Idx]})
 	}

@@ -131,6 +131,22 @@ func (pg *prefillGate) budget(service uint32, ep int) (int, string) {
 	return n, src
 }
 
+// queues tells whether requests to the service's endpoints (0..n-1) may
+// wait in the gateway: a fixed budget, or a learned one for at least one
+// endpoint. The router then prices load shortest-first (a request waits
+// only behind shorter work), first come, first served otherwise.
+func (pg *prefillGate) queues(service uint32, n int) bool {
+	if pg.slots >= 0 {
+		return pg.slots > 0
+	}
+	for ep := range n {
+		if lim, _ := pg.budget(service, ep); lim > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // free tells whether one more request fits a budget of lim slots.
 func (q *slotQueue) free(lim int) bool { return lim <= 0 || q.busy < lim }
 

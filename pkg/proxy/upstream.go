@@ -74,6 +74,7 @@ type pconn struct {
 	// probeAfterIdle), so an endpoint close may have crossed the request.
 	unprobed bool
 	stopCanc func() bool // detaches the request context's cancellation
+	cancelFn func()      // pc.cancel, bound once per connection
 	probe    *peekProbe  // liveness probe state, built on first reuse
 	// dmu orders deadline changes against the request context firing: once
 	// cancelled is set the deadline stays in the past, so a later header
@@ -180,19 +181,33 @@ const probeAfterIdle = 250 * time.Millisecond
 
 // emptyResponse reports whether an exchange on a connection reused
 // without a probe failed because the endpoint had closed the connection:
-// its end-of-file or reset came before a single response byte. The
-// request is then sent again on a fresh connection, as a failed write is.
-// An endpoint closing a connection a moment after answering on it, while
-// the request was on its way, looks exactly like this; an endpoint that
-// read the request and dropped the connection without a byte of answer
-// looks alike too, and gets it once more on a new connection (where a
-// second empty answer is final).
+// its end-of-file or reset came before a single response byte. An endpoint
+// closing a connection a moment after answering on it, while the request
+// was on its way, looks exactly like this; but so does an endpoint that
+// read the request and dropped the connection, which may have started it.
+// So only a replayable request (see replayable) is sent again on a fresh
+// connection; an inference POST gets the error (and the caller's
+// retry-before-start rules), never a second run on the engine.
 func (pc *pconn) emptyResponse(err error) bool {
 	if !pc.unprobed || pc.lr.got > 0 || pc.wasCancelled() {
 		return false
 	}
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// replayable reports whether req may be sent twice: an idempotent method
+// (RFC 9110 9.2.2) or a request carrying an idempotency key, as Go's
+// http.Transport and HAProxy's "http-reuse safe" also decide.
+func replayable(req *http.Request) bool {
+	if req == nil {
+		return false
+	}
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
+		return true
+	}
+	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
 }
 
 // errWriteFailed marks a failure to send the request on a reused
@@ -252,7 +267,7 @@ func (u *upstream) send(ctx context.Context, addr string, w requestWriter, parse
 			return resp, nil
 		}
 		pc.close()
-		resend := errors.Is(err, errWriteFailed) || pc.emptyResponse(err)
+		resend := errors.Is(err, errWriteFailed) || (pc.emptyResponse(err) && replayable(parse))
 		if !resend || !pc.reused || try > 0 || ctx.Err() != nil {
 			return nil, err
 		}
@@ -350,7 +365,10 @@ func (u *upstream) newPconn(addr string, conn, raw net.Conn) *pconn {
 // write.
 func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Request, closeAfter bool) (*http.Response, error) {
 	pc.lr.got = 0
-	pc.stopCanc = context.AfterFunc(ctx, pc.cancel)
+	if pc.cancelFn == nil {
+		pc.cancelFn = pc.cancel
+	}
+	pc.stopCanc = context.AfterFunc(ctx, pc.cancelFn)
 	if err := w.writeRequest(pc.bw); err != nil {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}

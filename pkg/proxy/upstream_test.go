@@ -35,6 +35,9 @@ func TestUpstreamDropsConnectionClosedWhileIdle(t *testing.T) {
 	// after their keep-alive timeout). The proxy must notice before
 	// reuse instead of failing the next request.
 	b.CloseClientConnections()
+	// Engines close idle connections after seconds (uvicorn 5 s): the
+	// proxy probes a connection idle that long before reusing it.
+	time.Sleep(probeAfterIdle + 50*time.Millisecond)
 	post()
 	if got := backendConns.Load(); got != 2 {
 		t.Errorf("endpoint saw %d connections, want 2 (one redial after its close)", got)
@@ -379,8 +382,9 @@ func TestUpstreamEmptyAnswerResentOnceOnlyWhenUnprobed(t *testing.T) {
 	addr := ln.Addr().String()
 	u := newUpstream(Config{}.withDefaults(), nil)
 	defer u.closeIdle(true)
+	method := "PUT" // replayable: resent once from an unprobed connection
 	send := func() error {
-		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/completions", strings.NewReader(`{}`))
+		req, _ := http.NewRequest(method, "http://"+addr+"/v1/completions", strings.NewReader(`{}`))
 		resp, err := u.roundTrip(req, addr)
 		if err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
@@ -405,5 +409,19 @@ func TestUpstreamEmptyAnswerResentOnceOnlyWhenUnprobed(t *testing.T) {
 	}
 	if got := requests.Load(); got != 4 {
 		t.Errorf("endpoint saw %d requests, want 4 (no resend from a fresh connection)", got)
+	}
+	// An inference POST the endpoint read and dropped may have started
+	// there: it is never sent twice.
+	drop.Store(false)
+	method = "POST"
+	if err := send(); err != nil {
+		t.Fatal(err)
+	}
+	drop.Store(true)
+	if err := send(); err == nil {
+		t.Fatal("an endpoint that never answers gave no error")
+	}
+	if got := requests.Load(); got != 6 {
+		t.Errorf("endpoint saw %d requests, want 6 (a POST is not resent)", got)
 	}
 }

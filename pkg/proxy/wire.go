@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"errors"
 	"net"
 	"net/http"
 	"net/url"
@@ -31,7 +30,8 @@ type wireRequest struct {
 	r     *http.Request
 	ep    Endpoint
 	body  []byte
-	https bool // the client connection was TLS
+	https bool     // the client connection was TLS
+	num   [20]byte // scratch for Content-Length
 }
 
 // field is one header field that goes out unchanged.
@@ -43,8 +43,6 @@ type field struct {
 // outboundFields counts the fields a request usually carries; more still
 // work, the array just stops being enough.
 const outboundFields = 32
-
-var errInvalidHost = errors.New("http: invalid Host header")
 
 // dropped reports whether the merged field k is not relayed as it is.
 func (w *wireRequest) dropped(k string) bool {
@@ -102,7 +100,9 @@ func (w *wireRequest) writeRequest(bw *bufio.Writer) error {
 		return err
 	}
 	if !httpguts.ValidHostHeader(host) {
-		return errInvalidHost
+		// Never relay a Host that could smuggle: send it empty, as
+		// net/http does (the server in front rejects these anyway).
+		host = ""
 	}
 	host = removeZone(host)
 	method := r.Method
@@ -121,9 +121,8 @@ func (w *wireRequest) writeRequest(bw *bufio.Writer) error {
 	// net/http declares an empty body only for the methods servers
 	// expect one with.
 	if n := len(w.body); n > 0 || method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch {
-		var num [20]byte
 		bw.WriteString("Content-Length: ")
-		bw.Write(strconv.AppendInt(num[:0], int64(n), 10))
+		bw.Write(strconv.AppendInt(w.num[:0], int64(n), 10))
 		bw.WriteString("\r\n")
 	}
 

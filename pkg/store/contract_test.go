@@ -209,6 +209,28 @@ func TestEtcdUnavailable(t *testing.T) {
 	}
 }
 
+// TestEtcdRecordTooLarge: a record over etcd's request limit is refused
+// as ErrTooLarge (the API's 413), and the store stays up.
+func TestEtcdRecordTooLarge(t *testing.T) {
+	srv := etcdtest.Start(t)
+	s := openEtcd(t, srv.Endpoint, "/big/")
+	// 1.9 MiB passes the client's send limit and meets the server's
+	// request limit; 4.7 MiB meets the client's.
+	for _, n := range []int{800 << 10, 2 << 20} {
+		big := json.RawMessage(`{"x":"` + strings.Repeat("a", n) + `"}`)
+		err := s.Put(Record{ID: 1, Rule: big, CreateBody: big})
+		if !errors.Is(err, ErrTooLarge) || errors.Is(err, ErrUnavailable) {
+			t.Fatalf("record of twice %d bytes: %v", n, err)
+		}
+	}
+	if !s.Health().Up {
+		t.Fatal("a refused large record marked the store down")
+	}
+	if recs, err := s.List(); err != nil || len(recs) != 0 {
+		t.Fatalf("after the refused put: %v %v", recs, err)
+	}
+}
+
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for i := 0; i < 400; i++ {

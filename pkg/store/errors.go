@@ -12,6 +12,10 @@ import (
 // node keeps serving the rules it already has.
 var ErrUnavailable = errors.New("rule store unavailable")
 
+// ErrTooLarge marks a record larger than the backend takes in one request
+// (etcd's --max-request-bytes, 1.5 MiB by default); the API answers 413.
+var ErrTooLarge = errors.New("rule record too large for the store")
+
 // ErrClaimed marks a write refused because another record holds one of
 // its claims (another node created the same rule first); the API answers
 // 409.

@@ -12,8 +12,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // EtcdConfig says how to reach the etcd cluster that several nodes share.
@@ -108,7 +111,10 @@ func OpenEtcd(cfg EtcdConfig) (*Etcd, error) {
 	where := strings.Join(cfg.Endpoints, ",")
 	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: cfg.DialTimeout, TLS: cfg.TLS,
 		Username: cfg.Username, Password: cfg.Password, Logger: zap.NewNop(),
-		DialKeepAliveTime: 2 * time.Second, DialKeepAliveTimeout: 2 * time.Second})
+		DialKeepAliveTime: 2 * time.Second, DialKeepAliveTimeout: 2 * time.Second,
+		// A reply (the whole rule set) is bounded: etcd's default would
+		// accept 2 GiB before decoding it.
+		MaxCallRecvMsgSize: maxReplyBytes})
 	if err != nil {
 		return nil, fmt.Errorf("etcd store %s: %w", where, err)
 	}
@@ -146,6 +152,10 @@ func (e *Etcd) op(f func(ctx context.Context) error) error {
 	case errors.As(err, &ce), errors.As(err, &cor), errors.Is(err, errIDSpace):
 		e.setUp(nil)
 		return err
+	case errors.Is(err, rpctypes.ErrRequestTooLarge), status.Code(err) == codes.ResourceExhausted:
+		// The cluster answered: it refuses this request, not every one.
+		e.setUp(nil)
+		return fmt.Errorf("%w: etcd %s: %w (raise etcd's --max-request-bytes, or make the rule smaller)", ErrTooLarge, e.where, err)
 	}
 	e.setUp(err)
 	return &UnavailableError{Backend: "etcd " + e.where, Err: err}
@@ -186,12 +196,17 @@ func (e *Etcd) List() ([]Record, error) {
 		}
 		out = out[:0]
 		for _, kv := range resp.Kvs {
-			var rec Record
-			if err := json.Unmarshal(kv.Value, &rec); err != nil {
-				return &CorruptError{Path: "etcd " + e.where + " key " + string(kv.Key), Reason: err.Error()}
+			key := string(kv.Key)
+			id, perr := strconv.ParseUint(strings.TrimPrefix(key, e.prefix+"rules/"), 16, 32)
+			if perr != nil || id == 0 || key != e.ruleKey(uint32(id)) {
+				return &CorruptError{Path: "etcd " + e.where + " key " + key, Reason: "not a rule key"}
 			}
-			if string(kv.Key) != e.ruleKey(rec.ID) {
-				return &CorruptError{Path: "etcd " + e.where + " key " + string(kv.Key), Reason: fmt.Sprintf("holds rule id %d", rec.ID)}
+			var rec Record
+			if err := json.Unmarshal(kv.Value, &rec); err != nil || rec.ID != uint32(id) {
+				// One record another writer damaged must not hide the
+				// others: it is handed on as it is, and control reports
+				// it as unreadable (logged, counted) and applies the rest.
+				rec = Record{ID: uint32(id), Rule: json.RawMessage(kv.Value)}
 			}
 			out = append(out, rec)
 		}
@@ -199,6 +214,10 @@ func (e *Etcd) List() ([]Record, error) {
 	})
 	return out, err
 }
+
+// maxReplyBytes bounds one etcd reply: 256 rules of the largest size etcd
+// takes in one request by default (1.5 MiB).
+const maxReplyBytes = 384 << 20
 
 // maxTxnTries bounds the optimistic retries of one write: each retry means
 // another node changed the same keys in between.

@@ -215,6 +215,11 @@ func New(cfg Config, logger *slog.Logger) (*Dataplane, error) {
 			return nil, err
 		}
 	}
+	if err := d.pinProgs(); err != nil {
+		d.fib.stop()
+		d.abandon()
+		return nil, err
+	}
 	if err := d.attachSkLookup(); err != nil {
 		d.fib.stop()
 		d.abandon()
@@ -551,6 +556,26 @@ func (d *Dataplane) attachSkLookup() error {
 	return nil
 }
 
+// pinProgs pins lb_progs, tc_lb's tail-call table, at the pin path in place
+// of the previous run's, once this run's tc_lb is attached: the kernel
+// empties a program array when no file descriptor or pin refers to it any
+// more, and the attached tc_lb must keep reaching tc_lb_nat while no daemon
+// runs. It is not pinned by name at load, which would hand this run the
+// previous run's table, holding the previous run's tc_lb_nat.
+func (d *Dataplane) pinProgs() error {
+	if d.cfg.PinPath == "" {
+		return nil
+	}
+	pin := filepath.Join(d.cfg.PinPath, "lb_progs")
+	if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("replace the pinned tail-call table: %w", err)
+	}
+	if err := d.objs.LbProgs.Pin(pin); err != nil {
+		return fmt.Errorf("pin the tail-call table: %w", err)
+	}
+	return nil
+}
+
 // detach removes the programs from interfaces and the namespace.
 func (d *Dataplane) detach() {
 	for _, l := range d.links {
@@ -575,6 +600,16 @@ func (d *Dataplane) detach() {
 // is detached, but links re-used from their pins are only closed, so the
 // previous run's data path keeps serving on the pinned maps.
 func (d *Dataplane) abandon() {
+	for _, l := range d.links {
+		if l.fromPin {
+			// It now runs this run's tc_lb, which needs its tail-call
+			// table once this process is gone.
+			if err := d.pinProgs(); err != nil {
+				d.log.Error("a re-used link runs this build's tc_lb without its pinned tail-call table", "err", err)
+			}
+			break
+		}
+	}
 	for _, l := range d.links {
 		if !l.fromPin {
 			l.Unpin()
@@ -687,7 +722,7 @@ func (d *Dataplane) Purge() error {
 		for _, m := range []*ebpf.Map{
 			d.objs.LbServices, d.objs.LbSlots, d.objs.LbBackends, d.objs.LbRrCursor, d.objs.LbActiveConns,
 			d.objs.LbConntrack, d.objs.LbAffinity, d.objs.LbCounters, d.objs.LbSvcStats, d.objs.LbProxyVips,
-			d.objs.LbEpEpoch, d.objs.LbFilter, d.objs.LbFibGen,
+			d.objs.LbEpEpoch, d.objs.LbFilter, d.objs.LbFibGen, d.objs.LbProgs,
 		} {
 			if err := m.Unpin(); err != nil {
 				errs = append(errs, err)

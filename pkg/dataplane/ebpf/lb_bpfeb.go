@@ -159,6 +159,7 @@ const (
 	lbMapLbEpEpoch       = "lb_ep_epoch"
 	lbMapLbFibGen        = "lb_fib_gen"
 	lbMapLbFilter        = "lb_filter"
+	lbMapLbProgs         = "lb_progs"
 	lbMapLbProxySocks    = "lb_proxy_socks"
 	lbMapLbProxyVips     = "lb_proxy_vips"
 	lbMapLbRrCursor      = "lb_rr_cursor"
@@ -167,6 +168,7 @@ const (
 	lbMapLbSvcStats      = "lb_svc_stats"
 	lbProgSkLookupProxy  = "sk_lookup_proxy"
 	lbProgTcLb           = "tc_lb"
+	lbProgTcLbNat        = "tc_lb_nat"
 	lbVarCfgFibForward   = "cfg_fib_forward"
 	lbVarCfgHashSeed     = "cfg_hash_seed"
 	lbVarUnusedLbCounter = "unused_lb_counter"
@@ -216,6 +218,7 @@ type lbSpecs struct {
 type lbProgramSpecs struct {
 	SkLookupProxy *ebpf.ProgramSpec `ebpf:"sk_lookup_proxy"`
 	TcLb          *ebpf.ProgramSpec `ebpf:"tc_lb"`
+	TcLbNat       *ebpf.ProgramSpec `ebpf:"tc_lb_nat"`
 }
 
 // lbMapSpecs contains maps before they are loaded into the kernel.
@@ -230,6 +233,7 @@ type lbMapSpecs struct {
 	LbEpEpoch     *ebpf.MapSpec `ebpf:"lb_ep_epoch"`
 	LbFibGen      *ebpf.MapSpec `ebpf:"lb_fib_gen"`
 	LbFilter      *ebpf.MapSpec `ebpf:"lb_filter"`
+	LbProgs       *ebpf.MapSpec `ebpf:"lb_progs"`
 	LbProxySocks  *ebpf.MapSpec `ebpf:"lb_proxy_socks"`
 	LbProxyVips   *ebpf.MapSpec `ebpf:"lb_proxy_vips"`
 	LbRrCursor    *ebpf.MapSpec `ebpf:"lb_rr_cursor"`
@@ -275,6 +279,7 @@ type lbMaps struct {
 	LbEpEpoch     *ebpf.Map `ebpf:"lb_ep_epoch"`
 	LbFibGen      *ebpf.Map `ebpf:"lb_fib_gen"`
 	LbFilter      *ebpf.Map `ebpf:"lb_filter"`
+	LbProgs       *ebpf.Map `ebpf:"lb_progs"`
 	LbProxySocks  *ebpf.Map `ebpf:"lb_proxy_socks"`
 	LbProxyVips   *ebpf.Map `ebpf:"lb_proxy_vips"`
 	LbRrCursor    *ebpf.Map `ebpf:"lb_rr_cursor"`
@@ -293,6 +298,7 @@ func (m *lbMaps) Close() error {
 		m.LbEpEpoch,
 		m.LbFibGen,
 		m.LbFilter,
+		m.LbProgs,
 		m.LbProxySocks,
 		m.LbProxyVips,
 		m.LbRrCursor,
@@ -317,12 +323,14 @@ type lbVariables struct {
 type lbPrograms struct {
 	SkLookupProxy *ebpf.Program `ebpf:"sk_lookup_proxy"`
 	TcLb          *ebpf.Program `ebpf:"tc_lb"`
+	TcLbNat       *ebpf.Program `ebpf:"tc_lb_nat"`
 }
 
 func (p *lbPrograms) Close() error {
 	return _LbClose(
 		p.SkLookupProxy,
 		p.TcLb,
+		p.TcLbNat,
 	)
 }
 
