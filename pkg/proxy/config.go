@@ -369,6 +369,23 @@ func (s Service) serverTLS(reject func(reason string)) (*tls.Config, error) {
 	return tc, nil
 }
 
+// LoadTLS reads and parses every certificate, key and CA file the
+// service's listener and endpoint connections use, so a caller can refuse
+// one rule with a bad file before handing the whole table to Update.
+func (s Service) LoadTLS() error {
+	if s.Security != SecurityPlain {
+		if _, err := s.serverTLS(func(string) {}); err != nil {
+			return err
+		}
+	}
+	if s.Security == SecurityE2ETLS {
+		if _, err := s.upstreamTLS(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // upstreamTLS builds the client-side TLS config for SecurityE2ETLS.
 func (s Service) upstreamTLS() (*tls.Config, error) {
 	tc := &tls.Config{
