@@ -1,51 +1,23 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-)
 
-// selfSigned writes a self-signed certificate and its key as PEM files.
-func selfSigned(t *testing.T, dir, name string) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name}, IsCA: true, BasicConstraintsValid: true,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, _ := x509.MarshalPKCS8PrivateKey(key)
-	certFile, keyFile = filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
-	for f, b := range map[string]*pem.Block{certFile: {Type: "CERTIFICATE", Bytes: der}, keyFile: {Type: "PRIVATE KEY", Bytes: kder}} {
-		if err := os.WriteFile(f, pem.EncodeToMemory(b), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return certFile, keyFile
-}
+	"github.com/loxilb-llm/loxilb/testbed/pki"
+)
 
 // TestProxyMutualTLSFlags: the client certificate, key and client CA come
 // from flags or LOXILB_PROXY_TLS_CLIENT_*, reach the gateway and the P/D
 // dispatcher, and a bad file stops the daemon naming flag and file.
 func TestProxyMutualTLSFlags(t *testing.T) {
 	dir := t.TempDir()
-	cert, key := selfSigned(t, dir, "client")
-	ca, _ := selfSigned(t, dir, "ca")
+	authority := pki.New(t)
+	cert, key, _ := authority.Leaf(t, "client")
+	ca := authority.File
 	bad := filepath.Join(dir, "bad.pem")
 	if err := os.WriteFile(bad, []byte("not PEM"), 0o600); err != nil {
 		t.Fatal(err)

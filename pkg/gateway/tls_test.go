@@ -2,105 +2,37 @@ package gateway
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
-	"encoding/pem"
 	"errors"
 	"io"
 	"log"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/testbed/pki"
 )
-
-// testCA signs certificates written as PEM files in a temporary directory.
-type testCA struct {
-	dir  string
-	key  *ecdsa.PrivateKey
-	cert *x509.Certificate
-	file string
-	pool *x509.CertPool
-	n    int64
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "gateway test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &testCA{dir: t.TempDir(), key: key, pool: x509.NewCertPool()}
-	c.cert, _ = x509.ParseCertificate(der)
-	c.pool.AddCert(c.cert)
-	c.file = filepath.Join(c.dir, "ca.pem")
-	writeTestPEM(t, c.file, "CERTIFICATE", der)
-	return c
-}
-
-func (c *testCA) leaf(t *testing.T, name string, ips ...string) (certFile, keyFile string, pair tls.Certificate) {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	c.n++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(100 + c.n), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-	for _, ip := range ips {
-		tmpl.IPAddresses = append(tmpl.IPAddresses, net.ParseIP(ip))
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, _ := x509.MarshalPKCS8PrivateKey(key)
-	certFile, keyFile = filepath.Join(c.dir, name+".pem"), filepath.Join(c.dir, name+"-key.pem")
-	writeTestPEM(t, certFile, "CERTIFICATE", der)
-	writeTestPEM(t, keyFile, "PRIVATE KEY", kder)
-	pair, err = tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile, pair
-}
-
-func writeTestPEM(t *testing.T, file, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(file, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // TestRuleTLSSources: which certificate files a rule gets — the daemon's
 // by default, the rule's own mtls_backend/mtls_frontend in their place —
 // and the 412s when a client CA is missing or a file is bad.
 func TestRuleTLSSources(t *testing.T) {
-	ca := newTestCA(t)
-	vipCert, vipKey, _ := ca.leaf(t, "vip", "127.0.0.77")
-	dCert, dKey, _ := ca.leaf(t, "daemon-client")
-	rCert, rKey, _ := ca.leaf(t, "rule-client")
-	ruleCA := newTestCA(t)
-	caPEM, _ := os.ReadFile(ruleCA.file)
+	ca := pki.New(t)
+	vipCert, vipKey, _ := ca.Leaf(t, "vip", "127.0.0.77")
+	dCert, dKey, _ := ca.Leaf(t, "daemon-client")
+	rCert, rKey, _ := ca.Leaf(t, "rule-client")
+	ruleCA := pki.New(t)
+	caPEM, _ := os.ReadFile(ruleCA.File)
 	daemon := Config{CertFile: vipCert, KeyFile: vipKey, ClientCertFile: dCert, ClientKeyFile: dKey}
 	mk := func(sec int, fe *lbrule.MTLSFrontend, be *lbrule.MTLSBackend) *lbrule.Rule {
 		r := rule(0, "")
@@ -121,15 +53,15 @@ func TestRuleTLSSources(t *testing.T) {
 			func(ps proxy.Service) bool { return ps.ClientCertFile == "" }, "", ""},
 		{"rule client cert replaces the daemon's", nil, mk(2, nil, &lbrule.MTLSBackend{ClientCertPath: rCert, ClientKeyPath: rKey}),
 			func(ps proxy.Service) bool { return ps.ClientCertFile == rCert && ps.ClientKeyFile == rKey }, "", ""},
-		{"rule CA only keeps the daemon client cert", nil, mk(2, nil, &lbrule.MTLSBackend{BackendCAPath: ca.file}),
-			func(ps proxy.Service) bool { return ps.ClientCertFile == dCert && ps.CAFile == ca.file }, "", ""},
+		{"rule CA only keeps the daemon client cert", nil, mk(2, nil, &lbrule.MTLSBackend{BackendCAPath: ca.File}),
+			func(ps proxy.Service) bool { return ps.ClientCertFile == dCert && ps.CAFile == ca.File }, "", ""},
 		{"required without any client CA", nil, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "required"}, nil),
 			nil, lbrule.ReasonMTLSFrontendUnsupported, "--proxy-tls-client-ca"},
-		{"required with the daemon client CA", func(c *Config) { c.ClientCAFile = ca.file }, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "required"}, nil),
+		{"required with the daemon client CA", func(c *Config) { c.ClientCAFile = ca.File }, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "required"}, nil),
 			func(ps proxy.Service) bool {
-				return ps.ClientAuth == proxy.ClientAuthRequired && ps.ClientCAFile == ca.file
+				return ps.ClientAuth == proxy.ClientAuthRequired && ps.ClientCAFile == ca.File
 			}, "", ""},
-		{"optional with the rule's inline CA", func(c *Config) { c.ClientCAFile = ca.file },
+		{"optional with the rule's inline CA", func(c *Config) { c.ClientCAFile = ca.File },
 			mk(1, &lbrule.MTLSFrontend{ClientCertMode: "optional", ClientCACertData: base64.StdEncoding.EncodeToString(caPEM), RequireClientCN: true, ClientCNPattern: "svc-*"}, nil),
 			func(ps proxy.Service) bool {
 				return ps.ClientAuth == proxy.ClientAuthOptional && ps.ClientCAFile == "" && string(ps.ClientCAPEM) == string(caPEM) && ps.ClientCNPattern == "svc-*"
@@ -166,15 +98,15 @@ func TestRuleTLSSources(t *testing.T) {
 // certificate is served when the daemon has one (--proxy-tls-client-cert)
 // and answers 502, counted as a TLS upstream error, when it has none.
 func TestBackendMutualTLSThroughGateway(t *testing.T) {
-	ca := newTestCA(t)
-	vipCert, vipKey, _ := ca.leaf(t, "vip", "127.0.83.20", "127.0.83.21")
-	_, _, epPair := ca.leaf(t, "endpoint", "127.0.0.1")
-	clientCert, clientKey, _ := ca.leaf(t, "proxy-client")
+	ca := pki.New(t)
+	vipCert, vipKey, _ := ca.Leaf(t, "vip", "127.0.83.20", "127.0.83.21")
+	_, _, epPair := ca.Leaf(t, "endpoint", "127.0.0.1")
+	clientCert, clientKey, _ := ca.Leaf(t, "proxy-client")
 	ep := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"ok":true}`))
 	}))
-	ep.TLS = &tls.Config{Certificates: []tls.Certificate{epPair}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.pool}
+	ep.TLS = &tls.Config{Certificates: []tls.Certificate{epPair}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool}
 	ep.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake is expected
 	ep.StartTLS()
 	t.Cleanup(ep.Close)
@@ -185,7 +117,7 @@ func TestBackendMutualTLSThroughGateway(t *testing.T) {
 		withCert   bool
 		wantStatus int
 	}{{"127.0.83.20", true, 200}, {"127.0.83.21", false, 502}} {
-		cfg := Config{Seed: "1", CertFile: vipCert, KeyFile: vipKey, CAFile: ca.file}
+		cfg := Config{Seed: "1", CertFile: vipCert, KeyFile: vipKey, CAFile: ca.File}
 		if tc.withCert {
 			cfg.ClientCertFile, cfg.ClientKeyFile = clientCert, clientKey
 		}
@@ -219,7 +151,7 @@ func TestBackendMutualTLSThroughGateway(t *testing.T) {
 		if err := f.g.Reconcile(context.Background(), []control.Service{{ID: 1, Rule: p}}); err != nil {
 			t.Fatal(err)
 		}
-		c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool}}}
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}
 		resp, err := c.Post("https://"+net.JoinHostPort(tc.vip, strconv.Itoa(port))+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hi"}`))
 		if err != nil {
 			t.Fatal(err)
