@@ -25,7 +25,9 @@ func (c capabilityCollector) Collect(ch chan<- prometheus.Metric) {
 		// kv_parity:<svc>/<ep> and kv_quarantine:<svc>/<ep> would put a
 		// service and an endpoint inside a label value; their own metrics
 		// carry them as service and ep_idx.
-		if strings.HasPrefix(cp.Name, "kv_parity:") || strings.HasPrefix(cp.Name, "kv_quarantine:") {
+		// rule_field:<field> entries are a catalogue of inert rule fields,
+		// not something that can become ready.
+		if strings.HasPrefix(cp.Name, "kv_parity:") || strings.HasPrefix(cp.Name, "kv_quarantine:") || strings.HasPrefix(cp.Name, InertCapabilityPrefix) {
 			continue
 		}
 		v := 0.0

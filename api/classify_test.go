@@ -16,6 +16,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/store"
 )
 
 // failingRules answers every create with err, as a stage would.
@@ -53,6 +54,9 @@ func TestStageErrorsAreTyped(t *testing.T) {
 		{"kernel rule without interfaces", fmt.Errorf("%w: dataplane: %w", control.ErrApply, control.KernelUnavailable{Code: control.ReasonNoInterfaces, Why: "no interface"}.Reconcile(
 			context.Background(), []control.Service{{ID: 1, Rule: &lbrule.Rule{Service: lbrule.ServiceArgs{ExternalIP: "127.0.9.9", Port: 80, Protocol: "tcp"}}}})),
 			http.StatusPreconditionFailed, control.ReasonNoInterfaces},
+		{"shared store unreachable", fmt.Errorf("allocate rule id: %w", &store.UnavailableError{Backend: "etcd 127.0.0.1:2379", Err: context.DeadlineExceeded}),
+			http.StatusServiceUnavailable, api.ReasonStoreUnavailable},
+		{"rule too large for the shared store", fmt.Errorf("persist rule 3: %w", store.ErrTooLarge), http.StatusRequestEntityTooLarge, api.ReasonStoreTooLarge},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			srv, err := api.New(api.Config{}, api.Deps{Rules: failingRules{c.err}})

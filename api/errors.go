@@ -8,6 +8,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/store"
 )
 
 // Sentinels of the API layer itself.
@@ -29,7 +30,13 @@ const (
 	ReasonListenPermission = proxy.ReasonListenPermission
 	ReasonBodyTooLarge     = "API_BODY_TOO_LARGE"
 	ReasonBodyTimeout      = "API_BODY_TIMEOUT"
-	reasonNone             = ""
+	// ReasonStoreUnavailable: the shared rule store (etcd) cannot be
+	// reached; rules are not changed, the ones applied keep serving.
+	ReasonStoreUnavailable = "STORE_UNAVAILABLE"
+	// ReasonStoreTooLarge: the rule is larger than the shared store takes
+	// in one request (etcd's --max-request-bytes).
+	ReasonStoreTooLarge = "STORE_RECORD_TOO_LARGE"
+	reasonNone          = ""
 )
 
 // classify is the one error-to-status mapping of this server, with the
@@ -56,6 +63,10 @@ func classify(err error) (int, string) {
 		return http.StatusNotFound, reasonNone
 	case errors.Is(err, errUnavailable):
 		return http.StatusServiceUnavailable, reasonNone
+	case errors.Is(err, store.ErrUnavailable):
+		return http.StatusServiceUnavailable, ReasonStoreUnavailable
+	case errors.Is(err, store.ErrTooLarge):
+		return http.StatusRequestEntityTooLarge, ReasonStoreTooLarge
 	case listen && errors.Is(err, syscall.EADDRINUSE):
 		// Another process (or rule) holds the VIP:port.
 		return http.StatusConflict, ReasonVIPPortInUse

@@ -65,6 +65,13 @@ type KVInspector interface {
 	Subscriber(service uint32, ep int) (any, bool)
 }
 
+// PrefillBudgets reports the prefill admission budget the gateway applies
+// to an endpoint (*gateway.Gateway): slots (0: not queued) and their
+// source.
+type PrefillBudgets interface {
+	PrefillBudget(service uint32, ep int) (slots int, source string)
+}
+
 // Config configures the server.
 type Config struct {
 	Addr            string // listen address, default 127.0.0.1:11111
@@ -134,13 +141,20 @@ type Deps struct {
 	Capabilities CapabilitySource
 	States       EndpointStates
 	KV           KVInspector
-	Gatherer     prometheus.Gatherer
+	// Prefill reports endpoints' prefill admission budgets in the KV
+	// inventory; nil leaves them out.
+	Prefill  PrefillBudgets
+	Gatherer prometheus.Gatherer
 	// Registerer receives the server's own metrics; nil keeps them
 	// unregistered.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 	// Settings keeps the metrics switch across restarts; nil forgets it.
 	Settings Settings
+	// InFlight reports the mode-4 requests open to an endpoint (the drain
+	// API shows it, so an operator sees when a draining endpoint is
+	// idle); nil leaves it out.
+	InFlight func(service uint32, ep int) int
 }
 
 // Server is the management REST server.
@@ -268,6 +282,9 @@ func (s *Server) routes() {
 	g.GET("/config/loadbalancer/all", s.listLB)
 	g.DELETE("/config/loadbalancer/externalipaddress/:ip/port/:port/protocol/:proto", s.deleteLB)
 	g.DELETE("/config/loadbalancer/name/:name", s.deleteLBByName)
+	g.GET(drainPath, s.drain)
+	g.POST(drainPath, s.drain)
+	g.DELETE(drainPath, s.drain)
 	g.GET("/status/capabilities", s.capabilities)
 	g.GET("/config/metrics", s.metricsState)
 	g.POST("/config/metrics", s.metricsSet(true))
@@ -371,7 +388,24 @@ func (s *Server) createLB(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, ResultBody{Result: "Success", ServiceID: svc.ID, Created: &created})
+	out := ResultBody{Result: "Success", ServiceID: svc.ID, Created: &created}
+	if r, err := lbrule.Decode(body); err == nil {
+		out.Inert = lbrule.Inert(r)
+	}
+	c.JSON(http.StatusOK, out)
+}
+
+// InertCapabilityPrefix names the capability entries of rule fields that
+// are accepted but inert: "rule_field:serviceArguments.kvWarmupSec".
+const InertCapabilityPrefix = "rule_field:"
+
+// inertCapabilities lists every accepted-but-inert rule field.
+func inertCapabilities() []Capability {
+	var out []Capability
+	for _, f := range lbrule.InertCatalog() {
+		out = append(out, Capability{Name: InertCapabilityPrefix + f.Field, ReasonCode: "inert", Reason: f.Reason})
+	}
+	return out
 }
 
 func (s *Server) listLB(c *gin.Context) {
@@ -394,6 +428,9 @@ func (s *Server) listLB(c *gin.Context) {
 			for i := range r.Endpoints {
 				r.Endpoints[i].State = s.deps.States(svc.ID, i)
 			}
+		}
+		for i := range r.Endpoints {
+			r.Endpoints[i].Draining = svc.EndpointDraining(i)
 		}
 		out.LBAttr = append(out.LBAttr, *r)
 		bodies = append(bodies, svc.CreateBody)
@@ -451,24 +488,11 @@ func ruleStatus(st control.RuleStatus) *lbrule.Status {
 }
 
 func (s *Server) deleteLB(c *gin.Context) {
-	port, err := strconv.Atoi(c.Param("port"))
-	if err != nil || port < 0 || port > 65535 {
-		s.fail(c, fmt.Errorf("%w: port %q is not a number in 0..65535", errBadRequest, c.Param("port")))
+	k, err := ruleKey(c)
+	if err != nil {
+		s.fail(c, err)
 		return
 	}
-	ip := net.ParseIP(c.Param("ip"))
-	if ip == nil {
-		s.fail(c, fmt.Errorf("%w: %q is not an IP address", errBadRequest, c.Param("ip")))
-		return
-	}
-	block := 0
-	if b := c.Query("block"); b != "" {
-		if block, err = strconv.Atoi(b); err != nil {
-			s.fail(c, fmt.Errorf("%w: block %q is not a number", errBadRequest, b))
-			return
-		}
-	}
-	k := lbrule.Key{IP: canonical(ip), Port: port, Proto: strings.ToLower(c.Param("proto")), Block: block}
 	if err := s.deps.Rules.Delete(c.Request.Context(), k); err != nil {
 		s.fail(c, err)
 		return
@@ -497,6 +521,7 @@ func (s *Server) capabilities(c *gin.Context) {
 	if s.deps.Capabilities != nil {
 		out.Capabilities = append(out.Capabilities, s.deps.Capabilities()...)
 	}
+	out.Capabilities = append(out.Capabilities, inertCapabilities()...)
 	c.JSON(http.StatusOK, out)
 }
 
@@ -580,6 +605,10 @@ func (s *Server) inventory(c *gin.Context) {
 	}
 	if st, ok := s.deps.KV.Subscriber(uint32(sid), ep); ok {
 		out.Subscriber = st
+	}
+	if s.deps.Prefill != nil {
+		n, src := s.deps.Prefill.PrefillBudget(uint32(sid), ep)
+		out.PrefillSlots = &PrefillSlots{Slots: n, Source: src}
 	}
 	c.JSON(http.StatusOK, out)
 }

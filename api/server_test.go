@@ -39,6 +39,10 @@ type fakeKV struct{}
 func (fakeKV) Snapshot(uint32, int, int) ([]uint64, int) { return []uint64{1234567890123456789}, 42 }
 func (fakeKV) Subscriber(uint32, int) (any, bool)        { return map[string]any{"connected": true}, true }
 
+type fakePrefill struct{}
+
+func (fakePrefill) PrefillBudget(_ uint32, ep int) (int, string) { return 8 + ep, "server_info" }
+
 func newServer(t *testing.T, token string) (*httptest.Server, *envMap) {
 	t.Helper()
 	st, err := store.OpenBolt(t.TempDir())
@@ -50,7 +54,7 @@ func newServer(t *testing.T, token string) (*httptest.Server, *envMap) {
 	ctl := control.New(st, env.lookup, nil)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "loxilb_test_total", Help: "t"}))
-	srv, err := api.New(api.Config{Token: token, Version: "test"}, api.Deps{Rules: ctl, KV: fakeKV{}, Gatherer: reg,
+	srv, err := api.New(api.Config{Token: token, Version: "test"}, api.Deps{Rules: ctl, KV: fakeKV{}, Prefill: fakePrefill{}, Gatherer: reg,
 		Capabilities: func() []api.Capability {
 			c := api.Capability{Name: "kv_exact_vllm", Ready: true}
 			if e := lbrule.SeedPrecondition(env.lookup); e != nil {
@@ -146,8 +150,12 @@ func TestSpecBodiesAndReadBack(t *testing.T) {
 		t.Errorf("engine change: %d %v", code, body)
 	}
 	// Inventory.
-	if code, body = do(t, ts, "GET", "/config/ai/kv/inventory?service_id=1&ep_idx=0", ""); code != 200 || body["total"] != 42.0 || body["hash_algo"] != "sha256_cbor" {
+	if code, body = do(t, ts, "GET", "/config/ai/kv/inventory?service_id=1&ep_idx=1", ""); code != 200 || body["total"] != 42.0 || body["hash_algo"] != "sha256_cbor" {
 		t.Errorf("inventory: %d %v", code, body)
+	}
+	// The endpoint's prefill admission budget and where it was learned.
+	if ps, _ := body["prefill_slots"].(map[string]any); ps["slots"] != 9.0 || ps["source"] != "server_info" {
+		t.Errorf("inventory prefill_slots of ep 1: %v", body["prefill_slots"])
 	}
 	for q, want := range map[string]int{"": 400, "?service_id=x&ep_idx=0": 400, "?service_id=1": 400, "?service_id=99&ep_idx=0": 404, "?service_id=1&ep_idx=6": 404, "?service_id=1&ep_idx=0&limit=-1": 400} {
 		if code, _ = do(t, ts, "GET", "/config/ai/kv/inventory"+q, ""); code != want {
@@ -260,6 +268,7 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 		"/config/loadbalancer/name/{name}":                                         {"delete"}, "/status/capabilities": {"get"},
 		"/config/metrics": {"get", "post", "delete"}, "/metrics": {"get"}, "/config/ai/kv/inventory": {"get"},
 		"/openapi.json": {"get"}, "/version": {"get"},
+		"/config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}/endpoint/{epip}/port/{epport}/drain": {"get", "post", "delete"},
 	}
 	for p, methods := range routes {
 		for _, m := range methods {

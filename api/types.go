@@ -21,6 +21,9 @@ type ResultBody struct {
 	ServiceID uint32 `json:"serviceID,omitempty"`
 	Created   *bool  `json:"created,omitempty"`
 	Deleted   int    `json:"deleted,omitempty"`
+	// Inert lists the fields the created rule sets that this gateway
+	// accepts and echoes but does not act on, each with the reason.
+	Inert []lbrule.InertField `json:"inert,omitempty"`
 }
 
 // LBList is the body of GET /config/loadbalancer/all.
@@ -70,9 +73,37 @@ type Inventory struct {
 	// Subscriber carries the ingestion state: connection, sequence numbers,
 	// gaps, replays, resets, decode errors and the parity verdict.
 	Subscriber any `json:"subscriber,omitempty"`
+	// PrefillSlots is the endpoint's prefill admission budget; absent when
+	// the daemon has no prefill queue.
+	PrefillSlots *PrefillSlots `json:"prefill_slots,omitempty"`
+}
+
+// PrefillSlots is the prefill admission budget the gateway applies to an
+// endpoint: at most Slots requests forwarded before their first byte.
+type PrefillSlots struct {
+	// Slots is 0 when requests are not queued (source none or off).
+	Slots int `json:"slots"`
+	// Source is server_info or observed (learned from the engine),
+	// configured (LOXILB_KV_PREFILL_SLOTS=N), none (not learned yet) or
+	// off (LOXILB_KV_PREFILL_SLOTS=0).
+	Source string `json:"source"`
 }
 
 // Version is the body of GET /version.
 type Version struct {
 	Version string `json:"version"`
+}
+
+// EndpointDrain is the body of GET/POST/DELETE on an endpoint's drain
+// route: its maintenance state after the call.
+type EndpointDrain struct {
+	ServiceID uint32 `json:"serviceID"`
+	EPIdx     int    `json:"ep_idx"`
+	Endpoint  string `json:"endpoint"` // host:port
+	Draining  bool   `json:"draining"`
+	// Changed is false when the endpoint already was in that state.
+	Changed bool `json:"changed"`
+	// InFlight is the mode-4 requests still open to the endpoint; a
+	// draining endpoint is idle at 0. Absent without a mode-4 proxy.
+	InFlight *int `json:"inflight,omitempty"`
 }

@@ -11,6 +11,8 @@
 #define AFFINITY_MAX 65536 /* persist selector client->endpoint entries */
 #define PROXY_VIPS_MAX 1024
 #define PROXY_SOCKS_MAX 64
+#define FILTER_LINE_SHIFT 5 /* the address prefilter (lb_filter) has 2^5 lines */
+#define FILTER_BITS (512 << FILTER_LINE_SHIFT) /* of 512 bits (one cache line) each */
 
 /* Service modes (loxilb numbering). */
 #define MODE_DNAT 0
@@ -47,6 +49,14 @@
 /* Timeouts for states other than established (seconds). */
 #define CT_SYN_TIMEOUT 60
 #define CT_FIN_TIMEOUT 10
+
+/* A FIB result cached in a conntrack entry is used while lb_fib_gen is
+ * unchanged and for at most FIB_TTL units of 2^FIB_TTL_SHIFT ns (~1 s): Go
+ * bumps the generation on routing and neighbour changes, and the lifetime
+ * bounds what no notification announces (a path-MTU exception, or changes
+ * while no daemon watches). */
+#define FIB_TTL_SHIFT 20
+#define FIB_TTL 1000
 
 /* Ports handed out for full NAT (mode 2) when the client port collides. */
 #define SNAT_PORT_MIN 32768
@@ -85,6 +95,7 @@ enum lb_counter {
 	CNT_PROXY_ASSIGN_FAILED, /* sk_lookup: bpf_sk_assign refused the socket */
 	CNT_FLOW_STALE,          /* packet of a flow whose endpoint or service is gone: entries dropped */
 	CNT_RST_SENT,            /* TCP RST sent for a mid-stream packet of an unknown flow */
+	CNT_FIB_CACHED,          /* forwarded with the FIB result cached in its conntrack entry */
 	CNT_MAX,
 };
 

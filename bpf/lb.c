@@ -3,8 +3,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * tc_lb: the L4 load balancer, attached to TC ingress (TCX) of the interfaces
- * the daemon is configured with. One program handles both directions:
- * conntrack first, then the service table for connection starts.
+ * the daemon is configured with. It parses and runs the address prefilter;
+ * packets that may be ours go on by a tail call to tc_lb_nat, which handles
+ * both directions: conntrack first, then the service table for connection
+ * starts.
  *
  * sk_lookup_proxy: steers connections for mode-4 (fullproxy) VIPs to the Go
  * proxy's listening socket, so the proxy accepts them with the VIP as its
@@ -51,16 +53,102 @@ static __always_inline void svc_account(__u32 idx, __u64 bytes, int new_flow)
 		s->flows += 1;
 }
 
+/* filter_hash is the bit of {addr, port, proto} in lb_filter (twin of
+ * filterHash in Go): the address alone picks the 64-byte line, the whole
+ * key the bit in it (Fibonacci hashing), so the packets of one address
+ * keep touching one cache line whatever their ports. */
+static __always_inline __u32 filter_hash(__u32 addr, __u16 port, __u8 proto)
+{
+	__u32 line = (addr * 0x9E3779B1U) >> (32 - FILTER_LINE_SHIFT);
+	__u64 k = ((__u64)addr << 32) | ((__u32)port << 8) | proto;
+	return (line << 9) | (__u32)((k * 0x9E3779B97F4A7C15ULL) >> (64 - 9));
+}
+
+/* filter_match reports whether the packet may belong to the load balancer:
+ * its destination is a frontend or its source an endpoint (a reply). Every
+ * conntrack entry's tuple matches one of the two, so a packet matching
+ * neither is passed without touching the large conntrack table. */
+static __always_inline int filter_match(const struct pkt *p)
+{
+	__u32 zero = 0;
+	struct lb_filter *f = bpf_map_lookup_elem(&lb_filter, &zero);
+	if (!f)
+		return 1;
+	__u32 h = filter_hash(p->daddr, p->dport, p->proto);
+	if (f->bits[(h >> 6) & (FILTER_BITS / 64 - 1)] & (1ULL << (h & 63)))
+		return 1;
+	h = filter_hash(p->saddr, p->sport, p->proto);
+	return (f->bits[(h >> 6) & (FILTER_BITS / 64 - 1)] & (1ULL << (h & 63))) != 0;
+}
+
+/* fib_gen reads the FIB generation (0 when unreadable: nothing is cached). */
+static __always_inline __u32 fib_gen(void)
+{
+	__u32 zero = 0;
+	__u32 *g = bpf_map_lookup_elem(&lb_fib_gen, &zero);
+	return g ? *g : 0;
+}
+
+/* fib_cached reports whether ct holds a FIB result valid for this packet:
+ * same generation, fresh, same ingress device and TOS, and a length the
+ * FIB's MTU check already passed. GSO packets always ask the FIB (their
+ * check depends on the segment size); they are few and large. */
+static __always_inline int fib_cached(const struct ct_val *ct, const struct pkt *p, __u32 gen, __u32 stamp, __u32 iif,
+				      int gso)
+{
+	return gen && ct->fib_gen == gen && stamp - ct->fib_stamp < FIB_TTL && ct->fib_iif == iif &&
+	       ct->fib_tos == p->tos && !gso && p->tot_len <= ct->fib_len;
+}
+
+/* fib_store caches a successful lookup in ct. It is written by whichever CPU
+ * misses, so the generation goes last and is cleared first: a reader sees
+ * either the old complete result or an invalid entry. */
+static __always_inline void fib_store(struct ct_val *ct, const struct bpf_fib_lookup *fib, const struct pkt *p,
+				      __u32 gen, __u32 stamp, __u32 iif)
+{
+	__u16 len = p->tot_len;
+	if (ct->fib_gen == gen && ct->fib_ifindex == fib->ifindex && ct->fib_iif == iif && ct->fib_tos == p->tos &&
+	    ct->fib_len > len)
+		len = ct->fib_len; /* same path: keep the largest length seen */
+	ct->fib_gen = 0;
+	asm volatile("" ::: "memory");
+	ct->fib_ifindex = fib->ifindex;
+	ct->fib_iif = iif;
+	__builtin_memcpy(ct->fib_dmac, fib->dmac, ETH_ALEN);
+	__builtin_memcpy(ct->fib_smac, fib->smac, ETH_ALEN);
+	ct->fib_stamp = stamp;
+	ct->fib_len = len;
+	ct->fib_tos = p->tos;
+	asm volatile("" ::: "memory");
+	ct->fib_gen = gen;
+}
+
 /* lb_forward sends a rewritten packet on. With cfg_fib_forward the FIB picks
  * the egress device and the MACs (bpf_redirect_neigh resolves them when the
  * neighbour is not known yet), skipping the stack's forwarding path;
  * otherwise the stack routes it. dsr_nh is the DSR
- * endpoint used as next hop (the destination stays the VIP). */
-static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u32 dsr_nh)
+ * endpoint used as next hop (the destination stays the VIP). ct, when
+ * given, is the flow's entry for this direction: a resolved FIB result is
+ * cached there and reused by the next packets (see fib_cached). */
+static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u32 dsr_nh, struct ct_val *ct, __u64 now)
 {
 	if (!cfg_fib_forward && !dsr_nh) {
 		count(CNT_FWD_STACK);
 		return TC_ACT_OK;
+	}
+
+	__u32 iif = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
+	__u32 gen = fib_gen(); /* read before the lookup: a change after it invalidates */
+	__u32 stamp = (__u32)(now >> FIB_TTL_SHIFT);
+	int gso = skb->gso_size != 0;
+	if (ct && p->ttl > 1 && fib_cached(ct, p, gen, stamp, iif, gso)) {
+		if (dec_ttl(skb, p, ct->fib_dmac)) {
+			count(CNT_DROP_REWRITE);
+			return TC_ACT_SHOT;
+		}
+		count(CNT_FWD_REDIRECT);
+		count(CNT_FIB_CACHED);
+		return bpf_redirect(ct->fib_ifindex, 0);
 	}
 
 	struct bpf_fib_lookup fib = {};
@@ -70,13 +158,15 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 	fib.sport = p->sport;
 	fib.dport = p->dport;
 	/* GSO super-packets exceed the MTU by design; the MTU check is for the rest. */
-	fib.tot_len = skb->gso_size ? 0 : p->tot_len;
+	fib.tot_len = gso ? 0 : p->tot_len;
 	fib.ipv4_src = p->saddr;
 	fib.ipv4_dst = dsr_nh ? dsr_nh : p->daddr;
-	fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
+	fib.ifindex = iif;
 
 	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if ((rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) && p->ttl > 1) {
+		if (rc == BPF_FIB_LKUP_RET_SUCCESS && ct && gen && !gso)
+			fib_store(ct, &fib, p, gen, stamp, iif);
 		/* When the neighbour is known, write the MACs too and skip the
 		 * neighbour lookup bpf_redirect_neigh would repeat. */
 		__u8 macs[2 * ETH_ALEN];
@@ -266,23 +356,27 @@ static __always_inline int ct_hit(struct __sk_buff *skb, struct pkt *p, struct c
 	/* The coarse clock reads the tick-updated time (no clocksource read:
 	 * kvm-clock or hpet cost tens to hundreds of ns); its lag of at most
 	 * one tick does not matter against timeouts of seconds. */
-	ct->last_seen_ns = bpf_ktime_get_coarse_ns();
-	__sync_fetch_and_add(&ct->pkts, 1);
-	__sync_fetch_and_add(&ct->bytes, skb->len);
+	__u64 now = bpf_ktime_get_coarse_ns();
+	ct->last_seen_ns = now;
+	/* Plain adds: a flow direction's packets are handled by one CPU at a
+	 * time in practice (RSS, one veth queue), and an atomic read-modify-
+	 * write costs more than the rare lost increment of a statistic. */
+	ct->pkts += 1;
+	ct->bytes += skb->len;
 	count(ct->flags & CT_F_REPLY ? CNT_CT_HIT_REPLY : CNT_CT_HIT_ORIG);
 	svc_account(ct->svc_idx, skb->len, 0);
 	ct_track(ct, p);
 	__u8 after = ct->state;
 
 	if (ct->flags & CT_F_DSR)
-		return lb_forward(skb, p, ct->new_daddr);
+		return lb_forward(skb, p, ct->new_daddr, ct, now);
 	if (apply_xlate(skb, p, ct)) {
 		count(CNT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}
 	if (after >= CT_FIN && after != before)
 		peer_close(p, after);
-	return lb_forward(skb, p, 0);
+	return lb_forward(skb, p, 0, ct, now);
 }
 
 struct lc_scan {
@@ -516,12 +610,12 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 	svc_account(idx, skb->len, 1);
 
 	if (mode == MODE_DSR)
-		return lb_forward(skb, p, be_addr);
+		return lb_forward(skb, p, be_addr, NULL, now);
 	if (apply_xlate(skb, p, &fv)) {
 		count(CNT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}
-	return lb_forward(skb, p, 0);
+	return lb_forward(skb, p, 0, NULL, now);
 }
 
 /* ct_forget removes a finished flow's entries before its tuple is reused. */
@@ -549,24 +643,24 @@ static __always_inline void ct_forget(struct ct_key *k, struct ct_val *ct)
 	bpf_map_delete_elem(&lb_conntrack, k);
 }
 
+/* tc_lb_nat is the part of tc_lb that may rewrite the packet, entered by a
+ * tail call once the packet passed the prefilter (see tc_lb). */
 SEC("tc")
-int tc_lb(struct __sk_buff *skb)
+int tc_lb_nat(struct __sk_buff *skb)
 {
 	struct pkt p = {};
 	__u32 cnt = CNT_DROP_MALFORMED;
 
+	/* Parsed again: a tail call keeps only the skb. The headers are in
+	 * the linear area by now (tc_lb pulled them), so this is a few loads. */
 	int r = lb_parse(skb, &p, &cnt);
-	if (r == PARSE_PASS) {
-		count(cnt);
+	if (r == PARSE_PASS || (r == PARSE_OK && p.is_frag)) {
+		count(r == PARSE_PASS ? cnt : CNT_PASS_FRAGMENT);
 		return TC_ACT_OK;
 	}
 	if (r != PARSE_OK) {
 		count(cnt);
 		return TC_ACT_SHOT;
-	}
-	if (p.is_frag) {
-		count(CNT_PASS_FRAGMENT);
-		return TC_ACT_OK;
 	}
 
 	struct ct_key k = {};
@@ -610,6 +704,51 @@ int tc_lb(struct __sk_buff *skb)
 	}
 	struct svc_val sv = *svc; /* snapshot: Go may switch the generation meanwhile */
 	return new_flow(skb, &p, &sv);
+}
+
+/* lb_progs holds tc_lb_nat for tc_lb's tail call, filled at load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, int(void *));
+} lb_progs SEC(".maps") = {
+	.values = {[0] = (void *)&tc_lb_nat},
+};
+
+/* tc_lb is what is attached: parse, then the prefilter. Only packets that
+ * may be the load balancer's go on, by a tail call, to tc_lb_nat. The split
+ * keeps the non-VIP path small and free of direct packet writes: a program
+ * that writes the packet directly starts by making a cloned skb writable
+ * (bpf_skb_pull_data, reading the shared info at the end of its buffer),
+ * which every TCP data packet would otherwise pay. */
+SEC("tc")
+int tc_lb(struct __sk_buff *skb)
+{
+	struct pkt p = {};
+	__u32 cnt = CNT_DROP_MALFORMED;
+
+	int r = lb_parse(skb, &p, &cnt);
+	if (r == PARSE_PASS) {
+		count(cnt);
+		return TC_ACT_OK;
+	}
+	if (r != PARSE_OK) {
+		count(cnt);
+		return TC_ACT_SHOT;
+	}
+	if (p.is_frag) {
+		count(CNT_PASS_FRAGMENT);
+		return TC_ACT_OK;
+	}
+	if (!filter_match(&p)) {
+		count(CNT_PASS_NO_SERVICE);
+		return TC_ACT_OK;
+	}
+	bpf_tail_call(skb, &lb_progs, 0);
+	/* Not reached while lb_progs holds tc_lb_nat (it is filled at load). */
+	count(CNT_FWD_STACK);
+	return TC_ACT_OK;
 }
 
 SEC("sk_lookup")

@@ -108,6 +108,26 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_svc_stats SEC(".maps");
 
+/* The address prefilter (struct lb_filter), one element. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_filter);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_filter SEC(".maps");
+
+/* FIB generation, one element: Go bumps it on every IPv4 route, rule,
+ * nexthop, address, link or neighbour change and at each start, which
+ * invalidates the FIB results cached in conntrack entries. Never 0. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_fib_gen SEC(".maps");
+
 /* Mode-4 services: {vip, port, TCP} -> listener slot in lb_proxy_socks. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

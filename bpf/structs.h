@@ -61,7 +61,21 @@ struct ct_val {
 	__u8 mode;
 	__u8 pad;
 	__u32 epoch;        /* lb_ep_epoch of the cell when the flow started; stale once it differs */
-	__u32 pad2;
+	/* The FIB result for this direction's rewritten packets, so a hit
+	 * forwards without bpf_fib_lookup. Valid while fib_gen equals
+	 * lb_fib_gen (0: empty), within FIB_TTL of fib_stamp, for packets
+	 * arriving on fib_iif with TOS fib_tos and at most fib_len bytes (the
+	 * largest length the FIB's MTU check passed). */
+	__u32 fib_gen;
+	__u32 fib_ifindex;  /* egress device */
+	__u32 fib_iif;      /* ingress device the lookup was made for */
+	__u8 fib_dmac[6];
+	__u8 fib_smac[6];
+	__u32 fib_stamp;    /* coarse clock >> FIB_TTL_SHIFT at the lookup */
+	__u16 fib_len;
+	__u8 fib_tos;
+	__u8 pad2;
+	__u32 pad3;
 };
 
 struct affinity_key {
@@ -80,6 +94,15 @@ struct affinity_val {
 struct proxy_val {
 	__u32 sock_idx; /* key of the listener in lb_proxy_socks */
 	__u32 svc_id;   /* control-plane service ID, for recovery after a restart */
+};
+
+/* The address prefilter: bit filter_hash(addr, port, proto) is set for
+ * every kernel-path frontend (a packet's destination) and every endpoint of
+ * a NAT service (a reply's source). A packet matching neither cannot hit
+ * conntrack nor a service and leaves after this one lookup. Written whole
+ * by Go: a superset before a service change takes effect, exact after. */
+struct lb_filter {
+	__u64 bits[FILTER_BITS / 64];
 };
 
 struct svc_stats {

@@ -89,6 +89,9 @@ func newCreateLBCmd(g *globalOpts) *cobra.Command {
 					verb = "created"
 				}
 				g.printf("%s rule %s:%d/%s (service id %d)\n", verb, r.Service.ExternalIP, r.Service.Port, r.Service.Protocol, res.ServiceID)
+				for _, f := range res.Inert {
+					g.printf("  inert: %s: %s\n", f.Field, f.Reason)
+				}
 			}
 			return nil
 		},
@@ -362,6 +365,10 @@ func printLBWide(g *globalOpts, list api.LBList) {
 		s := r.Service
 		for i, ep := range r.Endpoints {
 			st := ep.State
+			if ep.Draining {
+				// In maintenance: what the probe says still shows.
+				st = strings.TrimPrefix(st+",draining", ",")
+			}
 			if st == "" {
 				st = "-"
 			}
@@ -482,6 +489,9 @@ func newGetInventoryCmd(g *globalOpts) *cobra.Command {
 			g.printf("service %d endpoint %d (%s) hash_algo %s: %d blocks", inv.ServiceID, inv.EPIdx, inv.Endpoint, inv.HashAlgo, inv.Total)
 			if inv.Truncated {
 				g.printf(" (showing %d)", len(inv.Blocks))
+			}
+			if ps := inv.PrefillSlots; ps != nil {
+				g.printf("; prefill slots %d (%s)", ps.Slots, ps.Source)
 			}
 			g.printf("\n")
 			for _, b := range inv.Blocks {

@@ -52,8 +52,8 @@ func newRootCmd(out, errw io.Writer) *cobra.Command {
 	get.AddCommand(newGetLBCmd(g), newGetCapabilitiesCmd(g), newGetInventoryCmd(g))
 	del := &cobra.Command{Use: "delete", Short: "Delete a resource"}
 	del.AddCommand(newDeleteLBCmd(g))
-	set := &cobra.Command{Use: "set", Short: "Change daemon settings"}
-	set.AddCommand(newSetMetricsCmd(g))
+	set := &cobra.Command{Use: "set", Short: "Change daemon settings and endpoint maintenance"}
+	set.AddCommand(newSetMetricsCmd(g), newSetDrainCmd(g))
 	kv := &cobra.Command{Use: "kv", Short: "Offline KV-parity tools (no daemon needed)"}
 	kv.AddCommand(newKVTokenizeCmd(g), newKVHashCmd(g))
 	root.AddCommand(create, get, del, set, kv, newTopCmd(g))

@@ -219,3 +219,32 @@ func (c *Client) Metrics(ctx context.Context) (string, error) {
 	err := c.do(ctx, http.MethodGet, "/metrics", nil, &raw)
 	return string(raw), err
 }
+
+// DrainPath is the API path of one endpoint's maintenance state.
+func DrainPath(ip string, port int, proto string, block int, epIP string, epPort int) string {
+	p := fmt.Sprintf("/config/loadbalancer/externalipaddress/%s/port/%d/protocol/%s/endpoint/%s/port/%d/drain",
+		url.PathEscape(ip), port, url.PathEscape(proto), url.PathEscape(epIP), epPort)
+	if block != 0 {
+		p += fmt.Sprintf("?block=%d", block)
+	}
+	return p
+}
+
+// SetDrain puts an endpoint of the rule ip:port/proto (mark block) in
+// maintenance (on) or back in service, and returns its state.
+func (c *Client) SetDrain(ctx context.Context, ip string, port int, proto string, block int, epIP string, epPort int, on bool) (api.EndpointDrain, error) {
+	m := http.MethodPost
+	if !on {
+		m = http.MethodDelete
+	}
+	var out api.EndpointDrain
+	err := c.do(ctx, m, DrainPath(ip, port, proto, block, epIP, epPort), nil, &out)
+	return out, err
+}
+
+// Drain reads an endpoint's maintenance state.
+func (c *Client) Drain(ctx context.Context, ip string, port int, proto string, block int, epIP string, epPort int) (api.EndpointDrain, error) {
+	var out api.EndpointDrain
+	err := c.do(ctx, http.MethodGet, DrainPath(ip, port, proto, block, epIP, epPort), nil, &out)
+	return out, err
+}

@@ -44,6 +44,7 @@ type config struct {
 	proxyLimits    proxyLimits
 	resilience     resilience
 	outlier        outlier.Config
+	store          storeFlags
 	scrapeInterval time.Duration
 	logLevel       slog.Level
 	logJSON        bool
@@ -102,6 +103,7 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	fs.IntVar(&c.tokConcurrency, "tokenize-concurrency", 0, "requests tokenized at once; the others wait while their client does (1..1024; 0: one per CPU, GOMAXPROCS)")
 	c.proxyLimits.register(fs)
 	c.resilience.register(fs, env)
+	c.store.register(fs, getenv)
 	fs.DurationVar(&c.scrapeInterval, "engine-metrics-interval", time.Second, "how often mode-4 endpoints' /metrics are read for load-aware routing")
 	fs.BoolVar(&c.metrics, "metrics", false, "enable the Prometheus export at start (otherwise POST /netlox/v1/config/metrics)")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
@@ -170,6 +172,11 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	for _, i := range strings.Split(ifaces, ",") {
 		if i = strings.TrimSpace(i); i != "" {
 			c.interfaces = append(c.interfaces, i)
+		}
+	}
+	if c.store.shared() {
+		if _, err := c.store.etcdConfig(); err != nil {
+			return nil, err
 		}
 	}
 	if c.apiTokenFile != "" {
@@ -242,6 +249,7 @@ func (c *config) proxyConfig() proxy.Config {
 		MaxInflightBodyBytes:   l.maxInflightBody,
 		MaxConnsPerListener:    l.maxConns,
 		AbortOnClientClose:     l.abortOnClientClose,
+		ReusePort:              c.store.shared(),
 		MaxRetries:             c.resilience.proxyRetries(),
 		ShutdownGrace:          max(c.resilience.drainTimeout, time.Nanosecond), // 0 is the proxy's default
 	}

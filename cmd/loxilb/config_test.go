@@ -69,3 +69,46 @@ func TestCertificatesLoadedAtStart(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreFlagsValidated: a wrong shared-store option stops the daemon
+// naming the flag, before anything is opened.
+func TestStoreFlagsValidated(t *testing.T) {
+	dir := t.TempDir()
+	pw := filepath.Join(dir, "pw")
+	if err := os.WriteFile(pw, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--store", "etcd://"}, "--store"},
+		{[]string{"--store", "redis://h:1"}, "--store"},
+		{[]string{"--store", "etcd://h:1", "--store-timeout", "1ms"}, "--store-timeout"},
+		{[]string{"--store", "etcd://h:1", "--store-prefix", "loxilb"}, "--store-prefix"},
+		{[]string{"--store", "etcd://h:1", "--store-user", "gw"}, "--store-password-file"},
+		{[]string{"--store", "etcd://h:1", "--store-tls-cert", pw}, "--store-tls-key"},
+		{[]string{"--store", "etcd://h:1", "--store-tls-ca", pw}, "--store-tls-ca"},
+		{[]string{"--store", "etcd://h:1", "--store-user", "gw", "--store-password-file", filepath.Join(dir, "missing")}, "--store-password-file"},
+	} {
+		_, err := parseFlags(c.args, noEnv, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: want an error naming %s, got %v", c.args, c.want, err)
+		}
+	}
+	env := func(k string) (string, bool) {
+		v, ok := map[string]string{"LOXILB_STORE": "etcd://127.0.0.1:2379,127.0.0.2:2379", "LOXILB_STORE_USER": "gw", "LOXILB_STORE_PASSWORD_FILE": pw}[k]
+		return v, ok
+	}
+	cfg, err := parseFlags(nil, env, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ec, err := cfg.store.etcdConfig()
+	if err != nil || len(ec.Endpoints) != 2 || ec.Username != "gw" || ec.Password != "secret" || !cfg.proxyConfig().ReusePort {
+		t.Fatalf("from the environment: %+v %v", ec, err)
+	}
+	if cfg, _ := parseFlags(nil, noEnv, io.Discard); cfg.store.shared() || cfg.proxyConfig().ReusePort {
+		t.Fatal("default store is not the embedded one")
+	}
+}

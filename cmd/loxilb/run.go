@@ -62,11 +62,20 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	st, err := store.OpenBolt(cfg.stateDir)
+	st, err := openStore(cfg)
 	if err != nil {
-		return err // names the file, what is wrong and what to do
+		return err // names the file or cluster, what is wrong and what to do
 	}
 	defer st.Close()
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "loxilb_store_backend_up",
+		Help:        "1 while the rule store answers, 0 while it cannot be reached (rule changes are refused; applied rules keep serving).",
+		ConstLabels: prometheus.Labels{"backend": st.Health().Backend}},
+		func() float64 {
+			if st.Health().Up {
+				return 1
+			}
+			return 0
+		}))
 
 	// The KV plane: inventories fed by engine events.
 	maxBlocks, err := envInt(getenv, "LOXILB_KV_MAX_BLOCKS", 1_000_000, 1000, 100_000_000)
@@ -175,6 +184,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	caps.add(func() []api.Capability { return tokenizerCaps(tokens) })
 	caps.add(func() []api.Capability { return parityCaps(events) })
 	caps.add(func() []api.Capability { return []api.Capability{ruleCaps(ctl.List())} })
+	caps.add(func() []api.Capability { return []api.Capability{storeCap(st)} })
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -226,6 +236,15 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		// serves the others and the API.
 		logger.Error("some stored rules were not applied", "err", err)
 	}
+	// A shared store is followed from now on: rules other nodes create,
+	// change or delete are applied here within the watch's latency.
+	if w, ok := st.(store.Watcher); ok {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = ctl.Follow(ctx, w)
+		}()
+	}
 	// What the pinned maps still hold from a previous run and the store did
 	// not claim is removed now, before the API accepts rules for it.
 	if r, ok := kernel.dp.(dataplane.Recoverer); ok {
@@ -236,8 +255,11 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 
 	srv, err := api.New(apiCfg,
 		api.Deps{Rules: ctl, Capabilities: caps.list, Gatherer: reg, Registerer: reg, Logger: logger, Settings: st,
-			KV:     inspector{index: index, events: events},
-			States: gateway.EndpointState(prober, ctl.Get)})
+			KV: inspector{index: index, events: events}, Prefill: gw,
+			States: gateway.EndpointState(prober, ctl.Get),
+			// The proxy counts the requests it forwards, the dispatcher
+			// the legs of P/D requests it runs (which the proxy hands it).
+			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) }})
 	if err != nil {
 		return err
 	}
@@ -246,6 +268,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		return fmt.Errorf("management API: %w", err)
 	}
 	logger.Info("loxilb started", "version", version, "api", ln.Addr().String(), "state_dir", cfg.stateDir,
+		"store", st.Health().Backend+" "+st.Health().Where,
 		"tokenizer_dir", cfg.tokenizerDir, "rules", len(ctl.List()), "auth", cfg.apiToken != "", "tls", cfg.tlsCert != "",
 		"api_read_timeout", cfg.api.readTimeout, "api_max_body", cfg.api.maxBody, "api_max_conns", cfg.api.maxConns,
 		"coalesce_wait", max(coalesceWait, 0), "prefill_slots", prefillSlots, "prefill_queue_wait", prefillWait,

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +32,20 @@ type Service struct {
 	// CreateBody is the last applied create body, byte for byte, as
 	// stored (read-back only; kept for rules that failed to apply too).
 	CreateBody []byte
+	// Draining holds the addresses (lbrule.Endpoint.Addr) of the
+	// endpoints in maintenance: stages give them no new requests or flows
+	// and keep everything else about them (KV subscriptions, probes), so
+	// they come back warm. Sorted; nil when none.
+	Draining []string
+}
+
+// EndpointDraining reports whether endpoint i of the rule is draining.
+func (s Service) EndpointDraining(i int) bool {
+	if len(s.Draining) == 0 || i < 0 || i >= len(s.Rule.Endpoints) {
+		return false
+	}
+	_, found := slices.BinarySearch(s.Draining, s.Rule.Endpoints[i].Addr())
+	return found
 }
 
 // Reconciler is a stage that makes its own state match the desired services.
@@ -63,7 +79,10 @@ type Controller struct {
 	// their error, deletable, never handed to a stage.
 	invalid map[uint32]error
 	status  map[uint32]RuleStatus
-	recs    []Reconciler
+	// stored is the fingerprint of each rule's record as last read or
+	// written, so Resync applies only what changed.
+	stored map[uint32]string
+	recs   []Reconciler
 }
 
 // New builds a controller over st. env is the environment lookup used for
@@ -73,7 +92,7 @@ func New(st store.Store, env lbrule.LookupEnv, logger *slog.Logger, opts ...Opti
 		logger = slog.Default()
 	}
 	c := &Controller{store: st, env: env, logger: logger, now: time.Now, services: map[uint32]Service{},
-		invalid: map[uint32]error{}, status: map[uint32]RuleStatus{}, wake: make(chan struct{}, 1),
+		invalid: map[uint32]error{}, status: map[uint32]RuleStatus{}, stored: map[uint32]string{}, wake: make(chan struct{}, 1),
 		retryMin: DefaultRetryMin, retryMax: DefaultRetryMax, m: newCtlMetrics()}
 	for _, o := range opts {
 		o(c)
@@ -117,8 +136,33 @@ func (c *Controller) Load(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	problems := c.syncLocked(recs)
+	c.reconcileLocked(ctx)
+	n := 0
+	for _, s := range c.snapshotLocked() {
+		if s.Status.State == StateApplied {
+			n++
+			continue
+		}
+		problems = append(problems, fmt.Errorf("rule %d (%s) %s %s: %s", s.ID, s.Rule.Key(), s.Status.State, s.Status.Reason, s.Status.Message))
+	}
+	c.logger.Info("rules loaded", "count", len(c.services), "applied", n)
+	return errors.Join(problems...)
+}
+
+// syncLocked makes the table hold exactly recs: records it already holds
+// unchanged (same stored bytes) are left alone, others are read as Load
+// reads them, and rules recs lacks are dropped. It does not reconcile; it
+// returns the records that cannot be read at all.
+func (c *Controller) syncLocked(recs []store.Record) []error {
 	var problems []error
+	seen := make(map[uint32]bool, len(recs))
 	for _, rec := range recs {
+		seen[rec.ID] = true
+		fp := recordFingerprint(rec)
+		if old, ok := c.stored[rec.ID]; ok && old == fp {
+			continue
+		}
 		raw, err := lbrule.Decode(rec.Rule)
 		if err != nil {
 			// Written by an older build with other field names: read it
@@ -132,27 +176,113 @@ func (c *Controller) Load(ctx context.Context) error {
 			}
 			raw = &lenient
 		}
-		svc := Service{ID: rec.ID, Rule: raw, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt, CreateBody: rec.CreateBody}
+		svc := Service{ID: rec.ID, Rule: raw, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt, CreateBody: rec.CreateBody,
+			Draining: keepDraining(raw, rec.Draining)}
 		if err == nil {
 			svc.Rule, err = lbrule.Prepare(raw, c.env)
 		}
+		delete(c.invalid, rec.ID)
 		if err != nil {
 			svc.Rule = raw
 			c.invalid[rec.ID] = err
 		}
 		c.services[rec.ID] = svc
+		c.stored[rec.ID] = fp
 	}
-	c.reconcileLocked(ctx)
-	n := 0
-	for _, s := range c.snapshotLocked() {
-		if s.Status.State == StateApplied {
-			n++
-			continue
+	for id := range c.services {
+		if !seen[id] {
+			delete(c.services, id)
+			delete(c.invalid, id)
+			delete(c.stored, id)
 		}
-		problems = append(problems, fmt.Errorf("rule %d (%s) %s %s: %s", s.ID, s.Rule.Key(), s.Status.State, s.Status.Reason, s.Status.Message))
 	}
-	c.logger.Info("rules loaded", "count", len(c.services), "applied", n)
+	return problems
+}
+
+// fingerprint identifies a stored record's content, so a re-read of what
+// this node wrote itself changes nothing.
+func recordFingerprint(rec store.Record) string {
+	return rec.UpdatedAt.UTC().Format(time.RFC3339Nano) + "\x00" + string(rec.Rule) + "\x00" + string(rec.CreateBody) +
+		"\x00" + strings.Join(rec.Draining, ",")
+}
+
+// Resync re-reads the store and applies what other nodes changed: the
+// rules they created or updated are applied here, the ones they deleted
+// removed. It holds the table's lock while it reads, so no local write
+// interleaves with the read. When the store cannot be read, the table is
+// left as it is: the node keeps serving the rules it knows.
+func (c *Controller) Resync(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	recs, err := c.store.List()
+	if err != nil {
+		return fmt.Errorf("resync rules: %w", err)
+	}
+	before := make(map[uint32]string, len(c.stored))
+	for id, fp := range c.stored {
+		before[id] = fp
+	}
+	problems := c.syncLocked(recs)
+	added, changed, removed := 0, 0, 0
+	for id, fp := range c.stored {
+		switch old, ok := before[id]; {
+		case !ok:
+			added++
+		case old != fp:
+			changed++
+		}
+	}
+	for id := range before {
+		if _, ok := c.stored[id]; !ok {
+			removed++
+		}
+	}
+	if added+changed+removed == 0 {
+		return errors.Join(problems...)
+	}
+	c.logger.Info("rules changed in the store", "added", added, "changed", changed, "removed", removed, "count", len(c.services))
+	if _, err := c.reconcileLocked(ctx); err != nil {
+		problems = append(problems, err)
+	}
 	return errors.Join(problems...)
+}
+
+// Follow keeps the table in step with a store that other nodes write: each
+// change the watcher reports is applied by Resync. It returns when ctx
+// ends.
+func (c *Controller) Follow(ctx context.Context, w store.Watcher) error {
+	kick := make(chan struct{}, 1)
+	go func() {
+		_ = w.Watch(ctx, func() {
+			select {
+			case kick <- struct{}{}:
+			default: // a resync is pending already; it will see this change
+			}
+		})
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-kick:
+		}
+		if err := c.Resync(ctx); err != nil {
+			c.logger.Warn("rules from the store not applied", "err", err)
+		}
+	}
+}
+
+// Claims are what no two stored rules may share: the rule's key and, for
+// a mode-4 rule, its VIP:port (the proxy has one listener per VIP:port).
+// The store refuses a second holder, which settles two nodes creating the
+// same rule at once.
+func claims(r *lbrule.Rule) []string {
+	k := r.Key()
+	out := []string{"key/" + k.String()}
+	if r.Service.Mode == lbrule.ModeFullProxy {
+		out = append(out, fmt.Sprintf("listen/%s:%d", k.IP, r.Service.Port))
+	}
+	return out
 }
 
 // Create validates a rule body and creates or updates the rule with the same
@@ -188,6 +318,8 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 				Msg: fmt.Sprintf("lbrule-exists error: rule %s already exists with the same configuration", key)}
 		}
 		svc.ID, svc.CreatedAt = old.ID, old.CreatedAt
+		// An update keeps the maintenance state of the endpoints it keeps.
+		svc.Draining = keepDraining(r, old.Draining)
 	} else {
 		id, err := c.store.NextID()
 		if err != nil {
@@ -217,8 +349,8 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 	} else if stageErr != nil && !stageFailing {
 		err = fmt.Errorf("%w: %w", ErrApply, stageErr)
 	}
-	if err != nil {
-		// Roll back to the previous table so stages and store agree again.
+	// rollback restores the previous table so stages and store agree again.
+	rollback := func() {
 		if exists {
 			c.services[svc.ID] = old
 			if oldInvalid != nil {
@@ -230,15 +362,28 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 		if _, rbErr := c.reconcileLocked(ctx); rbErr != nil {
 			c.logger.Error("rollback reconcile failed", "err", rbErr)
 		}
+	}
+	if err != nil {
+		rollback()
 		return Service{}, false, err
 	}
 	rb, err := lbrule.Encode(r)
 	if err != nil {
 		return Service{}, false, err
 	}
-	if err := c.store.Put(store.Record{ID: svc.ID, Rule: rb, CreateBody: svc.CreateBody, CreatedAt: svc.CreatedAt, UpdatedAt: svc.UpdatedAt}); err != nil {
+	rec := store.Record{ID: svc.ID, Rule: rb, CreateBody: svc.CreateBody, Draining: svc.Draining, CreatedAt: svc.CreatedAt, UpdatedAt: svc.UpdatedAt}
+	if err := c.store.Put(rec, claims(r)...); err != nil {
+		rollback()
+		var ce *store.ClaimError
+		if errors.As(err, &ce) {
+			// Another node created the same rule (or VIP:port) first; the
+			// watch brings its rule here.
+			return Service{}, false, &lbrule.RuleError{Class: lbrule.ErrConflict, Reason: ReasonDuplicate,
+				Msg: fmt.Sprintf("lbrule-exists error: rule %s: another node stored a rule that holds the same key or VIP:port first (%v); it is applied on every node", key, ce)}
+		}
 		return Service{}, false, fmt.Errorf("persist rule %d: %w", svc.ID, err)
 	}
+	c.stored[svc.ID] = recordFingerprint(rec)
 	c.logger.Info("rule applied", "id", svc.ID, "key", key.String(), "mode", r.Service.Mode, "engine", r.Engine(), "update", exists)
 	svc.Status = c.status[svc.ID]
 	return svc, !exists, nil
@@ -320,6 +465,7 @@ func (c *Controller) deleteLocked(ctx context.Context, victims []Service) error 
 		}
 		delete(c.services, s.ID)
 		delete(c.invalid, s.ID)
+		delete(c.stored, s.ID)
 		c.logger.Info("rule deleted", "id", s.ID, "key", s.Rule.Key().String())
 	}
 	if _, err := c.reconcileLocked(ctx); err != nil {

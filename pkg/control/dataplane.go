@@ -29,6 +29,10 @@ type KernelReconciler struct {
 	// given: Reconcile upserts only the services whose fingerprint changed,
 	// so one rule change costs one data-plane update, not one per rule.
 	applied map[uint32]string
+	// draining holds, per installed L4 service, the endpoints in
+	// maintenance: kept unhealthy in the kernel (no new flows; flows
+	// already tracked keep flowing) whatever their probes say.
+	draining map[uint32][]bool
 }
 
 // fingerprint identifies a service and its endpoints as given to the data plane.
@@ -116,6 +120,19 @@ func (k *KernelReconciler) Reconcile(ctx context.Context, services []Service) er
 				eps[i].Healthy = k.Healthy(s.ID, i)
 			}
 		}
+		var drained []bool
+		if s.Rule.Service.Mode != lbrule.ModeFullProxy && len(s.Draining) > 0 {
+			// Mode 4 is only steered here; the proxy drains its endpoints.
+			drained = make([]bool, len(eps))
+			for i := range eps {
+				drained[i] = s.EndpointDraining(i)
+				eps[i].Healthy = eps[i].Healthy && !drained[i]
+			}
+		}
+		if k.draining == nil {
+			k.draining = map[uint32][]bool{}
+		}
+		k.draining[s.ID] = drained
 		fp := fingerprint(svc, eps)
 		if k.installed[s.ID] && k.applied[s.ID] == fp {
 			want[s.ID] = true
@@ -145,6 +162,11 @@ func (k *KernelReconciler) Reconcile(ctx context.Context, services []Service) er
 			delete(k.applied, id)
 		}
 	}
+	for id := range k.draining {
+		if !want[id] {
+			delete(k.draining, id)
+		}
+	}
 	k.installed = want
 	return errors.Join(errs...)
 }
@@ -154,6 +176,9 @@ func (k *KernelReconciler) Reconcile(ctx context.Context, services []Service) er
 func (k *KernelReconciler) SetHealth(ctx context.Context, service uint32, ep int, healthy bool) error {
 	k.mu.Lock()
 	installed := k.installed[service]
+	if d := k.draining[service]; ep >= 0 && ep < len(d) && d[ep] {
+		healthy = false // in maintenance: a passing probe does not bring it back
+	}
 	k.mu.Unlock()
 	if !installed {
 		return nil

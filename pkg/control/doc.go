@@ -1,7 +1,8 @@
 // Package control turns the desired rule set into running state.
 //
-// In: rule bodies from the API (create, delete by key or name) and the records
-// of the rule store at start-up. Out: a validated, persisted rule table, and a
+// In: rule bodies from the API (create, delete by key or name), the records
+// of the rule store at start-up and, with a store other nodes share (etcd),
+// the store's records again after every change it reports (Follow, Resync). Out: a validated, persisted rule table, and a
 // full desired-state snapshot handed to every Reconciler (the eBPF data plane,
 // the mode-4 proxy tables, the KV-event subscriptions, the health prober)
 // after each change. Control is the only writer of those stages, so they never

@@ -20,7 +20,7 @@ func TestServiceInfoMapsIDToRuleName(t *testing.T) {
 # TYPE loxilb_service_info gauge
 loxilb_service_info{mode="4",name="chat",port="2090",protocol="tcp",service="` + strconv.FormatUint(uint64(svc.ID), 10) + `",vip="127.0.0.10"} 1
 `
-	if err := testutil.CollectAndCompare(ServiceInfoCollector(c), strings.NewReader(want)); err != nil {
+	if err := testutil.CollectAndCompare(ServiceInfoCollector(c), strings.NewReader(want), "loxilb_service_info"); err != nil {
 		t.Fatal(err)
 	}
 }

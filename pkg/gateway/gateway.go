@@ -18,6 +18,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/blockhash"
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/pkg/selector"
@@ -86,8 +87,10 @@ type Config struct {
 	// PrefillSlots is how many requests per endpoint the gateway forwards
 	// before their first byte comes back; more wait in the gateway,
 	// shortest predicted prefill first (see prefillq.go),
-	// LOXILB_KV_PREFILL_SLOTS. Set it to the engines' concurrent-sequence
-	// budget. 0 (the default) forwards every request at once.
+	// LOXILB_KV_PREFILL_SLOTS. PrefillAuto (the daemon's default) uses
+	// each endpoint's concurrent-sequence budget as learned by the engine
+	// metrics (New's engine, when it is a SlotLearner; budget.go); N > 0
+	// is a fixed budget; 0 forwards every request at once.
 	PrefillSlots int
 	// PrefillQueueWait bounds a request's wait for a prefill slot; then it
 	// is forwarded anyway, LOXILB_KV_PREFILL_QUEUE_MS. 0 means the default.
@@ -133,19 +136,24 @@ const (
 // prefills on a busy engine, so a long prompt is overtaken for at most that.
 const DefaultPrefillQueueWait = 2 * time.Second
 
+// PrefillAuto is Config.PrefillSlots for budgets learned per endpoint.
+const PrefillAuto = prefillAuto
+
 // Environment variables of the prefill admission queue.
 const (
 	EnvPrefillSlots     = "LOXILB_KV_PREFILL_SLOTS"
 	EnvPrefillQueueWait = "LOXILB_KV_PREFILL_QUEUE_MS"
 )
 
-// PrefillFromEnv parses EnvPrefillSlots (unset or 0: off; 1..4096) and
+// PrefillFromEnv parses EnvPrefillSlots (unset or "auto": PrefillAuto,
+// the budget learned per endpoint; 0: off; 1..4096: fixed) and
 // EnvPrefillQueueWait (unset: the default; 1..600000 ms).
 func PrefillFromEnv(getenv func(string) string) (slots int, wait time.Duration, err error) {
-	if v := getenv(EnvPrefillSlots); v != "" {
+	slots = PrefillAuto
+	if v := getenv(EnvPrefillSlots); v != "" && v != "auto" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 || n > 4096 {
-			return 0, 0, fmt.Errorf("%s=%q: want a slot count within 0..4096 per endpoint (0 turns the prefill queue off)", EnvPrefillSlots, v)
+			return 0, 0, fmt.Errorf("%s=%q: want auto (learn each endpoint's budget) or a slot count within 0..4096 per endpoint (0 turns the prefill queue off)", EnvPrefillSlots, v)
 		}
 		slots = n
 	}
@@ -217,10 +225,20 @@ type service struct {
 	label  string
 	hasher *blockhash.Hasher // nil unless KV-exact
 	sel    selector.Selector
-	addrs  []string       // endpoint dial addresses, by index
-	selKey string         // the settings the selector was built from
-	rank   *rankTargeting // nil unless requests can name a data-parallel rank
+	// observe is the passive health check of Pick's plans (nil: none).
+	observe func(proxy.Endpoint, outlier.Outcome)
+	addrs   []string       // endpoint dial addresses, by index
+	selKey  string         // the settings the selector was built from
+	key     keySpec        // how requests are keyed for the hashing selectors
+	rank    *rankTargeting // nil unless requests can name a data-parallel rank
+	// draining marks, by index, the endpoints in maintenance: they get no
+	// new request (every tier, the fallback selector, failover); requests
+	// already sent to them run to their end. nil when none is.
+	draining []bool
 }
+
+// isDraining reports whether endpoint i is in maintenance.
+func (st *service) isDraining(i int) bool { return i < len(st.draining) && st.draining[i] }
 
 // New builds the gateway. health and engine may be nil (every endpoint is
 // healthy; no engine metrics).
@@ -256,10 +274,13 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 	g := &Gateway{cfg: cfg, tok: tok, inv: inv, router: rt, health: health, engine: engine, logger: logger, m: m,
 		tokSlots:   make(chan struct{}, cfg.TokenizeConcurrency),
 		unknownLog: logLimiter{every: logEvery}, rejectLog: logLimiter{every: logEvery}}
-	g.prefill.slots = max(cfg.PrefillSlots, 0)
+	g.prefill.slots = max(cfg.PrefillSlots, PrefillAuto)
+	g.prefill.learner, _ = engine.(SlotLearner)
 	if reg != nil {
-		if err := reg.Register(&g.prefill); err != nil {
-			return nil, err
+		for _, c := range []prometheus.Collector{&g.prefill, slotsCollector{g}} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
 		}
 	}
 	empty := map[uint32]*service{}
@@ -316,6 +337,19 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 		}
 		ps := proxy.Service{ID: cs.ID, Listen: netip.AddrPortFrom(vip, uint16(r.Service.Port)), Security: proxy.Security(r.Service.Security),
 			CertFile: g.cfg.CertFile, KeyFile: g.cfg.KeyFile, CAFile: g.cfg.CAFile, Receipts: g.cfg.Receipts}
+		// max_stream_duration_sec: 0 is loxilb's 24 h hard cap.
+		ps.MaxStreamDuration = time.Duration(r.Service.MaxStreamDurationSec) * time.Second
+		if ps.MaxStreamDuration == 0 {
+			ps.MaxStreamDuration = lbrule.MaxStreamDurationSec * time.Second
+		}
+		if b := r.Service.MTLSBackend; b != nil {
+			// mtls_backend: the rule's own endpoint CA and client
+			// certificate (security 2) take the daemon's place.
+			if b.BackendCAPath != "" {
+				ps.CAFile = b.BackendCAPath
+			}
+			ps.ClientCertFile, ps.ClientKeyFile = b.ClientCertPath, b.ClientKeyPath
+		}
 		if ps.Security != proxy.SecurityPlain && (ps.CertFile == "" || ps.KeyFile == "") {
 			errs = append(errs, &control.RuleError{ID: cs.ID, Reason: lbrule.ReasonProxyTLSUnset, Err: &lbrule.RuleError{Class: lbrule.ErrPrecondition,
 				Field: "serviceArguments.security", Reason: lbrule.ReasonProxyTLSUnset,
@@ -372,8 +406,16 @@ func listenErrors(err error) []*proxy.ListenError {
 func (g *Gateway) buildService(cs control.Service, prev *service) (*service, error) {
 	r := cs.Rule
 	st := &service{id: cs.ID, rule: r, label: strconv.FormatUint(uint64(cs.ID), 10)}
-	for _, ep := range r.Endpoints {
+	// Built once: every Pick of a role-less pool hands out the same one.
+	st.observe = g.observer(st, len(r.Endpoints))
+	for i, ep := range r.Endpoints {
 		st.addrs = append(st.addrs, net.JoinHostPort(ep.IP, strconv.Itoa(ep.Port)))
+		if cs.EndpointDraining(i) {
+			if st.draining == nil {
+				st.draining = make([]bool, len(r.Endpoints))
+			}
+			st.draining[i] = true
+		}
 	}
 	if r.Service.KVExactMode == lbrule.KVExactSingle || r.Service.KVExactMode == lbrule.KVExactPD {
 		h, err := blockhash.New(blockhash.Config{Algo: blockhash.Algo(r.Service.KVHashAlgo), BlockSize: r.Service.KVBlockSize, Seed: g.cfg.Seed})
@@ -385,12 +427,17 @@ func (g *Gateway) buildService(cs control.Service, prev *service) (*service, err
 			st.rank = newRankTargeting(r.Engine(), r.Service.KVDpRankCount)
 		}
 	}
-	st.selKey = fmt.Sprintf("%d/%v", r.Service.Sel, st.addrs)
+	st.key = keySpecFor(r)
+	var opts selector.Options
+	if lbrule.IsHashSel(r.Service.Sel) {
+		opts.MeanLoadFactor, opts.VirtualNodes = r.ChwblMeanLoadFactor(), r.ChwblReplication()
+	}
+	st.selKey = fmt.Sprintf("%d/%d/%d/%v", r.Service.Sel, opts.MeanLoadFactor, opts.VirtualNodes, st.addrs)
 	if prev != nil && prev.selKey == st.selKey {
 		st.sel = prev.sel
 		return st, nil
 	}
-	sel, err := selector.New(r.Service.Sel, selector.Options{})
+	sel, err := selector.New(r.Service.Sel, opts)
 	if err != nil {
 		return nil, fmt.Errorf("selector: %w", err)
 	}

@@ -115,8 +115,8 @@ func (g *Gateway) pdPool(st *service) *dispatch.Pool {
 		pool.Scheme = "https"
 	}
 	for i, ep := range r.Endpoints {
-		e := dispatch.Endpoint{Idx: i, Host: ep.IP, Port: ep.Port, NixlPort: ep.NixlPort, Healthy: true}
-		if g.health != nil {
+		e := dispatch.Endpoint{Idx: i, Host: ep.IP, Port: ep.Port, NixlPort: ep.NixlPort, Healthy: !st.isDraining(i)}
+		if g.health != nil && e.Healthy {
 			e.Healthy = g.health.Healthy(st.id, i)
 		}
 		switch ep.Role {

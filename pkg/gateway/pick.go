@@ -1,12 +1,13 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
+	"slices"
 	"strconv"
 	"time"
 
@@ -53,12 +54,19 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	}
 	cands := g.candidates(st)
 	ejected := g.ejectCandidates(st, cands)
-	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode, ShortestFirst: g.prefill.slots > 0}
+	view := router.ServiceView{ID: st.id, KVExactMode: r.Service.KVExactMode, ShortestFirst: g.prefill.queues(st.id, len(st.addrs))}
 	freq := selector.Request{ClientIP: req.ClientAddr.Addr()}
-	if h := r.Service.SessionHeaderName; h != "" {
+	// Only a hashing selector reads the key: round robin and the like
+	// skip building one (a copy of up to routingKeyBytes of the body).
+	keyed := selector.UsesKey(st.sel)
+	if h := r.Service.SessionHeaderName; h != "" && keyed && st.key.has(lbrule.ChwblFlagSession) {
 		if v := req.Header.Get(h); v != "" {
 			freq.Key = []byte(v)
 		}
+	}
+	kr, err := g.keyRequest(st, req)
+	if err != nil {
+		return proxy.Plan{}, err
 	}
 
 	model := r.Service.ModelName
@@ -74,7 +82,9 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 
 	switch {
 	case st.hasher == nil:
-		g.fillKeyFromBody(&freq, model, req.Body)
+		if keyed {
+			g.fillKey(st, &freq, model, req, kr)
+		}
 		d = g.router.Fallback(view, router.ReasonModeOff, cands, st.sel, freq)
 	case !isInference(req.Method, req.Path):
 		d = g.router.Fallback(view, ReasonNotInference, cands, st.sel, freq)
@@ -82,23 +92,39 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		g.m.missed(st.label, ReasonNoModel)
 		d = g.router.Fallback(view, ReasonNoModel, cands, st.sel, freq)
 	default:
-		ids, reason, err := g.promptTokens(ctx, st, model, req)
+		ids, rendered, reason, err := g.promptTokensRendered(ctx, st, model, req)
 		if err != nil {
 			return proxy.Plan{}, err
 		}
 		if reason != "" {
-			g.fillKeyFromBody(&freq, model, req.Body)
+			if keyed {
+				g.fillKey(st, &freq, model, req, kr)
+			}
 			d = g.router.Fallback(view, reason, cands, st.sel, freq)
 			break
 		}
 		promptTokens = len(ids)
 		keys = st.hasher.Keys(keys, ids)
-		if freq.Key == nil {
-			freq.Key = tokenKey(model, ids)
+		if freq.Key == nil && usesKey(r.Service.Sel) {
+			switch {
+			case kr == nil:
+				freq.Key = tokenKey(model, ids)
+			case req.Path == "/v1/completions":
+				freq.Key = st.key.tokenBlocksKey(model, *kr, ids, keys, st.hasher.BlockSize())
+			default:
+				tok, _ := g.tok.Get(model)
+				var ok bool
+				if freq.Key, ok = st.key.chatTokenKey(model, *kr, tok, rendered, ids, keys, st.hasher.BlockSize()); !ok {
+					freq.Key = st.key.requestKey(model, req.Path, *kr)
+				}
+			}
 		}
 		d = g.router.Decide(view, keys, st.hasher.BlockSize(), cands, st.sel, freq)
 	}
 	if d.EP < 0 {
+		if st.draining != nil {
+			return proxy.Plan{}, fmt.Errorf("%w: rule %d has no healthy endpoint that is not draining", proxy.ErrUnavailable, st.id)
+		}
 		return proxy.Plan{}, fmt.Errorf("%w: rule %d has no healthy endpoint", proxy.ErrUnavailable, st.id)
 	}
 	if len(keys) > 0 && g.cfg.SpeculativeTTL > 0 {
@@ -106,7 +132,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		// events arrive (the index copies the keys).
 		g.inv.StoreSpeculative(st.id, d.EP, keys, g.cfg.SpeculativeTTL)
 	}
-	plan := proxy.Plan{Candidates: g.order(st, d.EP, cands), Observe: g.observer(st, len(cands))}
+	plan := proxy.Plan{Candidates: g.order(st, d.EP, cands), Observe: st.observe}
 	rc := d.Receipt()
 	if ri, ok := g.inv.(RankInventory); ok && st.rank != nil && len(keys) > 0 {
 		rank := chooseRank(ri, st.id, d.EP, st.rank.ranks, keys)
@@ -117,6 +143,11 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		}
 	}
 	plan.Receipt = rc.String() + ejectedField(ejected)
+	if promptTokens == 0 {
+		// Not tokenized: nothing to coalesce, queue or learn from, so
+		// the plan needs no FirstByte or Done (saving their closures).
+		return plan, nil
+	}
 	// The engine recomputes at least the prompt's last token.
 	uncached := int64(max(promptTokens-d.PredictedCachedTokens(), 1))
 	lead := func() {} // ends this request's coalescing leadership
@@ -158,7 +189,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		}
 		inherit = out == waitReleased
 	}
-	if promptTokens > 0 && g.prefill.slots > 0 {
+	if promptTokens > 0 && g.prefill.on() {
 		start := time.Now()
 		var out admitOutcome
 		slot, out = g.prefill.admit(ctx, st.id, d.EP, uncached, self, g.cfg.PrefillQueueWait, inherit)
@@ -235,6 +266,13 @@ func (g *Gateway) logReject(st *service, reason string, err error) {
 // the request itself is malformed, too long, or its client went away
 // while it waited for a tokenization slot.
 func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, req *proxy.Request) ([]uint32, string, error) {
+	ids, _, reason, err := g.promptTokensRendered(ctx, st, model, req)
+	return ids, reason, err
+}
+
+// promptTokensRendered is promptTokens that also returns the rendered chat
+// prompt (empty for completions).
+func (g *Gateway) promptTokensRendered(ctx context.Context, st *service, model string, req *proxy.Request) ([]uint32, string, string, error) {
 	tok, err := g.tok.Get(model)
 	if err != nil {
 		label := model
@@ -246,9 +284,10 @@ func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, r
 			}
 		}
 		g.m.tokenizerMissing(st.label, label, err)
-		return nil, router.ReasonNoTokenizer, nil
+		return nil, "", router.ReasonNoTokenizer, nil
 	}
-	opts := tokenizer.RequestOptions{MaxPromptBytes: g.cfg.MaxPromptBytes, MaxPromptTokens: g.cfg.MaxPromptTokens}
+	opts := tokenizer.RequestOptions{MaxPromptBytes: g.cfg.MaxPromptBytes, MaxPromptTokens: g.cfg.MaxPromptTokens,
+		CompletionsBOS: st.rule.Profile().CompletionsBOS}
 	if opts.MaxPromptTokens <= 0 {
 		opts.MaxPromptTokens = tok.MaxLength()
 		if opts.MaxPromptTokens <= 0 {
@@ -263,7 +302,7 @@ func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, r
 		g.m.tokWaiting.Dec()
 	case <-ctx.Done():
 		g.m.tokWaiting.Dec()
-		return nil, "", fmt.Errorf("%w: client went away while waiting to be tokenized", proxy.ErrClientCanceled)
+		return nil, "", "", fmt.Errorf("%w: client went away while waiting to be tokenized", proxy.ErrClientCanceled)
 	}
 	rt, err := tok.EncodeRequestWith(st.rule.Engine(), req.Path, req.Body, opts)
 	<-g.tokSlots
@@ -273,18 +312,18 @@ func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, r
 			g.m.rejected(st.label, rejectPrompt)
 			err = fmt.Errorf("%w: %v (model %q)", proxy.ErrBadRequest, err, model)
 			g.logReject(st, rejectPrompt, err)
-			return nil, "", err
+			return nil, "", "", err
 		case errors.Is(err, tokenizer.ErrBadRequest):
-			return nil, "", fmt.Errorf("%w: %v", proxy.ErrBadRequest, err)
+			return nil, "", "", fmt.Errorf("%w: %v", proxy.ErrBadRequest, err)
 		}
 		g.m.missed(st.label, router.ReasonUnhashable)
-		return nil, router.ReasonUnhashable, nil
+		return nil, "", router.ReasonUnhashable, nil
 	}
 	if rt.Unhashable != "" {
 		g.m.unhashable(st.label, rt.Unhashable)
-		return nil, router.ReasonUnhashable, nil
+		return nil, "", router.ReasonUnhashable, nil
 	}
-	return rt.IDs, "", nil
+	return rt.IDs, rt.Rendered, "", nil
 }
 
 func (g *Gateway) candidates(st *service) []selector.Candidate {
@@ -295,8 +334,8 @@ func (g *Gateway) candidates(st *service) []selector.Candidate {
 		if r.Service.PDDisagg && ep.Role != lbrule.RoleNone {
 			continue
 		}
-		c := selector.Candidate{Idx: i, Weight: ep.Weight, Healthy: true}
-		if g.health != nil {
+		c := selector.Candidate{Idx: i, Weight: ep.Weight, Healthy: !st.isDraining(i)}
+		if g.health != nil && c.Healthy {
 			c.Healthy = g.health.Healthy(st.id, i)
 		}
 		if pt != nil {
@@ -321,14 +360,16 @@ func (g *Gateway) candidates(st *service) []selector.Candidate {
 // order puts the chosen endpoint first and the other healthy endpoints
 // after it, least loaded first, as failover targets for connect errors.
 func (g *Gateway) order(st *service, chosen int, cands []selector.Candidate) []proxy.Endpoint {
-	out := []proxy.Endpoint{{Idx: chosen, Addr: st.addrs[chosen]}}
-	rest := make([]selector.Candidate, 0, len(cands))
+	out := make([]proxy.Endpoint, 1, max(len(cands), 1))
+	out[0] = proxy.Endpoint{Idx: chosen, Addr: st.addrs[chosen]}
+	var arr [16]selector.Candidate // most rules: no allocation
+	rest := arr[:0]
 	for _, c := range cands {
 		if c.Healthy && c.Idx != chosen {
 			rest = append(rest, c)
 		}
 	}
-	sort.SliceStable(rest, func(i, j int) bool { return rest[i].InFlight < rest[j].InFlight })
+	slices.SortStableFunc(rest, func(a, b selector.Candidate) int { return cmp.Compare(a.InFlight, b.InFlight) })
 	for _, c := range rest {
 		out = append(out, proxy.Endpoint{Idx: c.Idx, Addr: st.addrs[c.Idx]})
 	}
@@ -347,9 +388,46 @@ func tokenKey(model string, ids []uint32) []byte {
 	return b
 }
 
-// fillKeyFromBody keys the selectors on model + a body prefix when the
-// prompt is not tokenized. A client sends the same prompt prefix in the
-// same byte order, so repeated prefixes still meet on one endpoint.
+// rejectCacheSalt counts requests refused for lacking the cache_salt
+// their rule requires (chwbl_enable_cache_salt).
+const rejectCacheSalt = "cache_salt_missing"
+
+// keyRequest parses what the routing key reads from an inference request,
+// when the rule's selector hashes a key or the rule requires cache_salt;
+// nil otherwise, or when the body is not a JSON object.
+func (g *Gateway) keyRequest(st *service, req *proxy.Request) (*keyRequest, error) {
+	if !isInference(req.Method, req.Path) || !usesKey(st.rule.Service.Sel) && !st.key.requireSalt {
+		return nil, nil
+	}
+	kr, ok := parseKeyRequest(req.Body)
+	if err := st.key.checkCacheSalt(kr); err != nil {
+		g.m.rejected(st.label, rejectCacheSalt)
+		g.logReject(st, rejectCacheSalt, err)
+		return nil, err
+	}
+	if !ok {
+		return nil, nil
+	}
+	return &kr, nil
+}
+
+// fillKey keys the hashing selectors when the prompt is not tokenized: on
+// the prompt prefix at the rule's depth (routekey.go), or on model + the
+// first bytes of a body that is not a JSON object.
+func (g *Gateway) fillKey(st *service, freq *selector.Request, model string, req *proxy.Request, kr *keyRequest) {
+	if freq.Key != nil || !usesKey(st.rule.Service.Sel) {
+		return
+	}
+	if kr != nil {
+		freq.Key = st.key.requestKey(model, req.Path, *kr)
+		return
+	}
+	g.fillKeyFromBody(freq, model, req.Body)
+}
+
+// fillKeyFromBody keys the selectors on model + a body prefix. A client
+// sends the same prompt prefix in the same byte order, so repeated
+// prefixes still meet on one endpoint.
 func (g *Gateway) fillKeyFromBody(freq *selector.Request, model string, body []byte) {
 	if freq.Key != nil || len(body) == 0 {
 		return

@@ -32,6 +32,13 @@ func newFixture(t testing.TB, rules ...*lbrule.Rule) fixture {
 
 func newFixtureConfig(t testing.TB, cfg Config, rules ...*lbrule.Rule) fixture {
 	t.Helper()
+	return newFixtureEngine(t, cfg, nil, rules...)
+}
+
+// newFixtureEngine builds the fixture with engine metrics (and, when
+// engine is a SlotLearner, learned prefill budgets).
+func newFixtureEngine(t testing.TB, cfg Config, engine EngineMetrics, rules ...*lbrule.Rule) fixture {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	toks, err := tokenizer.NewRegistry(filepath.Join("..", "..", "testdata", "tokenizers"), nil, reg)
 	if err != nil {
@@ -42,7 +49,7 @@ func newFixtureConfig(t testing.TB, cfg Config, rules ...*lbrule.Rule) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := New(cfg, toks, ix, rt, nil, nil, nil, reg)
+	g, err := New(cfg, toks, ix, rt, nil, engine, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,9 +16,11 @@ import (
 // a request that hits the cache (a chat's next turn, a question on a cached
 // system prompt) waits behind all of them although its own prefill takes a
 // few milliseconds: one recomputation sets the TTFT of every cached request
-// that arrives behind it. With PrefillSlots set to the engines' concurrent
-// sequence budget, the gateway forwards at most that many requests per
-// endpoint that have not yet returned their first byte, and queues the
+// that arrives behind it. With a budget per endpoint (by default the
+// engine's concurrent-sequence budget learned by the scraper, budget.go;
+// or a fixed PrefillSlots), the gateway forwards at most that many
+// requests per endpoint that have not yet returned their first byte, and
+// queues the
 // rest in the gateway ordered by predicted uncached prompt tokens (known
 // from the KV inventory at routing time), shortest first, so cached
 // requests overtake cold ones (weighted shortest-processing-time order,
@@ -44,12 +46,18 @@ const (
 	admitCancelled admitOutcome = "cancelled" // the client went away while queued
 )
 
+// prefillAuto is prefillGate.slots for budgets learned per endpoint.
+const prefillAuto = -1
+
 // prefillGate holds the per-endpoint slot counts and queues.
 type prefillGate struct {
-	slots int // per endpoint; 0 admits everything at once
-	mu    sync.Mutex
-	eps   map[heldKey]*slotQueue
-	seq   uint64
+	// slots per endpoint: N > 0 fixed, prefillAuto learned from learner
+	// (nothing learned: admit at once), 0 off (no state at all).
+	slots   int
+	learner SlotLearner // nil: nothing is ever learned
+	mu      sync.Mutex
+	eps     map[heldKey]*slotQueue
+	seq     uint64
 }
 
 // slotQueue is one endpoint's admission state.
@@ -103,6 +111,45 @@ func (q *slotQueue) remove(w *waiter) {
 	}
 }
 
+// on tells whether requests go through the gate.
+func (pg *prefillGate) on() bool { return pg.slots != 0 }
+
+// budget returns ep's slot budget and its source; 0 slots admit at once.
+func (pg *prefillGate) budget(service uint32, ep int) (int, string) {
+	switch {
+	case pg.slots > 0:
+		return pg.slots, BudgetConfigured
+	case pg.slots == 0:
+		return 0, BudgetOff
+	case pg.learner == nil:
+		return 0, BudgetNone
+	}
+	n, src, ok := pg.learner.LearnedSlots(service, ep)
+	if !ok || n <= 0 {
+		return 0, BudgetNone
+	}
+	return n, src
+}
+
+// queues tells whether requests to the service's endpoints (0..n-1) may
+// wait in the gateway: a fixed budget, or a learned one for at least one
+// endpoint. The router then prices load shortest-first (a request waits
+// only behind shorter work), first come, first served otherwise.
+func (pg *prefillGate) queues(service uint32, n int) bool {
+	if pg.slots >= 0 {
+		return pg.slots > 0
+	}
+	for ep := range n {
+		if lim, _ := pg.budget(service, ep); lim > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// free tells whether one more request fits a budget of lim slots.
+func (q *slotQueue) free(lim int) bool { return lim <= 0 || q.busy < lim }
+
 func (pg *prefillGate) queue(k heldKey) *slotQueue {
 	if pg.eps == nil {
 		pg.eps = make(map[heldKey]*slotQueue)
@@ -119,15 +166,19 @@ func (pg *prefillGate) queue(k heldKey) *slotQueue {
 // compute uncached prompt tokens, waiting at most maxWait for one. inherit
 // admits at once (a coalesced follower). The returned release gives the
 // slot back (call it at the first byte or at the end; more calls do
-// nothing); it is a no-op when the gate is off or the client left.
+// nothing); it is a no-op when the gate is off or the client left. While
+// an endpoint has no budget (auto, nothing learned yet) every request is
+// admitted at once but still counted, so the count is right when a budget
+// arrives.
 func (pg *prefillGate) admit(ctx context.Context, service uint32, ep int, uncached int64, lead *leader, maxWait time.Duration, inherit bool) (func(), admitOutcome) {
-	if pg.slots <= 0 {
+	if !pg.on() {
 		return func() {}, admitImmediate
 	}
+	lim, _ := pg.budget(service, ep)
 	k := heldKey{service, ep}
 	pg.mu.Lock()
 	q := pg.queue(k)
-	if inherit || q.busy < pg.slots {
+	if inherit || q.free(lim) {
 		q.busy++
 		pg.mu.Unlock()
 		if inherit {
@@ -173,6 +224,7 @@ func (pg *prefillGate) releaser(k heldKey) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
+			lim, _ := pg.budget(k.service, k.ep)
 			pg.mu.Lock()
 			defer pg.mu.Unlock()
 			q := pg.eps[k]
@@ -180,7 +232,7 @@ func (pg *prefillGate) releaser(k heldKey) func() {
 				return
 			}
 			q.busy--
-			for q.busy < pg.slots && len(q.waiting) > 0 {
+			for q.free(lim) && len(q.waiting) > 0 {
 				w := q.next()
 				w.granted = true
 				q.busy++
@@ -195,7 +247,7 @@ func (pg *prefillGate) releaser(k heldKey) func() {
 
 // queuedFor returns how many requests wait for a slot on ep.
 func (pg *prefillGate) queuedFor(service uint32, ep int) int {
-	if pg.slots <= 0 {
+	if !pg.on() {
 		return 0
 	}
 	pg.mu.Lock()
@@ -209,7 +261,7 @@ func (pg *prefillGate) queuedFor(service uint32, ep int) int {
 // The gate's live state, read at scrape time.
 var (
 	prefillDepthDesc = prometheus.NewDesc("loxilb_kv_prefill_queue_depth",
-		"Requests waiting in the gateway for a prefill slot on the endpoint (LOXILB_KV_PREFILL_SLOTS).", []string{"service", "ep_idx"}, nil)
+		"Requests waiting in the gateway for a prefill slot on the endpoint (budget: loxilb_kv_prefill_slots).", []string{"service", "ep_idx"}, nil)
 	prefillBusyDesc = prometheus.NewDesc("loxilb_kv_prefill_slots_busy",
 		"Requests forwarded to the endpoint that have not returned their first byte (may exceed the slots after a queue timeout).", []string{"service", "ep_idx"}, nil)
 )

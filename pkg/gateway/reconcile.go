@@ -102,6 +102,11 @@ func (h *HealthReconciler) Reconcile(_ context.Context, services []control.Servi
 	for _, s := range services {
 		r := s.Rule
 		monitor := health.MonitorEnabled(r.Service.Monitor, r.Service.ProbeType)
+		if pt := r.Service.ProbeType; pt == "udp" || pt == "sctp" {
+			// Accepted for loxilb rule files and reported inert
+			// (lbrule.Inert): the endpoints are not probed.
+			monitor = false
+		}
 		var probe health.Probe
 		if monitor {
 			p, err := health.ProbeFromRule(r.Service.ProbeType, r.Service.ProbePort, r.Service.ProbeReq, r.Service.ProbeResp,
@@ -121,7 +126,18 @@ func (h *HealthReconciler) Reconcile(_ context.Context, services []control.Servi
 				bad = fmt.Errorf("rule %d endpoint %d: %w", s.ID, i, err)
 				break
 			}
-			ts = append(ts, health.Target{Service: s.ID, EP: i, Addr: addr, Port: uint16(ep.Port), Monitor: monitor, Probe: probe})
+			// Octavia's per-endpoint monitor address and HTTP path,
+			// when set, take the rule's place for this endpoint's probe.
+			if ep.MonitorAddress != "" {
+				if ma, err := netip.ParseAddr(ep.MonitorAddress); err == nil {
+					addr = ma.Unmap()
+				}
+			}
+			p := probe
+			if ep.URLPath != "" && (p.Type == health.ProbeHTTP || p.Type == health.ProbeHTTPS) {
+				p.Request = ep.URLPath
+			}
+			ts = append(ts, health.Target{Service: s.ID, EP: i, Addr: addr, Port: uint16(ep.Port), Monitor: monitor, Probe: p})
 		}
 		if bad != nil {
 			errs = append(errs, &control.RuleError{ID: s.ID, Reason: ReasonHealthProbe, Degraded: true, Err: bad})

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -51,10 +52,14 @@ type Scraper struct {
 	client *http.Client
 	logger *slog.Logger
 	errs   *prometheus.CounterVec
+	// budgetRejected counts engine values refused as (or for learning)
+	// a prefill budget, by reason (budget.go).
+	budgetRejected *prometheus.CounterVec
 
 	mu      sync.RWMutex
 	targets map[epKey]scrapeTarget
 	samples map[epKey]sample
+	budgets map[epKey]*learnedBudget
 }
 
 type epKey struct {
@@ -92,7 +97,10 @@ func NewScraper(cfg ScraperConfig, logger *slog.Logger, reg prometheus.Registere
 	if logger == nil {
 		logger = slog.Default()
 	}
-	s := &Scraper{cfg: cfg, logger: logger, targets: map[epKey]scrapeTarget{}, samples: map[epKey]sample{},
+	s := &Scraper{cfg: cfg, logger: logger, targets: map[epKey]scrapeTarget{}, samples: map[epKey]sample{}, budgets: map[epKey]*learnedBudget{},
+		budgetRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_kv_prefill_budget_rejected_total",
+			Help: "Engine values refused for learning a prefill budget, by reason (bad_value: a running/waiting gauge or sequence cap that is NaN, negative or above 2^20; malformed: a server-info body that is not the expected JSON)."},
+			[]string{"reason"}),
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_engine_scrape_errors_total",
 			Help: "Failed scrapes of an engine's /metrics (load signals for gpu-aware selection and the KV load blend), by reason."},
 			[]string{"service", "ep_idx", "reason"}),
@@ -102,8 +110,10 @@ func NewScraper(cfg ScraperConfig, logger *slog.Logger, reg prometheus.Registere
 			TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}, //nolint:gosec // documented: metrics are hints
 	}
 	if reg != nil {
-		if err := reg.Register(s.errs); err != nil {
-			return nil, err
+		for _, c := range []prometheus.Collector{s.errs, s.budgetRejected} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return s, nil
@@ -134,6 +144,7 @@ func (s *Scraper) Reconcile(_ context.Context, services []control.Service) error
 	for k, t := range s.targets {
 		if n, ok := next[k]; !ok || n != t {
 			delete(s.samples, k)
+			delete(s.budgets, k) // another engine or address: learn anew
 			s.errs.DeletePartialMatch(prometheus.Labels{"service": strconv.FormatUint(uint64(k.service), 10), "ep_idx": strconv.Itoa(k.ep)})
 		}
 	}
@@ -181,6 +192,9 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 			m, reason := s.scrape(ctx, t)
 			if reason != "" {
 				s.errs.WithLabelValues(strconv.FormatUint(uint64(k.service), 10), strconv.Itoa(k.ep), reason).Inc()
+				if reason == budgetBadValue {
+					s.budgetRejected.WithLabelValues(budgetBadValue).Inc()
+				}
 				return
 			}
 			s.mu.Lock()
@@ -188,6 +202,7 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 				s.samples[k] = sample{m: m, at: time.Now()}
 			}
 			s.mu.Unlock()
+			s.learn(ctx, k, t, m)
 		}()
 	}
 	wg.Wait()
@@ -212,6 +227,9 @@ func (s *Scraper) scrape(ctx context.Context, t scrapeTarget) (selector.EngineMe
 		return selector.EngineMetrics{}, "read"
 	}
 	m, err := ParseEngineMetrics(t.engine, body)
+	if errors.Is(err, errBadValue) {
+		return selector.EngineMetrics{}, budgetBadValue
+	}
 	if err != nil {
 		return selector.EngineMetrics{}, "no_load_metrics"
 	}
@@ -221,7 +239,10 @@ func (s *Scraper) scrape(ctx context.Context, t scrapeTarget) (selector.EngineMe
 // ParseEngineMetrics reads an engine's Prometheus text exposition and
 // returns its load signals. It fails when none of the engine's running or
 // waiting gauges is present (a wrong port or an engine built without
-// metrics), so a misconfiguration is counted instead of read as idle.
+// metrics), so a misconfiguration is counted instead of read as idle, and
+// with an error wrapping errBadValue when one of the engine's gauges (or
+// their sum) is NaN, infinite, negative or above 2^20: such a sample is
+// neither load nor a prefill budget (budget.go).
 func ParseEngineMetrics(engine string, text []byte) (selector.EngineMetrics, error) {
 	names, ok := engineMetricNames[engine]
 	if !ok {
@@ -229,6 +250,13 @@ func ParseEngineMetrics(engine string, text []byte) (selector.EngineMetrics, err
 	}
 	sums := map[string]float64{}
 	seen := map[string]bool{}
+	bad := map[string]error{} // the first out-of-range sample of a name
+	wanted := map[string]bool{}
+	for _, l := range [][]string{names.running, names.waiting, names.kv} {
+		for _, n := range l {
+			wanted[n] = true
+		}
+	}
 	sc := bufio.NewScanner(bytes.NewReader(text))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -241,6 +269,9 @@ func ParseEngineMetrics(engine string, text []byte) (selector.EngineMetrics, err
 			continue
 		}
 		name := string(line[:end])
+		if !wanted[name] {
+			continue
+		}
 		rest := line[end:]
 		if rest[0] == '{' {
 			close := bytes.LastIndexByte(rest, '}')
@@ -259,10 +290,20 @@ func ParseEngineMetrics(engine string, text []byte) (selector.EngineMetrics, err
 		}
 		sums[name] += v
 		seen[name] = true
+		if bad[name] == nil {
+			// Checked per sample too: a negative value can hide in a sum.
+			bad[name] = checkCount(name, v)
+		}
 	}
+	var badErr error
 	pick := func(cands []string) (float64, bool) {
 		for _, n := range cands {
 			if seen[n] {
+				if err := bad[n]; err != nil && badErr == nil {
+					badErr = err
+				} else if err := checkCount(n, sums[n]); err != nil && badErr == nil {
+					badErr = err
+				}
 				return sums[n], true
 			}
 		}
@@ -273,6 +314,9 @@ func ParseEngineMetrics(engine string, text []byte) (selector.EngineMetrics, err
 	kv, _ := pick(names.kv)
 	if !okR && !okW {
 		return selector.EngineMetrics{}, fmt.Errorf("engine %s: no running/waiting gauges in /metrics", engine)
+	}
+	if badErr != nil {
+		return selector.EngineMetrics{}, fmt.Errorf("engine %s: %w", engine, badErr)
 	}
 	return selector.EngineMetrics{Running: int(run), Waiting: int(wait), KVUsage: kv, Valid: true}, nil
 }

@@ -56,29 +56,34 @@
 // All methods are safe for concurrent use. Each service has two locks: a
 // writer lock that serialises its writers (the ingester applies each
 // endpoint's events in order) and guards what only writers read (insertion
-// orders, rank tables), and a read-write query lock that writers take,
-// after it, only to change what queries read (the block table, counts,
-// speculative entries). Queries share the query lock and never wait on
-// other services. Large batches are applied in chunks of 1024 keys so one
-// huge event cannot stall queries.
+// orders), and a read-write query lock that writers take, after it, only
+// to change what queries read (the block table, counts, rank tables,
+// speculative entries). Queries (PrefixMatch and RankPrefixMatch alike)
+// take only the query lock and never wait on other services. Large
+// batches are applied in chunks of 128 keys so one huge event cannot
+// stall queries.
 //
 // Growth never happens under the query lock. A writer allocates (and
 // faults in) the block table of the next size holding only the writer
 // lock, installs it under the query lock, and then every write moves two
 // entries of the previous table per key it writes (at least 64), so a
 // table replaced at 4/5 load (as before, so memory per block is
-// unchanged) has moved over before the new one is 3/5 full; Sweep finishes a move that writes left half done. Until then a
-// lookup that misses the current table also probes the previous one; with
-// no move under way the query path is what it was (one probe per block).
-// The same happens in reverse after mass removal (shrink below 1/16 load).
-// Tables under 65536 slots rehash in place, which costs well under a
-// millisecond. Insertion orders and rank tables grow, and orders are
-// compacted, under the writer lock alone. With a 10M-block service no
-// write holds the query lock for more than a bounded step (see
-// BENCHMARKS.md, "Inventory growth"). Bulk clears (ClearEndpoint,
-// ClearRank) still walk the endpoint's own insertion order under the query
-// lock; they are memory-latency bound, about 35 ms for a 100k-block
-// endpoint in a 6.4M-block service, and happen only on engine resets.
+// unchanged) has moved over before the new one is 3/5 full; Sweep
+// finishes a move that writes left half done. Until then a lookup that
+// misses the current table also probes the previous one; with no move
+// under way the query path is what it was (one probe per block). The
+// same happens in reverse after mass removal (shrink below 1/16 load).
+// Only tables of at most 1024 slots rehash in place (microseconds, from
+// the allocator's small-object caches); a fresh table of a megabyte alone
+// costs hundreds of page faults, over a millisecond on a virtual machine.
+// Rank tables are copied to their next size off the query lock and
+// swapped in under it. Insertion orders grow, and are compacted, under the
+// writer lock alone. With a 10M-block service no write holds the query
+// lock for more than a bounded step (see BENCHMARKS.md, "Inventory
+// growth"). Bulk clears (ClearEndpoint, ClearRank) still walk the
+// endpoint's own insertion order under the query lock; they are
+// memory-latency bound, about 35 ms for a 100k-block endpoint in a
+// 6.4M-block service, and happen only on engine resets.
 //
 // # Memory
 //

@@ -87,29 +87,56 @@ func maxGCPause() time.Duration {
 	return 0
 }
 
-// BenchmarkGrowthFill fills one service to KVINDEX_GROWTH_KEYS keys
-// (default 10M) in BlockStored-sized batches of 64 while another goroutine
-// runs PrefixMatch of a 32-block request that is fully cached, and reports:
+// BenchmarkGrowthFill fills one endpoint of one service to
+// KVINDEX_GROWTH_KEYS keys (default 10M) in BlockStored-sized batches of
+// KVINDEX_GROWTH_BATCH keys (default 64), alternating between data-parallel
+// ranks 0 and 1 (so the endpoint's rank table grows to half the keys),
+// while another goroutine runs lookups of a 32-block request that both
+// ranks hold: PrefixMatch, or with KVINDEX_GROWTH_READ=rank
+// RankPrefixMatch (the second lookup of a rank-targeted routing decision).
+// One kind per run: a reader alternating both would, where one kind waits
+// for the writer lock, keep the writer out while it runs the other. With
+// KVINDEX_GROWTH_GAP_US=n the reader sleeps a random 0..n µs between
+// lookups, so lookups arrive at times unrelated to the writer's, as
+// routing decisions do: a back-to-back reader is delayed at most once per
+// hold, so its percentiles depend on how many holds there are rather than
+// how long they last. It reports:
 //
-//   - worst-store-ms: the longest single Store call of ≤1024 keys (one
+//   - worst-store-ms: the longest single Store call of ≤128 keys (one
 //     critical section, plus whatever the writer does outside it);
 //   - worst-store-cpu-ms: the thread CPU time of that kind of call, which
 //     excludes time the OS ran something else and GC stop-the-world time;
 //   - pm-p50/p99/p999-ns and pm-max-ms: PrefixMatch latency during the fill,
 //     what a routing decision waits for (the reader-visible lock hold);
+//     rpm-... instead when the reader runs RankPrefixMatch;
 //   - gc-max-pause-ms: the largest GC stop-the-world pause of the run;
 //   - floor-max-ms and floor-max-cpu-ms: the noise floor, the longest time
 //     a fixed piece of work the size of one Store took on this machine
 //     during the run (see below);
 //   - hold-max-ms and hold-max-cpu-ms, with -tags kvindex_lockstat only:
 //     the longest write hold of the query lock measured inside the
-//     critical section, in wall and thread CPU time.
+//     critical section, in wall and thread CPU time; hold-quiet-max-cpu-ms
+//     and holds-quiet-over-1ms the same over holds during which the
+//     holder was not switched out involuntarily (on a virtual machine a
+//     hold that lost its CPU to the host still counts that time as CPU
+//     time, and is then usually preempted at the guest's next tick);
+//     hold-faults, the page faults taken under the lock.
 //
 // Run with -benchtime=1x; each run is one fill.
 func BenchmarkGrowthFill(b *testing.B) {
 	total := 10_000_000
 	if v, err := strconv.Atoi(os.Getenv("KVINDEX_GROWTH_KEYS")); err == nil && v > 0 {
 		total = v
+	}
+	batchLen := 64
+	if v, err := strconv.Atoi(os.Getenv("KVINDEX_GROWTH_BATCH")); err == nil && v > 0 {
+		batchLen = v
+	}
+	rankReader := os.Getenv("KVINDEX_GROWTH_READ") == "rank"
+	gap, _ := strconv.Atoi(os.Getenv("KVINDEX_GROWTH_GAP_US"))
+	lat := "pm-"
+	if rankReader {
+		lat = "rpm-"
 	}
 	for b.Loop() {
 		runtime.GC()
@@ -120,6 +147,7 @@ func BenchmarkGrowthFill(b *testing.B) {
 			req[i] = splitmix(uint64(i) + 1<<62)
 		}
 		ix.Store(1, 0, 0, req)
+		ix.Store(1, 0, 1, req)
 		var stop atomic.Bool
 		var wg sync.WaitGroup
 		var h latHist
@@ -128,11 +156,24 @@ func BenchmarkGrowthFill(b *testing.B) {
 			defer wg.Done()
 			out := make([]int, 2)
 			eps := []int{0, 1}
+			want := [2]int{len(req), 0}
+			if rankReader {
+				want[1] = len(req)
+			}
+			rng := uint64(1)
 			for !stop.Load() {
+				if gap > 0 {
+					rng = splitmix(rng)
+					time.Sleep(time.Duration(rng%uint64(gap)) * time.Microsecond)
+				}
 				t0 := time.Now()
-				ix.PrefixMatch(1, req, eps, out)
+				if rankReader {
+					ix.RankPrefixMatch(1, 0, req, out)
+				} else {
+					ix.PrefixMatch(1, req, eps, out)
+				}
 				h.add(time.Since(t0))
-				if out[0] != len(req) {
+				if [2]int(out) != want {
 					panic("prefix lost during growth")
 				}
 			}
@@ -171,13 +212,13 @@ func BenchmarkGrowthFill(b *testing.B) {
 		}()
 		runtime.LockOSThread()
 		var worstWall, worstCPU time.Duration
-		batch := make([]uint64, 64)
+		batch := make([]uint64, batchLen)
 		for n := 0; n < total; n += len(batch) {
 			for i := range batch {
 				batch[i] = splitmix(uint64(n + i))
 			}
 			c0, t0 := threadCPU(), time.Now()
-			ix.Store(1, 0, 0, batch)
+			ix.Store(1, 0, n/len(batch)%2, batch)
 			wall, cpu := time.Since(t0), threadCPU()-c0
 			worstWall = max(worstWall, wall)
 			worstCPU = max(worstCPU, cpu)
@@ -188,16 +229,25 @@ func BenchmarkGrowthFill(b *testing.B) {
 		if got := ix.Len(1, 0); got < total {
 			b.Fatalf("Len = %d, want ≥ %d", got, total)
 		}
-		if wall, cpu, holds, over, ok := ix.lookup(1).lockHolds(); ok {
-			b.ReportMetric(float64(wall)/1e6, "hold-max-ms")
-			b.ReportMetric(float64(cpu)/1e6, "hold-max-cpu-ms")
-			b.ReportMetric(float64(holds), "holds")
-			b.ReportMetric(float64(over), "holds-over-1ms-cpu")
-			b.Logf("longest hold taken in %s", ix.lookup(1).longestHoldSite())
+		if hs, ok := ix.lookup(1).lockHolds(); ok {
+			b.ReportMetric(float64(hs.wall)/1e6, "hold-max-ms")
+			b.ReportMetric(float64(hs.cpu)/1e6, "hold-max-cpu-ms")
+			b.ReportMetric(float64(hs.holds), "holds")
+			b.ReportMetric(float64(hs.over1ms), "holds-over-1ms-cpu")
+			b.ReportMetric(float64(hs.quietCPU)/1e6, "hold-quiet-max-cpu-ms")
+			b.ReportMetric(float64(hs.quietOver1ms), "holds-quiet-over-1ms")
+			b.ReportMetric(float64(hs.faults), "hold-faults")
+			longest, quiet := ix.lookup(1).longestHoldSite()
+			b.Logf("longest hold taken in %s; longest quiet hold in %s", longest, quiet)
 			hs := ix.lookup(1).holdCPUSamples()
 			slices.Sort(hs)
 			slices.Sort(floorSamples)
-			q := func(v []time.Duration, f float64) float64 { return float64(v[int(f*float64(len(v)-1))]) / 1e3 }
+			q := func(v []time.Duration, f float64) float64 {
+				if len(v) == 0 {
+					return 0
+				}
+				return float64(v[int(f*float64(len(v)-1))]) / 1e3
+			}
 			b.ReportMetric(q(hs, 0.5), "hold-cpu-p50-us")
 			b.ReportMetric(q(hs, 0.99), "hold-cpu-p99-us")
 			b.ReportMetric(q(hs, 0.999), "hold-cpu-p999-us")
@@ -210,10 +260,11 @@ func BenchmarkGrowthFill(b *testing.B) {
 		b.ReportMetric(float64(floorCPU)/1e6, "floor-max-cpu-ms")
 		b.ReportMetric(float64(worstWall)/1e6, "worst-store-ms")
 		b.ReportMetric(float64(worstCPU)/1e6, "worst-store-cpu-ms")
-		b.ReportMetric(float64(h.quantile(0.5)), "pm-p50-ns")
-		b.ReportMetric(float64(h.quantile(0.99)), "pm-p99-ns")
-		b.ReportMetric(float64(h.quantile(0.999)), "pm-p999-ns")
-		b.ReportMetric(float64(h.max)/1e6, "pm-max-ms")
+		b.ReportMetric(float64(h.quantile(0.5)), lat+"p50-ns")
+		b.ReportMetric(float64(h.quantile(0.99)), lat+"p99-ns")
+		b.ReportMetric(float64(h.quantile(0.999)), lat+"p999-ns")
+		b.ReportMetric(float64(h.max)/1e6, lat+"max-ms")
+		b.ReportMetric(float64(h.n), lat+"lookups")
 		b.ReportMetric(float64(maxGCPause())/1e6, "gc-max-pause-ms")
 	}
 }

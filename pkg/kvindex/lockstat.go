@@ -14,15 +14,22 @@ func (s *service) lockQ() { s.mu.Lock() }
 // unlockQ releases the query lock taken by lockQ.
 func (s *service) unlockQ() { s.mu.Unlock() }
 
-// lockHolds reports the longest write hold of the query lock (wall and
-// thread CPU time), the number of holds and of holds over 1 ms of CPU
-// time; ok is false in normal builds.
-func (s *service) lockHolds() (wall, cpu time.Duration, holds, over1ms int64, ok bool) {
-	return 0, 0, 0, 0, false
+// holdStats summarises query-lock holds (kvindex_lockstat builds).
+type holdStats struct {
+	wall, cpu    time.Duration
+	holds        int64
+	over1ms      int64
+	quietCPU     time.Duration
+	quietOver1ms int64
+	faults       int64
 }
 
+// lockHolds reports the longest write holds of the query lock and their
+// counts; ok is false in normal builds.
+func (s *service) lockHolds() (h holdStats, ok bool) { return h, false }
+
 // longestHoldSite is empty in normal builds.
-func (s *service) longestHoldSite() string { return "" }
+func (s *service) longestHoldSite() (longest, quiet string) { return "", "" }
 
 // holdCPUSamples is nil in normal builds.
 func (s *service) holdCPUSamples() []time.Duration { return nil }

@@ -1,5 +1,7 @@
 package kvindex
 
+import "unsafe"
+
 // table is an open-addressing hash map from uint64 keys to small non-zero
 // values, with linear probing and backward-shift deletion (no tombstones).
 //
@@ -180,8 +182,44 @@ func (t *table[V]) update(fn func(k uint64, v V) V) {
 // (1/16 full) is far below the growth threshold (4/5), so a table
 // oscillating around one size never thrashes.
 func (t *table[V]) maybeShrink() {
+	if n := t.shrinkSlots(); n > 0 {
+		t.resize(n)
+	}
+}
+
+// shrinkSlots is the size maybeShrink would shrink t to, or 0.
+func (t *table[V]) shrinkSlots() int {
 	if len(t.keys) > 1024 && t.n*16 < len(t.keys) {
-		t.resize(slotsFor(t.n))
+		return slotsFor(t.n)
+	}
+	return 0
+}
+
+// resized returns a copy of t with the given number of slots, leaving t
+// as it is, so a writer can build it while queries still read t and swap
+// it in under the lock. Its pages are faulted in here, not on first use.
+func (t *table[V]) resized(slots int) *table[V] {
+	nt := &table[V]{}
+	nt.alloc(slots)
+	prefault(nt.keys)
+	prefault(nt.vals)
+	for i, v := range t.vals {
+		if v != 0 {
+			nt.insertAbsent(t.keys[i], v)
+		}
+	}
+	return nt
+}
+
+// prefault writes to every page of a freshly allocated slice. Memory new
+// from the OS is mapped on first touch, at several microseconds a page on
+// a virtual machine; writers call this before taking the query lock so
+// that cost is not paid under it.
+func prefault[E uint8 | uint64](s []E) {
+	var zero E
+	step := max(4096/int(unsafe.Sizeof(zero)), 1)
+	for i := 0; i < len(s); i += step {
+		s[i] = 0
 	}
 }
 
@@ -214,9 +252,12 @@ func (t *table[V]) insertAbsent(k uint64, v V) int {
 func (t *table[V]) full() bool { return (t.n+1)*5 > len(t.keys)*4 }
 
 // incrementalSlots is the table size from which a service table moves to a
-// new size incrementally. Below it a whole rehash costs well under a
-// millisecond, so it is done in place as before.
-const incrementalSlots = 1 << 16
+// new size incrementally. Below it the new table (at most 32 KiB) comes
+// from the allocator's small-object caches and a whole rehash of at most
+// 820 entries takes microseconds, so it is done in place. Larger tables
+// are not: a fresh 1 MiB table alone costs 256 page faults, over a
+// millisecond on a virtual machine.
+const incrementalSlots = 1 << 10
 
 // gtable is a service's block table. Readers see it under the service's
 // read lock, so it never rehashes everything at once once it is large:
@@ -301,7 +342,8 @@ func (t *gtable) wantSlots(nkeys int) int {
 	case t.old.n > 0 || s < incrementalSlots:
 		return 0
 	case (t.n+nkeys)*5 > s*4:
-		return 2 * s
+		// Doubling suffices unless one chunk outgrows a small table.
+		return max(2*s, slotsFor(t.n+nkeys))
 	case t.n > 0 && t.n*16 < s:
 		return slotsFor(2 * t.n)
 	}

@@ -108,6 +108,29 @@ type ServiceArgs struct {
 	KVDpRankCount int  `json:"kvDpRankCount,omitempty"`
 	PDDisagg      bool `json:"pd_disagg_mode"`
 	PDBootstrap   int  `json:"pdBootstrapPort,omitempty"`
+	// KVModelProfile names a built-in model profile: how the engine renders
+	// prompts beyond its defaults (see profiles.go).
+	KVModelProfile string `json:"kvModelProfile,omitempty"`
+
+	// Consistent-hash tuning (sel 8 chwbl, sel 10 wrr-hash); see chwbl.go.
+	ChwblPrefixHashLevel int  `json:"chwbl_prefix_hash_level,omitempty"`
+	ChwblPrefixHashFlags int  `json:"chwbl_prefix_hash_flags,omitempty"`
+	ChwblMeanLoadFactor  int  `json:"chwbl_mean_load_factor,omitempty"`
+	ChwblReplication     int  `json:"chwbl_replication,omitempty"`
+	ChwblEnableCacheSalt bool `json:"chwbl_enable_cache_salt,omitempty"`
+
+	// loxilb fields this gateway accepts, validates and echoes but does not
+	// act on; Inert lists the ones a rule sets (see compat.go).
+	PDCacheAware          bool `json:"pd_cache_aware_mode,omitempty"`
+	PDSessionTTLSec       int  `json:"pd_session_ttl_sec,omitempty"`
+	PDCacheThreshold      *int `json:"pd_cache_threshold,omitempty"`
+	PDBalanceAbsThreshold *int `json:"pd_balance_abs_threshold,omitempty"`
+	SSEMode               bool `json:"sse_mode,omitempty"`
+	// MaxStreamDurationSec caps an event stream's length (honoured; 0 is
+	// loxilb's 24 h cap).
+	MaxStreamDurationSec int           `json:"max_stream_duration_sec,omitempty"`
+	MTLSFrontend         *MTLSFrontend `json:"mtls_frontend,omitempty"`
+	MTLSBackend          *MTLSBackend  `json:"mtls_backend,omitempty"`
 }
 
 // Endpoint is one entry of endpoints[].
@@ -117,10 +140,26 @@ type Endpoint struct {
 	Weight   int    `json:"weight"`
 	Role     int    `json:"ep_role"`
 	NixlPort int    `json:"nixl_port,omitempty"`
+	// Octavia health-monitor fields (see compat.go): accepted, validated,
+	// echoed; the rule's probe settings are what the prober uses.
+	MonitorAddress string `json:"monitorAddress,omitempty"`
+	HTTPMethod     string `json:"httpMethod,omitempty"`
+	URLPath        string `json:"urlPath,omitempty"`
+	ExpectedCodes  string `json:"expectedCodes,omitempty"`
+	HTTPVersion    string `json:"httpVersion,omitempty"`
+	DomainName     string `json:"domainName,omitempty"`
 	// State is read-back only ("active"/"inactive"); ignored on input so a
 	// read-back body can be posted again.
 	State string `json:"state,omitempty"`
+	// Draining is read-back only, like State: the endpoint is in
+	// maintenance (it takes no new requests or flows; those in flight
+	// finish). Set through the drain API, never by a create body.
+	Draining bool `json:"draining,omitempty"`
 }
+
+// Addr renders the endpoint as host:port ("[v6]:port" for IPv6), the
+// form the drain API and the store name it by.
+func (e Endpoint) Addr() string { return netipJoin(e.IP, e.Port) }
 
 // Rule is one load-balancer rule: the body of POST /config/loadbalancer.
 type Rule struct {
@@ -209,6 +248,16 @@ func (r *Rule) Clone() *Rule {
 	if r.Service.KVWarmupSec != nil {
 		v := *r.Service.KVWarmupSec
 		c.Service.KVWarmupSec = &v
+	}
+	c.Service.PDCacheThreshold = clonePtr(r.Service.PDCacheThreshold)
+	c.Service.PDBalanceAbsThreshold = clonePtr(r.Service.PDBalanceAbsThreshold)
+	if r.Service.MTLSFrontend != nil {
+		v := *r.Service.MTLSFrontend
+		c.Service.MTLSFrontend = &v
+	}
+	if r.Service.MTLSBackend != nil {
+		v := *r.Service.MTLSBackend
+		c.Service.MTLSBackend = &v
 	}
 	return &c
 }

@@ -103,7 +103,7 @@ func TestConfigMistakesAreInvalid(t *testing.T) {
 		{"proberesp control", "serviceArguments.proberesp", func(s *ServiceArgs) { s.ProbeType, s.ProbeResp = "http", "ok\x00" }},
 		{"probeTimeout huge", "serviceArguments.probeTimeout", func(s *ServiceArgs) { s.ProbeType, s.ProbeTimeout = "tcp", 1<<40 }},
 		{"probeRetries huge", "serviceArguments.probeRetries", func(s *ServiceArgs) { s.ProbeType, s.ProbeRetries = "tcp", 1000 }},
-		{"probetype udp", "serviceArguments.probetype", func(s *ServiceArgs) { s.ProbeType = "udp" }},
+		{"probetype unknown", "serviceArguments.probetype", func(s *ServiceArgs) { s.ProbeType = "snmp" }},
 		{"name too long", "serviceArguments.name", func(s *ServiceArgs) { s.Name = strings.Repeat("n", MaxNameLen+1) }},
 		{"name with slash", "serviceArguments.name", func(s *ServiceArgs) { s.Name = "a/b" }},
 		{"name with newline", "serviceArguments.name", func(s *ServiceArgs) { s.Name = "a\nb" }},

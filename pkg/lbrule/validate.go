@@ -51,6 +51,9 @@ func Prepare(in *Rule, env LookupEnv) (*Rule, error) {
 	if err := validateKV(r); err != nil {
 		return nil, err
 	}
+	if err := validateCompat(r); err != nil {
+		return nil, err
+	}
 	normalize(r)
 	if r.Engine() == string(engine.VLLM) && (r.Service.KVExactMode == KVExactPD || r.Service.KVExactMode == KVExactSingle) {
 		if err := SeedPrecondition(env); err != nil {
@@ -128,17 +131,13 @@ func validateService(r *Rule) error {
 		return invalid(svcField("block"), "must not be negative")
 	}
 	switch strings.ToLower(s.ProbeType) {
-	case "", "tcp", "udp", "sctp", "http", "https", "ping", "none":
+	case "", "tcp", "udp", "sctp", "http", "https", "ping", "icmp", "none": // icmp: ping's other name
 		s.ProbeType = strings.ToLower(s.ProbeType)
 	default:
-		return invalid(svcField("probetype"), "%q is not one of tcp, udp, sctp, http, https, ping, none", s.ProbeType)
+		return invalid(svcField("probetype"), "%q is not one of tcp, udp, sctp, http, https, ping (icmp), none", s.ProbeType)
 	}
 	if s.ProbePort < 0 || s.ProbePort > 65535 {
 		return invalid(svcField("probeport"), "%d is out of range 0..65535", s.ProbePort)
-	}
-	switch s.ProbeType {
-	case "udp", "sctp":
-		return invalid(svcField("probetype"), "%s probes are not supported by this gateway: use tcp, http, https, ping or none", s.ProbeType)
 	}
 	if s.ProbeTimeout < 0 || s.ProbeTimeout > MaxProbeTimeout {
 		return invalid(svcField("probeTimeout"), "%d is out of range 0..%d seconds", s.ProbeTimeout, MaxProbeTimeout)
@@ -236,7 +235,7 @@ func validateEndpoints(r *Rule) error {
 	seen := map[string]int{}
 	for i := range r.Endpoints {
 		ep := &r.Endpoints[i]
-		ep.State = ""
+		ep.State, ep.Draining = "", false
 		a, err := netip.ParseAddr(strings.TrimSpace(ep.IP))
 		if err != nil {
 			return invalid(epField(i, "endpointIP"), "%q is not an IP address", ep.IP)

@@ -8,6 +8,7 @@ import "syscall"
 // keep-alive timeout) nor unsolicited data (a TLS close_notify, or a
 // misbehaving server). It costs one recvfrom system call.
 func (pc *pconn) alive() bool {
+	pc.u.probes.Add(1)
 	if pc.br.Buffered() > 0 {
 		return false
 	}

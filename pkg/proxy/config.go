@@ -94,6 +94,12 @@ type Config struct {
 	// proxy writes. A client whose connection resets or fails a write is
 	// treated as gone either way. Like HAProxy's "option abortonclose".
 	AbortOnClientClose bool
+	// ReusePort binds each VIP:port with SO_REUSEPORT, so several
+	// gateway nodes on one host (sharing one rule store) all serve it and
+	// the kernel spreads new connections over them. Off by default: a
+	// lone daemon must see a VIP:port another process holds as in use.
+	// Fixed at New.
+	ReusePort bool
 	// MaxConnsPerListener bounds the client connections open on one
 	// listener; connections beyond it are closed at accept. Default 10000.
 	MaxConnsPerListener int
@@ -146,6 +152,10 @@ type Service struct {
 	// whoever reads it how much of a prompt some endpoint already holds,
 	// which lets any client probe other users' prompts.
 	Receipts ReceiptPolicy
+	// MaxStreamDuration caps how long an event-stream response is relayed
+	// (the rule's max_stream_duration_sec): past it the stream is cut after
+	// the event in hand. 0: no cap.
+	MaxStreamDuration time.Duration
 }
 
 // ReceiptPolicy is when the proxy adds the routing receipt to a response.

@@ -59,7 +59,8 @@
 // endpoint response headers are capped at MaxResponseHeaderBytes; the
 // response headers and the first body byte must come within
 // ResponseHeaderTimeout, and later no stream may stay silent for
-// StreamIdleTimeout; each listener keeps at most MaxConnsPerListener
+// StreamIdleTimeout, nor an event stream run past its service's
+// MaxStreamDuration; each listener keeps at most MaxConnsPerListener
 // connections. A client that half-closes after its request still gets the
 // answer: only a closed or failed connection cancels the request (unless
 // AbortOnClientClose).
@@ -72,7 +73,7 @@
 // {service,ep,cached}, loxilb_proxy_conn_rejected_total{reason} (no_service,
 // conn_limit, body_memory), loxilb_proxy_upstream_limit_total
 // {service,ep,limit} (response_header_bytes, response_header_timeout,
-// stream_idle) and loxilb_proxy_body_bytes_inflight. A rule removed by
+// stream_idle, stream_duration) and loxilb_proxy_body_bytes_inflight. A rule removed by
 // Update loses its series.
 //
 // Security levels: 0 plaintext; 1 TLS terminated at the proxy; 2 TLS

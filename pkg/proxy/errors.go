@@ -201,6 +201,11 @@ func isTimeout(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
+	// The common case, a *net.OpError itself, without errors.As (whose
+	// target escapes: an allocation on every read that hits a deadline).
+	if t, ok := err.(interface{ Timeout() bool }); ok {
+		return t.Timeout()
+	}
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }

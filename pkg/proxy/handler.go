@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,17 +35,6 @@ var hopHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
-
-var (
-	protoHTTP  = []string{"http"}
-	protoHTTPS = []string{"https"}
-)
-
-// newBodyBuf replays the buffered request body. It must stay a
-// NopCloser around a *bytes.Reader: net/http recognises that as an
-// in-memory body and writes headers and body in one system call instead
-// of flushing the headers first.
-func newBodyBuf(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
 
 var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
@@ -95,8 +82,9 @@ type exchange struct {
 	start    time.Time
 	plan     Plan
 	res      Result
-	wrote    bool // response headers were sent
-	abort    bool // cut the client connection: the relay failed mid-body
+	wire     wireRequest // the request as sent to the current endpoint
+	wrote    bool        // response headers were sent
+	abort    bool        // cut the client connection: the relay failed mid-body
 	// pendingErr is the error answer finish will send.
 	pendingErr *pendingError
 }
@@ -215,7 +203,11 @@ func (ex *exchange) attempt(ep Endpoint, body []byte) (retryable bool, err error
 	inflight.Add(1)
 	defer inflight.Add(-1)
 
-	resp, err := ex.svc.up.roundTrip(ex.outbound(ep, body), ep.Addr)
+	ex.wire = wireRequest{r: ex.r, ep: ep, body: body, https: ex.r.TLS != nil}
+	if ep.Body != nil {
+		ex.wire.body = ep.Body
+	}
+	resp, err := ex.svc.up.send(ex.ctx, ep.Addr, &ex.wire, ex.r, false)
 	if err != nil {
 		if ex.ctx.Err() != nil {
 			return false, fmt.Errorf("%w: waiting for endpoint %s: %w", ErrClientCanceled, ep.Addr, err)
@@ -265,71 +257,6 @@ func (ex *exchange) countUpstreamErr(ep Endpoint, err error) {
 		"service", ex.svc.cfg.ID, "ep", ep.Idx, "addr", ep.Addr, "err", err)
 }
 
-// outbound builds the endpoint request. The body is replayed from the
-// buffer, so a request whose write failed on a stale pooled connection
-// can be sent again on a fresh one.
-func (ex *exchange) outbound(ep Endpoint, body []byte) *http.Request {
-	r := ex.r
-	if ep.Body != nil {
-		body = ep.Body
-	}
-	h := make(http.Header, len(r.Header)+2+len(ep.Header))
-	for k, vv := range r.Header {
-		h[k] = vv
-	}
-	for k, vv := range ep.Header {
-		h[http.CanonicalHeaderKey(k)] = vv
-	}
-	removeHop(h)
-	h.Del(HeaderReceiptRequest)
-	h.Del("Expect") // the body is already here; no 100-continue dance with the endpoint
-	if r.Header.Get("Te") == "trailers" {
-		h.Set("Te", "trailers")
-	}
-	if _, ok := h["User-Agent"]; !ok {
-		h["User-Agent"] = []string{""} // keep Go's default User-Agent out
-	}
-	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		if prior := h.Values("X-Forwarded-For"); len(prior) > 0 {
-			ip = strings.Join(prior, ", ") + ", " + ip
-		}
-		h.Set("X-Forwarded-For", ip)
-	}
-	if r.TLS != nil {
-		h["X-Forwarded-Proto"] = protoHTTPS // shared, never modified
-	} else {
-		h["X-Forwarded-Proto"] = protoHTTP
-	}
-	var rb io.ReadCloser = http.NoBody
-	if len(body) > 0 {
-		rb = newBodyBuf(body)
-	}
-	out := &http.Request{
-		Method: r.Method,
-		URL: &url.URL{
-			Scheme:   ex.svc.scheme,
-			Host:     ep.Addr,
-			Path:     r.URL.Path,
-			RawPath:  r.URL.RawPath,
-			RawQuery: r.URL.RawQuery,
-		},
-		Proto:         "HTTP/1.1",
-		ProtoMajor:    1,
-		ProtoMinor:    1,
-		Header:        h,
-		Body:          rb,
-		ContentLength: int64(len(body)),
-		GetBody: func() (io.ReadCloser, error) {
-			if len(body) == 0 {
-				return http.NoBody, nil
-			}
-			return newBodyBuf(body), nil
-		},
-		Host: r.Host,
-	}
-	return out.WithContext(ex.ctx)
-}
-
 // relay copies the endpoint's response to the client. SSE and
 // unknown-length bodies are flushed after every write so each token event
 // reaches the client as soon as the engine produced it; the usage tap sees
@@ -360,6 +287,10 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) error {
 	bp := copyBufPool.Get().(*[]byte)
 	defer copyBufPool.Put(bp)
 	buf := *bp
+	var deadline time.Time
+	if d := ex.svc.cfg.MaxStreamDuration; d > 0 && tap.sse {
+		deadline = time.Now().Add(d)
+	}
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
@@ -383,6 +314,10 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) error {
 			}
 			if flusher != nil {
 				flusher.Flush()
+			}
+			if !deadline.IsZero() && rerr != io.EOF && time.Now().After(deadline) {
+				ex.cutStream(ep)
+				return nil
 			}
 		}
 		if rerr == io.EOF {
@@ -417,6 +352,18 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) error {
 		tap.finish(&ex.res)
 	}
 	return nil
+}
+
+// cutStream ends an event stream that outlived the service's
+// MaxStreamDuration: the client sees a truncated body, the limit is counted.
+func (ex *exchange) cutStream(ep Endpoint) {
+	d := ex.svc.cfg.MaxStreamDuration
+	ex.res.Class = ClassTimeout
+	ex.res.Err = fmt.Errorf("%w: event stream cut after max_stream_duration_sec (%v)", ErrUpstreamTimeout, d)
+	ex.abort = true
+	ex.s.m.upstreamLimit.WithLabelValues(ex.svc.label, strconv.Itoa(ep.Idx), "stream_duration").Inc()
+	ex.s.rare.warn("stream_duration", "proxy: event stream cut at its maximum duration",
+		"service", ex.svc.cfg.ID, "ep", ep.Idx, "max", d)
 }
 
 // commit sends the endpoint's status line and headers to the client.

@@ -556,3 +556,47 @@ func TestEndpointStatusZeroIs502(t *testing.T) {
 		t.Fatalf("got %d %+v, want 502", resp.StatusCode, eb)
 	}
 }
+
+// TestStreamCutAtMaxDuration: an event stream that keeps sending past the
+// service's MaxStreamDuration is cut after the event in hand (the client
+// sees a truncated body), counted as stream_duration.
+func TestStreamCutAtMaxDuration(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	addr := rawBackend(t, func(c net.Conn) {
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		ev := "data: {\"x\":1}\n\n"
+		for {
+			if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev); err != nil {
+				return
+			}
+			select {
+			case <-release:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	})
+	p := newStaticPicker(addr)
+	px := startProxy(t, "127.0.0.150", Config{}, Service{MaxStreamDuration: 100 * time.Millisecond}, p)
+	cl := newClient()
+	cl.Timeout = 30 * time.Second // without the cap the stream never ends
+	resp, err := cl.Post("http://"+px.addr+"/v1/completions", "application/json", strings.NewReader(`{"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("read %d bytes, err %v; want events then a cut", len(body), err)
+	}
+	if !strings.Contains(string(body), `data: {"x":1}`) {
+		t.Errorf("no event relayed: %q", body)
+	}
+	if r := p.waitResult(t); r.Class != ClassTimeout {
+		t.Errorf("result class %q, want timeout", r.Class)
+	}
+	if got := counter(t, px.reg, "loxilb_proxy_upstream_limit_total", map[string]string{"limit": "stream_duration"}); got != 1 {
+		t.Errorf("stream_duration = %v, want 1", got)
+	}
+}

@@ -57,7 +57,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		upstreamLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_proxy_upstream_limit_total",
-			Help: "Endpoint responses cut by a proxy limit, by service, endpoint index and limit (response_header_bytes: 502; response_header_timeout: no headers or first body byte in time; stream_idle: no byte for StreamIdleTimeout mid-body).",
+			Help: "Endpoint responses cut by a proxy limit, by service, endpoint index and limit (response_header_bytes: 502; response_header_timeout: no headers or first body byte in time; stream_idle: no byte for StreamIdleTimeout mid-body; stream_duration: an event stream past its rule's max_stream_duration_sec).",
 		}, []string{"service", "ep_idx", "limit"}),
 		usageSeen: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_ai_usage_reported_total",

@@ -36,6 +36,7 @@ type Server struct {
 	budget       bodyBudget
 	maxConns     int
 	abortOnClose bool
+	listenCfg    net.ListenConfig // SO_REUSEPORT when Config.ReusePort
 	rare         *rareLog
 	dr           drainState
 
@@ -123,6 +124,9 @@ func New(cfg Config, picker Picker, logger *slog.Logger, reg prometheus.Register
 		rare:      newRareLog(logger, 10*time.Second),
 	}
 	s.maxConns, s.abortOnClose = cfg.MaxConnsPerListener, cfg.AbortOnClientClose
+	if cfg.ReusePort {
+		s.listenCfg.Control = reusePort
+	}
 	if err := s.dr.init(reg); err != nil {
 		return nil, fmt.Errorf("register proxy metrics: %w", err)
 	}
@@ -419,7 +423,7 @@ func (s *Server) bindMissingLocked(t *table) ([]*ownedListener, error) {
 		if _, ok := s.owned[ap]; ok {
 			continue
 		}
-		ln, err := net.Listen("tcp", ap.String())
+		ln, err := s.listenCfg.Listen(context.Background(), "tcp", ap.String())
 		if err != nil {
 			errs = append(errs, &ListenError{ID: svc.cfg.ID, Addr: ap, Err: err})
 			continue

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -23,9 +24,11 @@ import (
 // share of the proxy's CPU time. Here the request goroutine writes the
 // request and reads the response itself, on a connection it owns until
 // the body is finished. The price is that an idle pooled connection has
-// no reader watching it, so before reuse the connection is probed with a
-// non-blocking peek (see alive) to drop ones the endpoint has closed,
-// which is what Transport's idle reader achieves.
+// no reader watching it. A connection idle for probeAfterIdle or longer
+// is probed with a non-blocking peek before reuse (see alive) to drop it
+// if the endpoint has closed it, which is what Transport's idle reader
+// achieves; one reused sooner is not probed, and if the endpoint closed it
+// anyway the request is sent again on a fresh connection (roundTrip).
 type upstream struct {
 	dialer        net.Dialer
 	tlsConf       *tls.Config // nil for plain HTTP to endpoints
@@ -39,7 +42,8 @@ type upstream struct {
 	idle   map[string][]*pconn // endpoint address -> idle connections, most recent last
 	closed bool
 
-	dials atomic.Int64 // connections opened, for tests
+	dials  atomic.Int64 // connections opened, for tests
+	probes atomic.Int64 // liveness probes run, for tests
 }
 
 func newUpstream(cfg Config, tlsConf *tls.Config) *upstream {
@@ -57,16 +61,20 @@ func newUpstream(cfg Config, tlsConf *tls.Config) *upstream {
 
 // pconn is one connection to an endpoint.
 type pconn struct {
-	u        *upstream
-	addr     string
-	conn     net.Conn
-	raw      net.Conn      // the TCP connection under TLS, for the liveness peek
-	lr       capReader     // conn, capped while response headers are read
-	br       *bufio.Reader // reads lr
-	bw       *bufio.Writer
-	idleAt   time.Time
-	reused   bool
+	u      *upstream
+	addr   string
+	conn   net.Conn
+	raw    net.Conn      // the TCP connection under TLS, for the liveness peek
+	lr     capReader     // conn, capped while response headers are read
+	br     *bufio.Reader // reads lr
+	bw     *bufio.Writer
+	idleAt time.Time
+	reused bool
+	// unprobed: reused without the liveness probe (idle for less than
+	// probeAfterIdle), so an endpoint close may have crossed the request.
+	unprobed bool
 	stopCanc func() bool // detaches the request context's cancellation
+	cancelFn func()      // pc.cancel, bound once per connection
 	probe    *peekProbe  // liveness probe state, built on first reuse
 	// dmu orders deadline changes against the request context firing: once
 	// cancelled is set the deadline stays in the past, so a later header
@@ -110,11 +118,14 @@ type capReader struct {
 	conn  net.Conn
 	armed bool
 	left  int64
+	got   int64 // bytes read in the current exchange
 }
 
 func (r *capReader) Read(p []byte) (int, error) {
 	if !r.armed {
-		return r.conn.Read(p)
+		n, err := r.conn.Read(p)
+		r.got += int64(n)
+		return n, err
 	}
 	if r.left <= 0 {
 		return 0, errHeaderCap
@@ -124,6 +135,7 @@ func (r *capReader) Read(p []byte) (int, error) {
 	}
 	n, err := r.conn.Read(p)
 	r.left -= int64(n)
+	r.got += int64(n)
 	return n, err
 }
 
@@ -159,38 +171,108 @@ type connectError struct{ err error }
 func (e *connectError) Error() string { return "connect: " + e.err.Error() }
 func (e *connectError) Unwrap() error { return e.err }
 
+// probeAfterIdle is how long a pooled connection must have been idle
+// before reuse costs a liveness probe. Engines close idle keep-alive
+// connections after seconds (uvicorn 5 s, Go 90 s by default), so a
+// connection released moments ago is nearly always still open; probing it
+// cost one recvfrom per request that always found it so. The rare close
+// inside this window is caught after the fact: see emptyResponse.
+const probeAfterIdle = 250 * time.Millisecond
+
+// emptyResponse reports whether an exchange on a connection reused
+// without a probe failed because the endpoint had closed the connection:
+// its end-of-file or reset came before a single response byte. An endpoint
+// closing a connection a moment after answering on it, while the request
+// was on its way, looks exactly like this; but so does an endpoint that
+// read the request and dropped the connection, which may have started it.
+// So only a replayable request (see replayable) is sent again on a fresh
+// connection; an inference POST gets the error (and the caller's
+// retry-before-start rules), never a second run on the engine.
+func (pc *pconn) emptyResponse(err error) bool {
+	if !pc.unprobed || pc.lr.got > 0 || pc.wasCancelled() {
+		return false
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// replayable reports whether req may be sent twice: an idempotent method
+// (RFC 9110 9.2.2) or a request carrying an idempotency key, as Go's
+// http.Transport and HAProxy's "http-reuse safe" also decide.
+func replayable(req *http.Request) bool {
+	if req == nil {
+		return false
+	}
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
+		return true
+	}
+	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
+}
+
 // errWriteFailed marks a failure to send the request on a reused
 // connection: the endpoint cannot have received a complete request, so
 // the request may be sent again on a fresh connection.
 var errWriteFailed = errors.New("write request")
 
+// requestWriter writes one request to an endpoint connection; rewind
+// readies it to be written again, for a resend on a fresh connection.
+type requestWriter interface {
+	writeRequest(bw *bufio.Writer) error
+	rewind() error
+}
+
+// stdRequest writes an http.Request (the P/D flows' legs). rewind takes a
+// fresh body from GetBody into a copy, so the caller's request keeps its.
+type stdRequest struct{ req *http.Request }
+
+func (s *stdRequest) writeRequest(bw *bufio.Writer) error { return s.req.Write(bw) }
+
+func (s *stdRequest) rewind() error {
+	req := s.req
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil
+	}
+	if req.GetBody == nil {
+		return errors.New("request body cannot be replayed")
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return err
+	}
+	s.req = req.WithContext(req.Context())
+	s.req.Body = body
+	return nil
+}
+
 // roundTrip sends req to addr and returns the response with its headers
 // read. The response body must be read to EOF or closed; either returns
 // the connection to the pool or closes it.
 func (u *upstream) roundTrip(req *http.Request, addr string) (*http.Response, error) {
+	return u.send(req.Context(), addr, &stdRequest{req: req}, req, req.Close)
+}
+
+// send writes the request w to addr under ctx and returns the response
+// with its headers read. parse is the request the response answers, as
+// the response parser needs it (its method); closeAfter says the
+// connection is not to be reused.
+func (u *upstream) send(ctx context.Context, addr string, w requestWriter, parse *http.Request, closeAfter bool) (*http.Response, error) {
 	for try := 0; ; try++ {
-		pc, err := u.get(req.Context(), addr, try > 0)
+		pc, err := u.get(ctx, addr, try > 0)
 		if err != nil {
 			return nil, &connectError{err: err}
 		}
-		resp, err := pc.exchange(req)
+		resp, err := pc.exchange(ctx, w, parse, closeAfter)
 		if err == nil {
 			return resp, nil
 		}
 		pc.close()
-		if !errors.Is(err, errWriteFailed) || !pc.reused || try > 0 || req.Context().Err() != nil {
+		resend := errors.Is(err, errWriteFailed) || (pc.emptyResponse(err) && replayable(parse))
+		if !resend || !pc.reused || try > 0 || ctx.Err() != nil {
 			return nil, err
 		}
-		if req.Body != nil && req.Body != http.NoBody {
-			if req.GetBody == nil {
-				return nil, err
-			}
-			body, gerr := req.GetBody()
-			if gerr != nil {
-				return nil, err
-			}
-			req = req.WithContext(req.Context()) // a copy: the caller's request keeps its body
-			req.Body = body
+		if w.rewind() != nil {
+			return nil, err
 		}
 	}
 }
@@ -203,7 +285,13 @@ func (u *upstream) get(ctx context.Context, addr string, fresh bool) (*pconn, er
 			if pc == nil {
 				break
 			}
-			if time.Since(pc.idleAt) < u.idleTimeout && pc.alive() {
+			idle := time.Since(pc.idleAt)
+			if idle >= u.idleTimeout {
+				_ = pc.conn.Close()
+				continue
+			}
+			pc.unprobed = idle < probeAfterIdle
+			if pc.unprobed && pc.br.Buffered() == 0 || pc.alive() {
 				pc.reused = true
 				return pc, nil
 			}
@@ -271,13 +359,17 @@ func (u *upstream) newPconn(addr string, conn, raw net.Conn) *pconn {
 	return pc
 }
 
-// exchange writes req and reads the response headers. The request
-// context's cancellation is wired to the connection's deadline until the
-// body is done, so a client that goes away unblocks any read or write.
-func (pc *pconn) exchange(req *http.Request) (*http.Response, error) {
-	ctx := req.Context()
-	pc.stopCanc = context.AfterFunc(ctx, pc.cancel)
-	if err := req.Write(pc.bw); err != nil {
+// exchange writes the request and reads the response headers. The
+// request context's cancellation is wired to the connection's deadline
+// until the body is done, so a client that goes away unblocks any read or
+// write.
+func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Request, closeAfter bool) (*http.Response, error) {
+	pc.lr.got = 0
+	if pc.cancelFn == nil {
+		pc.cancelFn = pc.cancel
+	}
+	pc.stopCanc = context.AfterFunc(ctx, pc.cancelFn)
+	if err := w.writeRequest(pc.bw); err != nil {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}
 	if err := pc.bw.Flush(); err != nil {
@@ -317,7 +409,7 @@ func (pc *pconn) exchange(req *http.Request) (*http.Response, error) {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil, errors.New("endpoint switched protocols, which the proxy does not relay")
 	}
-	resp.Body = &bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !req.Close}
+	resp.Body = &bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !closeAfter}
 	return resp, nil
 }
 

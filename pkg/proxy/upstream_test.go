@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -34,6 +35,9 @@ func TestUpstreamDropsConnectionClosedWhileIdle(t *testing.T) {
 	// after their keep-alive timeout). The proxy must notice before
 	// reuse instead of failing the next request.
 	b.CloseClientConnections()
+	// Engines close idle connections after seconds (uvicorn 5 s): the
+	// proxy probes a connection idle that long before reusing it.
+	time.Sleep(probeAfterIdle + 50*time.Millisecond)
 	post()
 	if got := backendConns.Load(); got != 2 {
 		t.Errorf("endpoint saw %d connections, want 2 (one redial after its close)", got)
@@ -245,5 +249,179 @@ func TestCancelDuringExchangeStopsTheRead(t *testing.T) {
 			t.Fatalf("round %d: the read outlived its cancelled request", i)
 		}
 		cancel()
+	}
+}
+
+// post sends a small POST through u and reads the echo.
+func upstreamPost(t *testing.T, u *upstream, addr string) echoed {
+	t.Helper()
+	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/completions", strings.NewReader(`{"a":1}`))
+	resp, err := u.roundTrip(req, addr)
+	if err != nil {
+		t.Fatalf("roundTrip: %v", err)
+	}
+	return decodeEcho(t, resp)
+}
+
+// agePool makes every pooled connection to addr look idle for d.
+func agePool(u *upstream, addr string, d time.Duration) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, pc := range u.idle[addr] {
+		pc.idleAt = pc.idleAt.Add(-d)
+	}
+}
+
+// TestUpstreamProbesOnlyAfterIdle: a connection reused at once costs no
+// liveness probe (a system call per request); one idle for
+// probeAfterIdle is probed before reuse.
+func TestUpstreamProbesOnlyAfterIdle(t *testing.T) {
+	b, conns := echoBackend(t, "b0")
+	u := newUpstream(Config{}.withDefaults(), nil)
+	defer u.closeIdle(true)
+	for range 3 {
+		upstreamPost(t, u, hostPort(b))
+	}
+	if got := u.probes.Load(); got != 0 {
+		t.Errorf("%d probes for back-to-back reuse, want 0", got)
+	}
+	agePool(u, hostPort(b), probeAfterIdle)
+	upstreamPost(t, u, hostPort(b))
+	if got := u.probes.Load(); got != 1 {
+		t.Errorf("%d probes after %v idle, want 1", got, probeAfterIdle)
+	}
+	if got := conns.Load(); got != 1 {
+		t.Errorf("%d connections, want 1 reused throughout", got)
+	}
+}
+
+// TestUpstreamIdleCloseCaughtByProbe: an endpoint that closed a
+// connection idle past probeAfterIdle is found out before the request is
+// written, so the request goes out once, on a fresh connection.
+func TestUpstreamIdleCloseCaughtByProbe(t *testing.T) {
+	var requests atomic.Int64
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	defer b.Close()
+	u := newUpstream(Config{}.withDefaults(), nil)
+	defer u.closeIdle(true)
+	post := func() {
+		t.Helper()
+		req, _ := http.NewRequest("POST", b.URL+"/v1/completions", strings.NewReader(`{}`))
+		resp, err := u.roundTrip(req, hostPort(b))
+		if err != nil {
+			t.Fatalf("roundTrip: %v", err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	post()
+	b.CloseClientConnections()
+	agePool(u, hostPort(b), probeAfterIdle)
+	// The endpoint's FIN must have reached the pooled socket for the probe
+	// to see it; on loopback it arrives at once.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		u.mu.Lock()
+		pc := u.idle[hostPort(b)][0]
+		u.mu.Unlock()
+		if !pc.alive() || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	post()
+	if got := requests.Load(); got != 2 {
+		t.Errorf("endpoint saw %d requests, want 2 (none sent on the closed connection)", got)
+	}
+	if got := u.dials.Load(); got != 2 {
+		t.Errorf("dials %d, want 2", got)
+	}
+}
+
+// TestUpstreamEmptyAnswerResentOnceOnlyWhenUnprobed: an endpoint that
+// drops the connection without a byte of answer gets the request again on
+// a fresh connection only when the first one was reused without a probe
+// (its close may have crossed the request); on a fresh connection the
+// empty answer is the endpoint's, and final.
+func TestUpstreamEmptyAnswerResentOnceOnlyWhenUnprobed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var requests atomic.Int64
+	var drop atomic.Bool // drop every request from now on
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					requests.Add(1)
+					if drop.Load() {
+						return
+					}
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+				}
+			}()
+		}
+	}()
+	addr := ln.Addr().String()
+	u := newUpstream(Config{}.withDefaults(), nil)
+	defer u.closeIdle(true)
+	method := "PUT" // replayable: resent once from an unprobed connection
+	send := func() error {
+		req, _ := http.NewRequest(method, "http://"+addr+"/v1/completions", strings.NewReader(`{}`))
+		resp, err := u.roundTrip(req, addr)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return err
+	}
+	if err := send(); err != nil {
+		t.Fatal(err)
+	}
+	drop.Store(true)
+	if err := send(); err == nil {
+		t.Fatal("an endpoint that never answers gave no error")
+	}
+	// 1 answered + the dropped one on the reused connection + once more
+	// on a fresh connection, where the second empty answer is final.
+	if got := requests.Load(); got != 3 {
+		t.Errorf("endpoint saw %d requests, want 3", got)
+	}
+	if err := send(); err == nil {
+		t.Fatal("an endpoint that never answers gave no error")
+	}
+	if got := requests.Load(); got != 4 {
+		t.Errorf("endpoint saw %d requests, want 4 (no resend from a fresh connection)", got)
+	}
+	// An inference POST the endpoint read and dropped may have started
+	// there: it is never sent twice.
+	drop.Store(false)
+	method = "POST"
+	if err := send(); err != nil {
+		t.Fatal(err)
+	}
+	drop.Store(true)
+	if err := send(); err == nil {
+		t.Fatal("an endpoint that never answers gave no error")
+	}
+	if got := requests.Load(); got != 6 {
+		t.Errorf("endpoint saw %d requests, want 6 (a POST is not resent)", got)
 	}
 }

@@ -77,6 +77,18 @@ type Selector interface {
 	Pick(req Request, cands []Candidate) (idx int, ok bool)
 }
 
+// UsesKey reports whether s hashes Request.Key. Building a key costs a
+// copy of the prompt prefix per request; a selector that never reads one
+// (round robin, priority, persist, least connections) need not get one.
+// A selector this package does not know is assumed to use it.
+func UsesKey(s Selector) bool {
+	switch s.(type) {
+	case *roundRobin, *priority, *persist, *leastConn:
+		return false
+	}
+	return true
+}
+
 // LoadWeights tune Load. The zero value is not useful; use DefaultLoadWeights.
 type LoadWeights struct {
 	// Queue is the extra cost of one request waiting inside the engine, on

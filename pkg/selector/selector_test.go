@@ -515,3 +515,16 @@ func BenchmarkPick(b *testing.B) {
 		})
 	}
 }
+
+func TestUsesKey(t *testing.T) {
+	for sel, want := range map[int]bool{SelRR: false, SelHash: true, SelPriority: false, SelPersist: false,
+		SelLeastConn: false, SelCHWBL: true, SelGPUAware: true, SelWRRHash: true} {
+		s, err := New(sel, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := UsesKey(s); got != want {
+			t.Errorf("UsesKey(%s) = %v, want %v", Name(sel), got, want)
+		}
+	}
+}

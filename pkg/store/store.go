@@ -2,11 +2,15 @@
 //
 // In: accepted, normalized rules from control (with the raw create body that
 // produced them). Out: the same records at start-up, in rule-id order.
-// The default backend is an embedded bbolt file, so one binary runs alone; the
-// Store interface lets a distributed backend serve several nodes later.
+// The default backend is an embedded bbolt file, so one binary runs alone;
+// the etcd backend (OpenEtcd) lets several nodes share one rule set, each
+// watching it (Watcher). A record holds claims (the rule's key, a mode-4
+// VIP:port): no two records hold the same claim, which is how concurrent
+// creates of one rule on two nodes resolve to one winner.
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -32,8 +36,12 @@ type Record struct {
 	// order and escapes survive; a record written under "createBody" as a
 	// JSON value (compacted by an older build) still reads back.
 	CreateBody json.RawMessage `json:"-"`
-	CreatedAt  time.Time       `json:"createdAt"`
-	UpdatedAt  time.Time       `json:"updatedAt"`
+	// Draining lists the endpoints ("ip:port", as lbrule renders them)
+	// an operator put in maintenance: they take no new requests or flows
+	// until put back, across restarts.
+	Draining  []string  `json:"-"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
 }
 
 // recordWire is the stored form of a Record.
@@ -42,13 +50,14 @@ type recordWire struct {
 	Rule            json.RawMessage `json:"rule"`
 	CreateBodyBytes []byte          `json:"createBodyBytes,omitempty"`
 	LegacyBody      json.RawMessage `json:"createBody,omitempty"`
+	Draining        []string        `json:"draining,omitempty"`
 	CreatedAt       time.Time       `json:"createdAt"`
 	UpdatedAt       time.Time       `json:"updatedAt"`
 }
 
 // MarshalJSON stores the create body as exact bytes.
 func (r Record) MarshalJSON() ([]byte, error) {
-	return json.Marshal(recordWire{ID: r.ID, Rule: r.Rule, CreateBodyBytes: r.CreateBody, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt})
+	return json.Marshal(recordWire{ID: r.ID, Rule: r.Rule, CreateBodyBytes: r.CreateBody, Draining: r.Draining, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt})
 }
 
 // UnmarshalJSON reads both the exact and the older compacted create body.
@@ -57,7 +66,7 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
-	*r = Record{ID: w.ID, Rule: w.Rule, CreateBody: w.CreateBodyBytes, CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt}
+	*r = Record{ID: w.ID, Rule: w.Rule, CreateBody: w.CreateBodyBytes, Draining: w.Draining, CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt}
 	if r.CreateBody == nil {
 		r.CreateBody = w.LegacyBody
 	}
@@ -69,12 +78,18 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 type Store interface {
 	// List returns every record ordered by ID.
 	List() ([]Record, error)
-	// Put inserts or replaces the record with rec.ID.
-	Put(rec Record) error
-	// Delete removes the record; deleting a missing ID is not an error.
+	// Put inserts or replaces the record with rec.ID, which then holds
+	// exactly claims: each must be free or already held by rec.ID (else a
+	// *ClaimError and nothing is written); claims it held before and are
+	// not listed are released.
+	Put(rec Record, claims ...string) error
+	// Delete removes the record and releases its claims; deleting a
+	// missing ID is not an error.
 	Delete(id uint32) error
 	// NextID allocates a fresh rule ID, never reused, starting at 1.
 	NextID() (uint32, error)
+	// Health reports whether the backend can be reached.
+	Health() Health
 	Close() error
 }
 
@@ -102,15 +117,18 @@ var (
 	// bucketSettings holds the daemon's own switches (the metrics
 	// export), by name.
 	bucketSettings = []byte("settings")
-	keyNextID      = []byte("next_id")
-	keyVersion     = []byte("schema_version")
+	// bucketClaims maps each claim to the id (4 bytes) holding it.
+	bucketClaims = []byte("claims")
+	keyNextID    = []byte("next_id")
+	keyVersion   = []byte("schema_version")
 )
 
 const schemaVersion = 1
 
 // Bolt is the embedded default Store.
 type Bolt struct {
-	db *bolt.DB
+	db   *bolt.DB
+	path string
 }
 
 var _ Store = (*Bolt)(nil)
@@ -146,7 +164,7 @@ func OpenBolt(dir string) (*Bolt, error) {
 		}
 		return nil, &CorruptError{Path: path, Reason: err.Error()}
 	}
-	b := &Bolt{db: db}
+	b := &Bolt{db: db, path: path}
 	err = guard(path, func() error {
 		if err := b.init(); err != nil {
 			return err
@@ -243,6 +261,9 @@ func (b *Bolt) init() error {
 		if _, err := tx.CreateBucketIfNotExists(bucketSettings); err != nil {
 			return err
 		}
+		if _, err := tx.CreateBucketIfNotExists(bucketClaims); err != nil {
+			return err
+		}
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
 			return err
@@ -283,7 +304,7 @@ func (b *Bolt) List() ([]Record, error) {
 }
 
 // Put implements Store.
-func (b *Bolt) Put(rec Record) error {
+func (b *Bolt) Put(rec Record, claims ...string) error {
 	if rec.ID == 0 {
 		return errors.New("store: record id 0 is not allocated")
 	}
@@ -292,16 +313,55 @@ func (b *Bolt) Put(rec Record) error {
 		return fmt.Errorf("store: encode record %d: %w", rec.ID, err)
 	}
 	return b.db.Update(func(tx *bolt.Tx) error {
+		cb := tx.Bucket(bucketClaims)
+		want := map[string]bool{}
+		for _, c := range claims {
+			if v := cb.Get([]byte(c)); len(v) == 4 && binary.BigEndian.Uint32(v) != rec.ID {
+				return &ClaimError{Claim: c, Holder: binary.BigEndian.Uint32(v)}
+			}
+			want[c] = true
+		}
+		if err := releaseClaims(cb, rec.ID, want); err != nil {
+			return err
+		}
+		for c := range want {
+			if err := cb.Put([]byte(c), be32(rec.ID)); err != nil {
+				return err
+			}
+		}
 		return tx.Bucket(bucketRules).Put(be32(rec.ID), v)
 	})
+}
+
+// releaseClaims deletes the claims id holds that keep does not list.
+func releaseClaims(cb *bolt.Bucket, id uint32, keep map[string]bool) error {
+	var drop [][]byte
+	err := cb.ForEach(func(k, v []byte) error {
+		if len(v) == 4 && binary.BigEndian.Uint32(v) == id && !keep[string(k)] {
+			drop = append(drop, bytes.Clone(k))
+		}
+		return nil
+	})
+	for _, k := range drop {
+		if err == nil {
+			err = cb.Delete(k)
+		}
+	}
+	return err
 }
 
 // Delete implements Store.
 func (b *Bolt) Delete(id uint32) error {
 	return b.db.Update(func(tx *bolt.Tx) error {
+		if err := releaseClaims(tx.Bucket(bucketClaims), id, nil); err != nil {
+			return err
+		}
 		return tx.Bucket(bucketRules).Delete(be32(id))
 	})
 }
+
+// Health implements Store: an open file is always reachable.
+func (b *Bolt) Health() Health { return Health{Backend: "bbolt", Where: b.path, Up: true} }
 
 // NextID implements Store.
 func (b *Bolt) NextID() (uint32, error) {

@@ -11,12 +11,12 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-func TestBoltSurvivesReopen(t *testing.T) {
-	dir := t.TempDir()
-	s, err := OpenBolt(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+// TestSurvivesReopen: records, deletes and the id counter outlive the
+// store being closed and opened again (a daemon restart), on every backend.
+func TestSurvivesReopen(t *testing.T) { forEachBackend(t, testSurvivesReopen) }
+
+func testSurvivesReopen(t *testing.T, open func() Store) {
+	s := open()
 	id1, _ := s.NextID()
 	id2, _ := s.NextID()
 	if id1 != 1 || id2 != 2 {
@@ -38,10 +38,7 @@ func TestBoltSurvivesReopen(t *testing.T) {
 	}
 	s.Close()
 
-	s, err = OpenBolt(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s = open()
 	defer s.Close()
 	got, err := s.List()
 	if err != nil || len(got) != 1 {
@@ -85,14 +82,17 @@ func TestBoltCorruptRecord(t *testing.T) {
 	}
 }
 
+type settings interface {
+	Setting(name string) ([]byte, error)
+	PutSetting(name string, value []byte) error
+}
+
 // TestSettingsSurviveReopen: a stored setting is read back after the
 // store is closed and opened again, as across a daemon restart.
-func TestSettingsSurviveReopen(t *testing.T) {
-	dir := t.TempDir()
-	b, err := OpenBolt(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+func TestSettingsSurviveReopen(t *testing.T) { forEachBackend(t, testSettingsSurviveReopen) }
+
+func testSettingsSurviveReopen(t *testing.T, open func() Store) {
+	b := open().(settings)
 	if v, err := b.Setting("metrics_enabled"); err != nil || v != nil {
 		t.Fatalf("unset setting: %q %v", v, err)
 	}
@@ -102,12 +102,9 @@ func TestSettingsSurviveReopen(t *testing.T) {
 	if err := b.PutSetting("", []byte("x")); err == nil {
 		t.Fatal("empty setting name accepted")
 	}
-	b.Close()
-	b, err = OpenBolt(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b.(Store).Close()
+	b = open().(settings)
+	defer b.(Store).Close()
 	if v, err := b.Setting("metrics_enabled"); err != nil || string(v) != "on" {
 		t.Fatalf("after reopen: %q %v", v, err)
 	}

@@ -236,6 +236,16 @@ func TestTinySuite(t *testing.T) {
 			}
 		}
 		kv, rr := w.Arm(ArmKV.Name), w.Arm(ArmRR.Name)
+		// The KV arm reports each endpoint's prefill budget: learned from
+		// the engines (observed) or not yet (none), never configured.
+		if len(kv.PrefillBudgets) != len(kv.PerEndpoint) || rr.PrefillBudgets != nil {
+			t.Errorf("%s: prefill budgets kv %q rr %q", w.Workload.Name, kv.PrefillBudgets, rr.PrefillBudgets)
+		}
+		for _, b := range kv.PrefillBudgets {
+			if b != "0 none" && !strings.HasSuffix(b, " observed") {
+				t.Errorf("%s: prefill budget %q, want learned or none", w.Workload.Name, b)
+			}
+		}
 		if kv.Tiers["tier1.5"] == 0 {
 			t.Errorf("%s: the KV-exact arm made no Tier-1.5 decision: %v", w.Workload.Name, kv.Tiers)
 		}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -147,6 +148,44 @@ func (d *daemon) stop() {
 		_ = d.cmd.Process.Kill()
 		<-d.done
 	}
+}
+
+// prefillBudgets reads the prefill admission budget the daemon applies to
+// each endpoint ("2 observed", by ep_idx) and how many requests waited in
+// its queue, from its metrics.
+func (d *daemon) prefillBudgets(endpoints int) ([]string, int, error) {
+	resp, err := http.Get(d.url("/metrics"))
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, 0, err
+	}
+	label := func(line, name string) string {
+		_, v, ok := strings.Cut(line, name+`="`)
+		if !ok {
+			return ""
+		}
+		v, _, _ = strings.Cut(v, `"`)
+		return v
+	}
+	budgets := make([]string, endpoints)
+	queued := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		value := line[strings.LastIndex(line, " ")+1:]
+		switch {
+		case strings.HasPrefix(line, "loxilb_kv_prefill_slots{"):
+			if ep, err := strconv.Atoi(label(line, "ep_idx")); err == nil && ep >= 0 && ep < endpoints {
+				budgets[ep] = value + " " + label(line, "source")
+			}
+		case strings.HasPrefix(line, "loxilb_kv_prefill_admitted_total{") && label(line, "outcome") == "queued":
+			n, _ := strconv.ParseFloat(value, 64)
+			queued += int(n)
+		}
+	}
+	return budgets, queued, nil
 }
 
 // metric sums the samples of a Prometheus metric in the daemon's export.

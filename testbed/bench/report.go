@@ -62,6 +62,12 @@ type ArmResult struct {
 	EndpointsPerGroup float64        `json:"endpoints_per_group"`
 	Tiers             map[string]int `json:"receipt_tiers"`
 	Spills            int            `json:"spills"`
+	// PrefillBudgets is the prefill admission budget the daemon applied to
+	// each endpoint at the end of the arm ("2 observed": slots and
+	// source), PrefillQueued how many requests waited for a slot (summed
+	// over runs). KV arms only.
+	PrefillBudgets []string `json:"prefill_budgets,omitempty"`
+	PrefillQueued  int      `json:"prefill_queued,omitempty"`
 	// HitRatioRuns and TTFTP90Runs are the per-run values behind the
 	// medians.
 	HitRatioRuns []float64 `json:"hit_ratio_runs"`
@@ -290,6 +296,11 @@ func (r *Report) WriteTable(w io.Writer) {
 			fmt.Fprintf(tw, "%.1f\t%v\t%.2f\t%.2f\t%d\t%d\t%s\t\n", a.ThroughputRPS, a.PerEndpoint, a.MaxOverMeanLoad, a.EndpointsPerGroup, a.Spills, a.Errors, floats(a.TTFTP90Runs))
 		}
 		tw.Flush()
+		for _, a := range wr.Arms {
+			if a.PrefillBudgets != nil {
+				fmt.Fprintf(w, "   %s prefill budgets per endpoint (slots source): %s; %d requests queued in the gateway\n", a.Arm, strings.Join(a.PrefillBudgets, ", "), a.PrefillQueued)
+			}
+		}
 		for _, a := range wr.Arms {
 			if a.FirstError != "" {
 				fmt.Fprintf(w, "   %s first error: %s\n", a.Arm, a.FirstError)

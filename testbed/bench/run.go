@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -88,46 +87,48 @@ type Arm struct {
 	Sel         int      `json:"sel"`    // the same as the rule's sel number
 	KVExactMode int      `json:"kv_exact_mode"`
 	Env         []string `json:"env,omitempty"` // daemon environment
+	// Rule holds extra serviceArguments fields, as JSON members
+	// ("chwbl_mean_load_factor":125); rules created through the API only.
+	Rule string `json:"rule,omitempty"`
 }
 
 // Arms compared by the default suite.
 var (
 	ArmRR    = Arm{Name: "rr", Label: "round robin", Select: "rr", Sel: 0}
 	ArmCHWBL = Arm{Name: "chwbl", Label: "chwbl (consistent hash, bounded load)", Select: "chwbl", Sel: 8}
-	ArmKV    = Arm{Name: "kv", Label: "KV-exact, spill relief on", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on"}}
+	// ArmKV is KV-exact with the product's defaults and no tuning
+	// variable: spill relief on (kvExactMode 3) and the prefill queue
+	// sized per endpoint by the budget the gateway learns from the engine.
+	ArmKV = Arm{Name: "kv", Label: "KV-exact, product defaults", Select: "rr", Sel: 0, KVExactMode: 3}
 	// ArmKVFCFS is KV-exact without the gateway's prefill queue: every
 	// request is forwarded at once and waits in the engine's own
 	// first-come-first-served queue.
-	ArmKVFCFS  = Arm{Name: "kv-fcfs", Label: "KV-exact, no prefill queue", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on", "LOXILB_KV_PREFILL_SLOTS=0"}}
-	ArmKVNoSpl = Arm{Name: "kv-nospill", Label: "KV-exact, spill relief off", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=off"}}
+	ArmKVFCFS = Arm{Name: "kv-fcfs", Label: "KV-exact, no prefill queue", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=on", "LOXILB_KV_PREFILL_SLOTS=0"}}
+	// ArmKVSlots2 is the kv arm with the prefill budget set by hand to
+	// the default fleet's two running sequences, as an operator who knows
+	// it would: it measures what learning the budget costs.
+	ArmKVSlots2 = Arm{Name: "kv-slots2", Label: "KV-exact, prefill budget fixed at 2", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_PREFILL_SLOTS=2"}}
+	ArmKVNoSpl  = Arm{Name: "kv-nospill", Label: "KV-exact, spill relief off", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=off"}}
 	// ArmKVLoad is KV-exact with the load blend weighted 16x the default
 	// (one request in flight is worth 512 cached tokens instead of 32): it
 	// shows how much of the gap to the targets the default blend leaves.
-	ArmKVLoad = Arm{Name: "kv-load512", Label: "KV-exact, spill on, load penalty 512", Select: "rr", Sel: 0, KVExactMode: 3,
+	// ArmCHWBLSystem is chwbl keyed as loxilb's binary does by default
+	// (chwbl_prefix_hash_level 1, system prompt + model): the bounded load
+	// alone spreads a service whose requests share a system prompt.
+	ArmCHWBLSystem = Arm{Name: "chwbl-l1", Label: "chwbl, prefix hash level 1 (system prompt)", Select: "chwbl", Sel: 8, Rule: `"chwbl_prefix_hash_level":1`}
+	// ArmCHWBL125 is chwbl with loxilb's schema default load factor, 125.
+	ArmCHWBL125 = Arm{Name: "chwbl-125", Label: "chwbl, mean load factor 125", Select: "chwbl", Sel: 8, Rule: `"chwbl_mean_load_factor":125`}
+	ArmKVLoad   = Arm{Name: "kv-load512", Label: "KV-exact, spill on, load penalty 512", Select: "rr", Sel: 0, KVExactMode: 3,
 		Env: []string{"LOXILB_KV_SPILL_RELIEF=on", "LOXILB_KV_LOAD_PENALTY=512"}}
 )
-
-// fleetArms deploys the KV arms as an operator would for fleet f: the
-// gateway's prefill queue sized to the engines' concurrent-sequence budget
-// (LOXILB_KV_PREFILL_SLOTS), unless the arm sets it itself. The report
-// lists each arm's daemon environment.
-func fleetArms(arms []Arm, f FleetConfig) []Arm {
-	out := make([]Arm, len(arms))
-	for i, a := range arms {
-		out[i] = a
-		if a.KVExactMode == 0 || slices.ContainsFunc(a.Env, func(e string) bool { return strings.HasPrefix(e, "LOXILB_KV_PREFILL_SLOTS=") }) {
-			continue
-		}
-		out[i].Env = append([]string{fmt.Sprintf("LOXILB_KV_PREFILL_SLOTS=%d", f.MaxRunning)}, a.Env...)
-	}
-	return out
-}
 
 // DefaultArms returns the arms of the default suite in report order.
 func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl} }
 
 // AllArms adds the arms a run can select by name (llmbench -arms).
-func AllArms() []Arm { return append(DefaultArms(), ArmKVLoad, ArmKVFCFS) }
+func AllArms() []Arm {
+	return append(DefaultArms(), ArmKVLoad, ArmKVFCFS, ArmKVSlots2, ArmCHWBLSystem, ArmCHWBL125)
+}
 
 // Suite is one benchmark run.
 type Suite struct {
@@ -184,7 +185,6 @@ func Run(ctx context.Context, s Suite, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer fl.close()
-	s.Arms = fleetArms(s.Arms, f)
 	rep := &Report{Suite: s, Machine: DescribeMachine(), Started: time.Now().UTC()}
 	total := 0
 	for _, w := range s.Workloads {
@@ -272,6 +272,9 @@ func (fl *fleet) stats() []enginesim.Stats {
 
 // createRule installs the arm's mode-4 rule, through loxicmd or the API.
 func createRule(ctx context.Context, o Options, d *daemon, f FleetConfig, arm Arm) error {
+	if o.UseLoxicmd && arm.Rule != "" {
+		return fmt.Errorf("arm %s sets rule fields loxicmd has no flags for: create it through the API", arm.Name)
+	}
 	if o.UseLoxicmd {
 		var eps []string
 		for i := 0; i < f.Engines; i++ {
@@ -302,6 +305,9 @@ func createRule(ctx context.Context, o Options, d *daemon, f FleetConfig, arm Ar
 	if arm.KVExactMode != 0 {
 		kv = fmt.Sprintf(`,"kvExactMode":%d,"kvEngineType":%q,"kvDpRankCount":%d,"kvZmqPort":%d,"kvBlockSize":%d`,
 			arm.KVExactMode, f.engine(), f.ranks(), f.ZMQPort, f.BlockSize)
+	}
+	if arm.Rule != "" {
+		kv += "," + arm.Rule
 	}
 	body := fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%d,"protocol":"tcp","mode":4,"sel":%d,"model_name":%q%s},"endpoints":[%s]}`,
 		f.vipHost(), f.VIPPort, arm.Sel, Model, kv, strings.Join(eps, ","))
@@ -468,6 +474,11 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 	after := fl.stats()
 	spills, _ := d.metric("loxilb_pd_kv_tier15_spills_total")
 	ar := summarize(arm, samples, before, after, wall, spills)
+	if arm.KVExactMode != 0 {
+		if ar.PrefillBudgets, ar.PrefillQueued, err = d.prefillBudgets(f.Engines); err != nil {
+			return ArmResult{}, fmt.Errorf("prefill budgets: %w", err)
+		}
+	}
 	if !w.HasTurns() {
 		ar.TTFTLaterTurnsMs = nil
 	}

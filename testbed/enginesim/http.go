@@ -109,11 +109,23 @@ func (e *Engine) handleSGLangServerInfo(w http.ResponseWriter, _ *http.Request) 
 	if e.cfg.Role != RoleBoth {
 		mode = e.cfg.Role
 	}
+	// SGLang merges its server arguments (max_running_requests is the
+	// --max-running-requests the emulator runs as) with one internal state
+	// per data-parallel rank carrying the scheduler's effective cap; the
+	// emulator's one scheduler shares MaxRunning among the ranks.
+	states := make([]map[string]any, e.cfg.DPRanks)
+	for i := range states {
+		share := e.cfg.MaxRunning / e.cfg.DPRanks
+		if i < e.cfg.MaxRunning%e.cfg.DPRanks {
+			share++
+		}
+		states[i] = map[string]any{"effective_max_running_requests_per_dp": share, "last_gen_throughput": 0.0}
+	}
 	info := map[string]any{
 		"model_path": e.cfg.Model, "served_model_name": e.cfg.Model, "page_size": e.cfg.BlockSize,
 		"dp_size": e.cfg.DPRanks, "context_length": e.cfg.MaxModelLen, "max_running_requests": e.cfg.MaxRunning,
 		"disaggregation_mode": mode, "disaggregation_bootstrap_port": e.BootstrapPort(),
-		"version": "sim",
+		"internal_states": states, "version": "sim",
 	}
 	if ports := e.ZMQPorts(); len(ports) > 0 {
 		info["kv_events"] = map[string]any{"endpoint": zmqEndpoint(e.cfg.ZMQBind, ports[0], 0),

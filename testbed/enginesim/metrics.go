@@ -1,6 +1,8 @@
 package enginesim
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -38,6 +40,13 @@ func (e *Engine) registerMetrics(reg prometheus.Registerer) error {
 				func() float64 { return float64(e.promptTok.Load()) }),
 			counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
 				func() float64 { return float64(e.hitTok.Load()) }),
+			// vLLM's info gauge carries its CacheConfig only: the sequence
+			// budget (--max-num-seqs, a scheduler setting) is published
+			// nowhere, so a gateway has to observe it.
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
+				ConstLabels: prometheus.Labels{"engine": "0", "block_size": strconv.Itoa(e.cfg.BlockSize),
+					"num_gpu_blocks": strconv.Itoa(e.cfg.CapacityBlocks), "enable_prefix_caching": "True"}},
+				func() float64 { return 1 }),
 		}
 	case EngineSGLang:
 		cs = []prometheus.Collector{

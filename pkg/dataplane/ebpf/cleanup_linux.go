@@ -94,7 +94,9 @@ func cleanupPins(pinPath string, rep *CleanupReport) error {
 	var errs []error
 	// cls_bpf filters are not pinned: they are found by the pinned map
 	// their program uses, so this goes before the maps are unpinned.
-	if err := cleanupClsFilters(filepath.Join(pinPath, "lb_services"), rep); err != nil {
+	// lb_counters: tc_lb of every version uses it (the attached tc_lb hands
+	// everything but the prefilter to tc_lb_nat, which holds lb_services).
+	if err := cleanupClsFilters(filepath.Join(pinPath, "lb_counters"), rep); err != nil {
 		errs = append(errs, err)
 	}
 	for _, e := range entries {
@@ -150,16 +152,16 @@ func unpinLink(pin string) error {
 
 // cleanupClsFilters removes the cls_bpf filters the TCX fallback adds (tc_lb
 // on ingress, handle 1, priority 1) whose program uses the map pinned at
-// servicesPin, on every interface of the network namespace.
-func cleanupClsFilters(servicesPin string, rep *CleanupReport) error {
-	m, err := ebpf.LoadPinnedMap(servicesPin, nil)
+// mapPin, on every interface of the network namespace.
+func cleanupClsFilters(mapPin string, rep *CleanupReport) error {
+	m, err := ebpf.LoadPinnedMap(mapPin, nil)
 	if err != nil {
 		return nil // no pinned map: no filter can be told to be ours
 	}
 	info, err := m.Info()
 	m.Close()
 	if err != nil {
-		return fmt.Errorf("read pinned map %s: %w", servicesPin, err)
+		return fmt.Errorf("read pinned map %s: %w", mapPin, err)
 	}
 	mapID, ok := info.ID()
 	if !ok {

@@ -29,6 +29,7 @@ var counterNames = [...]string{
 	lbLbCounterCNT_PROXY_ASSIGN_FAILED: "proxy_assign_failed",
 	lbLbCounterCNT_FLOW_STALE:          "flow_stale",
 	lbLbCounterCNT_RST_SENT:            "rst_sent",
+	lbLbCounterCNT_FIB_CACHED:          "fib_cached",
 }
 
 // A compile-time check that every counter has a name.
@@ -49,6 +50,8 @@ const (
 	ctClosed   = 3
 	ctSYNSecs  = 60
 	ctFINSecs  = 10
+	// FIB_TTL: lifetime of a cached FIB result, in its stamp's units.
+	fibTTLUnits = 1000
 	// One-arm SNAT ports (SNAT_LOCAL_PORT_MIN/SPAN).
 	snatLocalPortMin = 61000
 	snatLocalPortMax = 65535

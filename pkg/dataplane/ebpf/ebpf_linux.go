@@ -70,8 +70,9 @@ type Dataplane struct {
 	routes     map[netip.Addr]*vipRoute // mode-4 VIPs made local, by VIP
 	nCPU       int
 
-	ctEntries    int    // conntrack entries seen by the last GC pass
-	staleRemoved uint64 // recovered services removed because the control plane does not hold them
+	fib          *fibWatch // bumps lb_fib_gen on routing changes
+	ctEntries    int       // conntrack entries seen by the last GC pass
+	staleRemoved uint64    // recovered services removed because the control plane does not hold them
 	gcStop       chan struct{}
 	gcDone       chan struct{}
 }
@@ -202,13 +203,25 @@ func New(cfg Config, logger *slog.Logger) (*Dataplane, error) {
 		d.unlockPinPath()
 		return nil, err
 	}
+	if err := d.startFIBWatch(); err != nil {
+		d.objs.Close()
+		d.unlockPinPath()
+		return nil, err
+	}
 	for _, ifname := range cfg.Interfaces {
 		if err := d.attachTC(ifname); err != nil {
+			d.fib.stop()
 			d.abandon()
 			return nil, err
 		}
 	}
+	if err := d.pinProgs(); err != nil {
+		d.fib.stop()
+		d.abandon()
+		return nil, err
+	}
 	if err := d.attachSkLookup(); err != nil {
+		d.fib.stop()
 		d.abandon()
 		return nil, err
 	}
@@ -413,6 +426,9 @@ func (d *Dataplane) recover() error {
 			return err
 		}
 	}
+	if err := d.writeFilter(nil); err != nil {
+		return err
+	}
 	if len(d.services) > 0 {
 		d.log.Info("recovered services from pinned maps", "count", len(d.services), "pin_path", d.cfg.PinPath)
 	}
@@ -540,6 +556,26 @@ func (d *Dataplane) attachSkLookup() error {
 	return nil
 }
 
+// pinProgs pins lb_progs, tc_lb's tail-call table, at the pin path in place
+// of the previous run's, once this run's tc_lb is attached: the kernel
+// empties a program array when no file descriptor or pin refers to it any
+// more, and the attached tc_lb must keep reaching tc_lb_nat while no daemon
+// runs. It is not pinned by name at load, which would hand this run the
+// previous run's table, holding the previous run's tc_lb_nat.
+func (d *Dataplane) pinProgs() error {
+	if d.cfg.PinPath == "" {
+		return nil
+	}
+	pin := filepath.Join(d.cfg.PinPath, "lb_progs")
+	if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("replace the pinned tail-call table: %w", err)
+	}
+	if err := d.objs.LbProgs.Pin(pin); err != nil {
+		return fmt.Errorf("pin the tail-call table: %w", err)
+	}
+	return nil
+}
+
 // detach removes the programs from interfaces and the namespace.
 func (d *Dataplane) detach() {
 	for _, l := range d.links {
@@ -564,6 +600,16 @@ func (d *Dataplane) detach() {
 // is detached, but links re-used from their pins are only closed, so the
 // previous run's data path keeps serving on the pinned maps.
 func (d *Dataplane) abandon() {
+	for _, l := range d.links {
+		if l.fromPin {
+			// It now runs this run's tc_lb, which needs its tail-call
+			// table once this process is gone.
+			if err := d.pinProgs(); err != nil {
+				d.log.Error("a re-used link runs this build's tc_lb without its pinned tail-call table", "err", err)
+			}
+			break
+		}
+	}
 	for _, l := range d.links {
 		if !l.fromPin {
 			l.Unpin()
@@ -643,6 +689,7 @@ func (d *Dataplane) Close() error {
 	d.mu.Unlock()
 	close(d.gcStop)
 	<-d.gcDone
+	d.fib.stop()
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -675,7 +722,7 @@ func (d *Dataplane) Purge() error {
 		for _, m := range []*ebpf.Map{
 			d.objs.LbServices, d.objs.LbSlots, d.objs.LbBackends, d.objs.LbRrCursor, d.objs.LbActiveConns,
 			d.objs.LbConntrack, d.objs.LbAffinity, d.objs.LbCounters, d.objs.LbSvcStats, d.objs.LbProxyVips,
-			d.objs.LbEpEpoch,
+			d.objs.LbEpEpoch, d.objs.LbFilter, d.objs.LbFibGen, d.objs.LbProgs,
 		} {
 			if err := m.Unpin(); err != nil {
 				errs = append(errs, err)
@@ -773,6 +820,7 @@ func (d *Dataplane) UpsertService(ctx context.Context, svc dataplane.Service, ep
 	for _, k := range keys {
 		d.frontends[k] = svc.ID
 	}
+	d.syncFilter()
 	return nil
 }
 
@@ -900,6 +948,12 @@ func (d *Dataplane) install(st *svcState, svc dataplane.Service, eps []dataplane
 		Id: svc.ID, Idx: st.idx, Mode: uint8(svc.Mode), Sel: uint8(svc.Sel), Gen: gen,
 		SlotCount: uint16(nslots), EpCount: uint16(len(eps)),
 		TimeoutS: uint32(dataplane.InactivityFor(svc) / time.Second), PersistS: uint32(persist / time.Second),
+	}
+	// Its frontends and endpoints pass the prefilter before the switch.
+	var pending filterBitmap
+	pending.addService(svc, eps, keys)
+	if err := d.writeFilter(&pending); err != nil {
+		return err
 	}
 	for _, k := range keys {
 		if err := d.objs.LbServices.Put(k, v); err != nil {
@@ -1120,6 +1174,7 @@ func (d *Dataplane) removeService(st *svcState) {
 	d.resetIndex(st.idx)
 	d.idxUsed[st.idx] = false
 	delete(d.services, st.svc.ID)
+	d.syncFilter()
 }
 
 // removeStale removes a recovered service the control plane does not hold,

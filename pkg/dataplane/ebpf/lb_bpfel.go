@@ -64,7 +64,16 @@ type lbCtVal struct {
 	Mode       uint8
 	Pad        uint8
 	Epoch      uint32
-	Pad2       uint32
+	FibGen     uint32
+	FibIfindex uint32
+	FibIif     uint32
+	FibDmac    [6]uint8
+	FibSmac    [6]uint8
+	FibStamp   uint32
+	FibLen     uint16
+	FibTos     uint8
+	Pad2       uint8
+	Pad3       uint32
 }
 
 type lbLbCounter uint32
@@ -93,8 +102,14 @@ const (
 	lbLbCounterCNT_PROXY_ASSIGN_FAILED lbLbCounter = 20
 	lbLbCounterCNT_FLOW_STALE          lbLbCounter = 21
 	lbLbCounterCNT_RST_SENT            lbLbCounter = 22
-	lbLbCounterCNT_MAX                 lbLbCounter = 23
+	lbLbCounterCNT_FIB_CACHED          lbLbCounter = 23
+	lbLbCounterCNT_MAX                 lbLbCounter = 24
 )
+
+type lbLbFilter struct {
+	_    structs.HostLayout
+	Bits [256]uint64
+}
 
 type lbProxyVal struct {
 	_       structs.HostLayout
@@ -142,6 +157,9 @@ const (
 	lbMapLbConntrack     = "lb_conntrack"
 	lbMapLbCounters      = "lb_counters"
 	lbMapLbEpEpoch       = "lb_ep_epoch"
+	lbMapLbFibGen        = "lb_fib_gen"
+	lbMapLbFilter        = "lb_filter"
+	lbMapLbProgs         = "lb_progs"
 	lbMapLbProxySocks    = "lb_proxy_socks"
 	lbMapLbProxyVips     = "lb_proxy_vips"
 	lbMapLbRrCursor      = "lb_rr_cursor"
@@ -150,6 +168,7 @@ const (
 	lbMapLbSvcStats      = "lb_svc_stats"
 	lbProgSkLookupProxy  = "sk_lookup_proxy"
 	lbProgTcLb           = "tc_lb"
+	lbProgTcLbNat        = "tc_lb_nat"
 	lbVarCfgFibForward   = "cfg_fib_forward"
 	lbVarCfgHashSeed     = "cfg_hash_seed"
 	lbVarUnusedLbCounter = "unused_lb_counter"
@@ -199,6 +218,7 @@ type lbSpecs struct {
 type lbProgramSpecs struct {
 	SkLookupProxy *ebpf.ProgramSpec `ebpf:"sk_lookup_proxy"`
 	TcLb          *ebpf.ProgramSpec `ebpf:"tc_lb"`
+	TcLbNat       *ebpf.ProgramSpec `ebpf:"tc_lb_nat"`
 }
 
 // lbMapSpecs contains maps before they are loaded into the kernel.
@@ -211,6 +231,9 @@ type lbMapSpecs struct {
 	LbConntrack   *ebpf.MapSpec `ebpf:"lb_conntrack"`
 	LbCounters    *ebpf.MapSpec `ebpf:"lb_counters"`
 	LbEpEpoch     *ebpf.MapSpec `ebpf:"lb_ep_epoch"`
+	LbFibGen      *ebpf.MapSpec `ebpf:"lb_fib_gen"`
+	LbFilter      *ebpf.MapSpec `ebpf:"lb_filter"`
+	LbProgs       *ebpf.MapSpec `ebpf:"lb_progs"`
 	LbProxySocks  *ebpf.MapSpec `ebpf:"lb_proxy_socks"`
 	LbProxyVips   *ebpf.MapSpec `ebpf:"lb_proxy_vips"`
 	LbRrCursor    *ebpf.MapSpec `ebpf:"lb_rr_cursor"`
@@ -254,6 +277,9 @@ type lbMaps struct {
 	LbConntrack   *ebpf.Map `ebpf:"lb_conntrack"`
 	LbCounters    *ebpf.Map `ebpf:"lb_counters"`
 	LbEpEpoch     *ebpf.Map `ebpf:"lb_ep_epoch"`
+	LbFibGen      *ebpf.Map `ebpf:"lb_fib_gen"`
+	LbFilter      *ebpf.Map `ebpf:"lb_filter"`
+	LbProgs       *ebpf.Map `ebpf:"lb_progs"`
 	LbProxySocks  *ebpf.Map `ebpf:"lb_proxy_socks"`
 	LbProxyVips   *ebpf.Map `ebpf:"lb_proxy_vips"`
 	LbRrCursor    *ebpf.Map `ebpf:"lb_rr_cursor"`
@@ -270,6 +296,9 @@ func (m *lbMaps) Close() error {
 		m.LbConntrack,
 		m.LbCounters,
 		m.LbEpEpoch,
+		m.LbFibGen,
+		m.LbFilter,
+		m.LbProgs,
 		m.LbProxySocks,
 		m.LbProxyVips,
 		m.LbRrCursor,
@@ -294,12 +323,14 @@ type lbVariables struct {
 type lbPrograms struct {
 	SkLookupProxy *ebpf.Program `ebpf:"sk_lookup_proxy"`
 	TcLb          *ebpf.Program `ebpf:"tc_lb"`
+	TcLbNat       *ebpf.Program `ebpf:"tc_lb_nat"`
 }
 
 func (p *lbPrograms) Close() error {
 	return _LbClose(
 		p.SkLookupProxy,
 		p.TcLb,
+		p.TcLbNat,
 	)
 }
 

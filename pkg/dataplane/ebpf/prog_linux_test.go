@@ -176,6 +176,11 @@ func (f *fixture) run(s step) []byte {
 	}
 	after := f.counters()
 	for name, v := range after {
+		if _, named := s.counters[name]; !named && name == "pass_not_ipv4" {
+			// The program is attached to live links too: IPv6 neighbour
+			// discovery the kernel sends on them can land in this window.
+			continue
+		}
 		if delta := v - before[name]; delta != s.counters[name] {
 			f.t.Errorf("%s: counter %s moved by %d, want %d", s.name, name, delta, s.counters[name])
 		}

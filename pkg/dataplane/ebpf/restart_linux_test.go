@@ -4,6 +4,7 @@ package ebpf
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"net"
 	"net/netip"
@@ -293,7 +294,7 @@ func TestIncompatiblePinnedMapRecreated(t *testing.T) {
 		t.Fatalf("start on a pin directory of another layout: %v", err)
 	}
 	defer d.Purge()
-	if vs := d.objs.LbConntrack.ValueSize(); vs != 56 {
+	if vs := d.objs.LbConntrack.ValueSize(); vs != uint32(binary.Size(lbCtVal{})) {
 		t.Fatalf("conntrack value size %d: the old map was kept", vs)
 	}
 	var cur uint32

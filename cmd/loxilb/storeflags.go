@@ -1,0 +1,137 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/loxilb-llm/loxilb/api"
+	"github.com/loxilb-llm/loxilb/pkg/store"
+)
+
+// storeFlags choose the rule store: the embedded bbolt file (one node) or
+// a shared etcd cluster (several nodes serving one rule set).
+type storeFlags struct {
+	url          string
+	prefix       string
+	tlsCA        string
+	tlsCert      string
+	tlsKey       string
+	user         string
+	passwordFile string
+	timeout      time.Duration
+}
+
+func (s *storeFlags) register(fs *flag.FlagSet, getenv func(k, def string) string) {
+	fs.StringVar(&s.url, "store", getenv("LOXILB_STORE", "bolt"),
+		"rule store: bolt (the file rules.db in --state-dir, one node) or etcd://host:port[,host:port...] (shared by several nodes; env LOXILB_STORE)")
+	fs.StringVar(&s.prefix, "store-prefix", getenv("LOXILB_STORE_PREFIX", "/loxilb/"),
+		"etcd key prefix of this gateway cluster's rules (env LOXILB_STORE_PREFIX)")
+	fs.StringVar(&s.tlsCA, "store-tls-ca", getenv("LOXILB_STORE_TLS_CA", ""),
+		"CA (PEM) that etcd's server certificate is verified against; setting it (or --store-tls-cert) connects over TLS (env LOXILB_STORE_TLS_CA)")
+	fs.StringVar(&s.tlsCert, "store-tls-cert", getenv("LOXILB_STORE_TLS_CERT", ""),
+		"client certificate (PEM) presented to etcd (env LOXILB_STORE_TLS_CERT)")
+	fs.StringVar(&s.tlsKey, "store-tls-key", getenv("LOXILB_STORE_TLS_KEY", ""),
+		"private key (PEM) for --store-tls-cert (env LOXILB_STORE_TLS_KEY)")
+	fs.StringVar(&s.user, "store-user", getenv("LOXILB_STORE_USER", ""),
+		"etcd user name when etcd auth is on (env LOXILB_STORE_USER)")
+	fs.StringVar(&s.passwordFile, "store-password-file", getenv("LOXILB_STORE_PASSWORD_FILE", ""),
+		"file holding the etcd user's password (env LOXILB_STORE_PASSWORD_FILE)")
+	fs.DurationVar(&s.timeout, "store-timeout", 2*time.Second,
+		"longest wait for one etcd request; a write that cannot finish in time is refused with 503 (100ms..1m)")
+}
+
+// shared reports whether the rule store is shared by several nodes.
+func (s *storeFlags) shared() bool { return s.url != "bolt" }
+
+// etcdConfig validates the etcd options and reads their files, naming the
+// flag that is wrong.
+func (s *storeFlags) etcdConfig() (store.EtcdConfig, error) {
+	var cfg store.EtcdConfig
+	eps, err := store.ParseEtcdURL(s.url)
+	if err != nil {
+		return cfg, fmt.Errorf("--store: %w", err)
+	}
+	if s.timeout < 100*time.Millisecond || s.timeout > time.Minute {
+		return cfg, fmt.Errorf("--store-timeout %v: want 100ms..1m", s.timeout)
+	}
+	if !strings.HasPrefix(s.prefix, "/") {
+		return cfg, fmt.Errorf("--store-prefix %q: want a key prefix starting with /", s.prefix)
+	}
+	cfg = store.EtcdConfig{Endpoints: eps, Prefix: s.prefix, OpTimeout: s.timeout, Username: s.user}
+	if (s.user == "") != (s.passwordFile == "") {
+		return cfg, errors.New("--store-user and --store-password-file go together")
+	}
+	if s.passwordFile != "" {
+		b, err := os.ReadFile(s.passwordFile)
+		if err != nil {
+			return cfg, fmt.Errorf("--store-password-file: %w", err)
+		}
+		if cfg.Password = strings.TrimRight(string(b), "\r\n"); cfg.Password == "" {
+			return cfg, errors.New("--store-password-file is empty")
+		}
+	}
+	if (s.tlsCert == "") != (s.tlsKey == "") {
+		return cfg, errors.New("--store-tls-cert and --store-tls-key go together")
+	}
+	if s.tlsCA == "" && s.tlsCert == "" {
+		return cfg, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if s.tlsCA != "" {
+		pem, err := os.ReadFile(s.tlsCA)
+		if err != nil {
+			return cfg, fmt.Errorf("--store-tls-ca: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return cfg, fmt.Errorf("--store-tls-ca %s holds no PEM certificate", s.tlsCA)
+		}
+	}
+	if s.tlsCert != "" {
+		kp, err := tls.LoadX509KeyPair(s.tlsCert, s.tlsKey)
+		if err != nil {
+			return cfg, fmt.Errorf("--store-tls-cert %s / --store-tls-key %s: %w", s.tlsCert, s.tlsKey, err)
+		}
+		tc.Certificates = []tls.Certificate{kp}
+	}
+	cfg.TLS = tc
+	return cfg, nil
+}
+
+// ruleStore is what the daemon needs of a store: the rules and the API's
+// settings.
+type ruleStore interface {
+	store.Store
+	api.Settings
+}
+
+// openStore opens the store the flags name.
+func openStore(cfg *config) (ruleStore, error) {
+	if !cfg.store.shared() {
+		return store.OpenBolt(cfg.stateDir)
+	}
+	ec, err := cfg.store.etcdConfig()
+	if err != nil {
+		return nil, err
+	}
+	return store.OpenEtcd(ec)
+}
+
+// storeCap is the "rule_store" capability: which backend, and whether it
+// can be reached (writes are refused while it cannot).
+func storeCap(st store.Store) api.Capability {
+	h := st.Health()
+	c := api.Capability{Name: "rule_store", Ready: h.Up, Reason: h.Backend + " " + h.Where}
+	if !h.Up {
+		c.ReasonCode = "store_unreachable"
+		c.Reason = fmt.Sprintf("%s %s unreachable since %s: %s; the rules already applied keep serving, rule changes are refused (503) until it is back",
+			h.Backend, h.Where, h.Since.UTC().Format(time.RFC3339), h.Err)
+	}
+	return c
+}

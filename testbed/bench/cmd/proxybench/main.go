@@ -1,0 +1,198 @@
+// Command proxybench measures the mode-4 proxy side by side with HAProxy
+// and with no proxy at all, the way a user would: wrk drives small
+// keep-alive POSTs at the real loxilb daemon process (one mode-4 round
+// robin rule in front of one loopback backend), at Debian's haproxy
+// configured as the same reverse proxy, and at the backend directly.
+//
+// Each concurrency level runs every contender in turn, the order rotated
+// from one repetition to the next, so the shared machine's noise hits all
+// alike; the table gives the median of the repetitions. Per contender and
+// concurrency it reports requests/s, wrk's p99 latency, the proxy
+// process's CPU time per request (/proc/PID/stat) and the ratio of its
+// requests/s to HAProxy's. -syscalls adds one run per proxy under
+// `strace -c` and reports system calls per request. -compare BIN runs a
+// second daemon build as a fourth contender in the same run, to measure a
+// change against its base.
+//
+//	make bench-proxy
+//	make bench-proxy ARGS='-duration 10s -conns 64 -compare /tmp/loxilb-main'
+//
+// Needs wrk and haproxy (apt-get install wrk haproxy); strace for -syscalls.
+// Everything listens on 127.0.0.1.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+type options struct {
+	bin      string
+	compare  string
+	duration time.Duration
+	warmup   time.Duration
+	reps     int
+	conns    []int
+	threads  int
+	syscalls bool
+	out      string
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "proxybench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "proxybench:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (options, error) {
+	fs := flag.NewFlagSet("proxybench", flag.ContinueOnError)
+	var o options
+	conns := fs.String("conns", "8,64,256", "comma-separated wrk connection counts")
+	fs.StringVar(&o.bin, "bin", "bin/loxilb", "daemon binary under test")
+	fs.StringVar(&o.compare, "compare", "", "a second daemon binary, measured as the contender \"compare\" in the same run")
+	fs.DurationVar(&o.duration, "duration", 5*time.Second, "wrk duration of one run")
+	fs.DurationVar(&o.warmup, "warmup", time.Second, "wrk warm-up per contender before the measured runs")
+	fs.IntVar(&o.reps, "reps", 3, "interleaved repetitions (the table gives the median)")
+	fs.IntVar(&o.threads, "threads", 2, "wrk threads (at most the connection count)")
+	fs.BoolVar(&o.syscalls, "syscalls", false, "also count system calls per request of each proxy with strace -c")
+	fs.StringVar(&o.out, "out", "", "also write the table (markdown) to this file")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	for _, f := range strings.Split(*conns, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return o, fmt.Errorf("-conns %q: want positive integers", *conns)
+		}
+		o.conns = append(o.conns, n)
+	}
+	if o.reps < 1 || o.duration < time.Second || o.threads < 1 {
+		return o, fmt.Errorf("-reps >= 1, -duration >= 1s and -threads >= 1 please")
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, o options) error {
+	for _, tool := range []string{"wrk", "haproxy"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s not found (apt-get install %s)", tool, tool)
+		}
+	}
+	if o.syscalls {
+		if _, err := exec.LookPath("strace"); err != nil {
+			return fmt.Errorf("-syscalls needs strace (apt-get install strace)")
+		}
+	}
+	dir, err := os.MkdirTemp("", "proxybench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	script := filepath.Join(dir, "post.lua")
+	if err := os.WriteFile(script, []byte(wrkScript), 0o600); err != nil {
+		return err
+	}
+
+	backend, err := startBackend()
+	if err != nil {
+		return err
+	}
+	defer backend.Close()
+	cs := []*contender{{name: "direct", addr: backend.Addr().String()}}
+	bins := []struct{ name, path string }{{"loxilb", o.bin}}
+	if o.compare != "" {
+		bins = append(bins, struct{ name, path string }{"compare", o.compare})
+	}
+	for _, b := range bins {
+		d, err := startDaemon(ctx, b.path, filepath.Join(dir, b.name), backend.Addr().String())
+		if err != nil {
+			return fmt.Errorf("%s: %w", b.name, err)
+		}
+		defer d.stop()
+		cs = append(cs, &contender{name: b.name, addr: d.vip, pid: d.cmd.Process.Pid})
+	}
+	h, err := startHAProxy(ctx, dir, backend.Addr().String())
+	if err != nil {
+		return err
+	}
+	defer h.stop()
+	cs = append(cs, &contender{name: "haproxy", addr: h.addr, pid: h.cmd.Process.Pid})
+
+	for _, c := range cs {
+		if _, err := runWrk(ctx, script, c.addr, o.threads, 64, o.warmup); err != nil {
+			return fmt.Errorf("warm-up of %s: %w", c.name, err)
+		}
+	}
+	res := map[key][]sample{}
+	for rep := range o.reps {
+		for _, n := range o.conns {
+			for k := range cs {
+				c := cs[(k+rep)%len(cs)]
+				cpu0 := procCPU(c.pid)
+				w, err := runWrk(ctx, script, c.addr, min(o.threads, n), n, o.duration)
+				if err != nil {
+					return fmt.Errorf("%s at %d connections: %w", c.name, n, err)
+				}
+				s := sample{wrk: w}
+				if c.pid != 0 && w.requests > 0 {
+					s.cpuPerReq = float64((procCPU(c.pid) - cpu0).Microseconds()) / float64(w.requests)
+				}
+				res[key{c.name, n}] = append(res[key{c.name, n}], s)
+				fmt.Fprintf(os.Stderr, "rep %d  %-8s %4d conns  %9.0f req/s  p99 %7.2f ms  cpu %5.1f µs/req\n",
+					rep+1, c.name, n, w.rps, w.p99.Seconds()*1e3, s.cpuPerReq)
+			}
+		}
+	}
+	sys := map[string]float64{}
+	if o.syscalls {
+		for _, c := range cs {
+			if c.pid == 0 {
+				continue
+			}
+			v, err := syscallsPerRequest(ctx, c.pid, script, c.addr, min(o.threads, 64), 64, o.duration)
+			if err != nil {
+				return fmt.Errorf("strace %s: %w", c.name, err)
+			}
+			sys[c.name] = v
+		}
+	}
+	table := render(o, cs, res, sys)
+	fmt.Print(table)
+	if o.out != "" {
+		return os.WriteFile(o.out, []byte(table), 0o644)
+	}
+	return nil
+}
+
+// contender is one target of the load: a proxy process (pid) or the
+// backend itself (pid 0).
+type contender struct {
+	name, addr string
+	pid        int
+}
+
+type key struct {
+	name  string
+	conns int
+}
+
+type sample struct {
+	wrk       wrkResult
+	cpuPerReq float64 // µs of the proxy process's CPU per request
+}

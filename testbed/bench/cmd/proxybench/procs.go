@@ -1,0 +1,236 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// respBody is the backend's answer: a short non-streaming completion.
+var respBody = []byte(`{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+
+// startBackend serves respBody to every request on a loopback port, in
+// this process: it is the same for every contender.
+func startBackend() (net.Listener, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(respBody)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	return ln, nil
+}
+
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// output keeps the tail of a child process's output for error messages.
+type output struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (o *output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.b = append(o.b, p...)
+	if len(o.b) > 16<<10 {
+		o.b = append(o.b[:0], o.b[len(o.b)-8<<10:]...)
+	}
+	return len(p), nil
+}
+
+func (o *output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return string(o.b)
+}
+
+// proc is a child process: the daemon or haproxy.
+type proc struct {
+	cmd  *exec.Cmd
+	out  output
+	done chan struct{}
+}
+
+func startProc(name string, args ...string) (*proc, error) {
+	p := &proc{cmd: exec.Command(name, args...), done: make(chan struct{})}
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// stop interrupts the process and kills it after 10 s.
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// waitUp polls check until it succeeds, the process exits or 30 s pass.
+func (p *proc) waitUp(ctx context.Context, what string, check func() error) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := check()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited (%s):\n%s", what, p.cmd.ProcessState, p.out.String())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not up in 30 s: %v\n%s", what, err, p.out.String())
+		}
+	}
+}
+
+// daemon is the loxilb process with one mode-4 round-robin rule in
+// front of the backend.
+type daemon struct {
+	*proc
+	vip string
+}
+
+func startDaemon(ctx context.Context, bin, stateDir, backend string) (*daemon, error) {
+	api, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	vip, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	p, err := startProc(bin, "--api-addr", api, "--state-dir", stateDir, "--no-dataplane", "--log-level", "warn")
+	if err != nil {
+		return nil, err
+	}
+	d := &daemon{proc: p, vip: vip}
+	c := &http.Client{Timeout: 5 * time.Second}
+	base := "http://" + api + "/netlox/v1"
+	if err := p.waitUp(ctx, bin, func() error { return get(c, base+"/version") }); err != nil {
+		d.stop()
+		return nil, err
+	}
+	vh, vp, _ := net.SplitHostPort(vip)
+	bh, bp, _ := net.SplitHostPort(backend)
+	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%s,"protocol":"tcp","mode":4,"sel":0},`+
+		`"endpoints":[{"endpointIP":%q,"targetPort":%s,"weight":1}]}`, vh, vp, bh, bp)
+	resp, err := c.Post(base+"/config/loadbalancer", "application/json", strings.NewReader(rule))
+	if err != nil {
+		d.stop()
+		return nil, fmt.Errorf("create rule: %w", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		d.stop()
+		return nil, fmt.Errorf("create rule: %d %s", resp.StatusCode, b)
+	}
+	if err := p.waitUp(ctx, bin+" VIP", func() error { return post(c, "http://"+vip+"/v1/completions") }); err != nil {
+		d.stop()
+		return nil, err
+	}
+	return d, nil
+}
+
+// haproxy runs Debian's haproxy as the same reverse proxy: HTTP mode,
+// keep-alive on both sides, pooled server connections, X-Forwarded-For,
+// two threads (the machine's core count, as the daemon's GOMAXPROCS).
+type haproxy struct {
+	*proc
+	addr string
+}
+
+func startHAProxy(ctx context.Context, dir, backend string) (*haproxy, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	conf := fmt.Sprintf(`global
+	maxconn 4096
+	nbthread 2
+defaults
+	mode http
+	timeout connect 5s
+	timeout client 60s
+	timeout server 60s
+	option http-keep-alive
+	option forwardfor
+	http-reuse always
+frontend fe
+	bind %s
+	default_backend be
+backend be
+	server s0 %s
+`, addr, backend)
+	path := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		return nil, err
+	}
+	p, err := startProc("haproxy", "-db", "-f", path)
+	if err != nil {
+		return nil, err
+	}
+	h := &haproxy{proc: p, addr: addr}
+	c := &http.Client{Timeout: 5 * time.Second}
+	if err := p.waitUp(ctx, "haproxy", func() error { return post(c, "http://"+addr+"/v1/completions") }); err != nil {
+		h.stop()
+		return nil, err
+	}
+	return h, nil
+}
+
+func get(c *http.Client, url string) error {
+	resp, err := c.Get(url)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %d", url, resp.StatusCode)
+	}
+	return nil
+}
+
+func post(c *http.Client, url string) error {
+	resp, err := c.Post(url, "application/json", bytes.NewReader([]byte(reqBody)))
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("POST %s: %d", url, resp.StatusCode)
+	}
+	return nil
+}

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+const wrkOut = `Running 5s test @ http://127.0.0.1:40000/v1/completions
+  2 threads and 64 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     5.10ms    3.20ms  40.00ms   80.00%
+    Req/Sec     6.50k   500.00     7.20k    70.00%
+  Latency Distribution
+     50%  820.00us
+     75%    5.00ms
+     90%    9.00ms
+     99%    1.20s
+  65000 requests in 5.00s, 20.00MB read
+Requests/sec:  12999.50
+Transfer/sec:      4.00MB
+`
+
+func TestParseWrk(t *testing.T) {
+	r, err := parseWrk(wrkOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.requests != 65000 || r.rps != 12999.5 || r.p50 != 820*time.Microsecond || r.p99 != 1200*time.Millisecond {
+		t.Errorf("parsed %+v", r)
+	}
+}
+
+func TestParseWrkRejectsFailures(t *testing.T) {
+	for _, extra := range []string{
+		"  Socket errors: connect 0, read 3, write 0, timeout 0\n",
+		"  Non-2xx or 3xx responses: 12\n",
+	} {
+		s := strings.Replace(wrkOut, "Requests/sec:", extra+"Requests/sec:", 1)
+		if _, err := parseWrk(s); err == nil {
+			t.Errorf("no error for %q", extra)
+		}
+	}
+	if _, err := parseWrk("wrk: connection refused"); err == nil {
+		t.Error("no error for output without a report")
+	}
+}
+
+func TestStraceTotal(t *testing.T) {
+	out := `% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 60.00    0.600000          12     50000           write
+ 40.00    0.400000           4    100000     50000 read
+------ ----------- ----------- --------- --------- ----------------
+100.00    1.000000           6    150000     50000 total
+`
+	n, err := straceTotal(out)
+	if err != nil || n != 150000 {
+		t.Errorf("straceTotal = %d, %v; want 150000", n, err)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	if m := median([]float64{3, 1, 2}); m != 2 {
+		t.Errorf("median odd = %v", m)
+	}
+	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Errorf("median even = %v", m)
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-conns", "8, 64", "-compare", "/tmp/x"})
+	if err != nil || len(o.conns) != 2 || o.conns[1] != 64 || o.compare != "/tmp/x" {
+		t.Errorf("parseFlags = %+v, %v", o, err)
+	}
+	if _, err := parseFlags([]string{"-conns", "0"}); err == nil {
+		t.Error("-conns 0 accepted")
+	}
+}

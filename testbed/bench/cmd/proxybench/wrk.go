@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// reqBody is the small completion request every run sends.
+const reqBody = `{"model":"m","prompt":"hello","max_tokens":1}`
+
+// wrkScript makes every wrk request a keep-alive POST of reqBody.
+var wrkScript = fmt.Sprintf(`wrk.method = "POST"
+wrk.body = %q
+wrk.headers["Content-Type"] = "application/json"
+`, reqBody)
+
+// wrkResult is what one wrk run measured.
+type wrkResult struct {
+	requests int64
+	rps      float64
+	p50, p99 time.Duration
+}
+
+// runWrk runs wrk against addr for d with n connections.
+func runWrk(ctx context.Context, script, addr string, threads, n int, d time.Duration) (wrkResult, error) {
+	secs := strconv.Itoa(max(1, int(d.Round(time.Second).Seconds())))
+	cmd := exec.CommandContext(ctx, "wrk", "-t", strconv.Itoa(threads), "-c", strconv.Itoa(n), "-d", secs+"s",
+		"--latency", "--timeout", "10s", "-s", script, "http://"+addr+"/v1/completions")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return wrkResult{}, fmt.Errorf("wrk: %w: %s%s", err, out.String(), errb.String())
+	}
+	return parseWrk(out.String())
+}
+
+var (
+	reqLine    = regexp.MustCompile(`(?m)^\s*(\d+) requests in `)
+	rpsLine    = regexp.MustCompile(`(?m)^Requests/sec:\s+([0-9.]+)`)
+	pctLine    = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([0-9.]+)(us|ms|s|m)\s*$`)
+	socketLine = regexp.MustCompile(`(?m)^\s*Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)`)
+	non2xxLine = regexp.MustCompile(`(?m)^\s*Non-2xx or 3xx responses: (\d+)`)
+)
+
+// parseWrk reads wrk's --latency report. A run with non-2xx answers or
+// socket errors is an error: a proxy failing fast must not look fast.
+func parseWrk(s string) (wrkResult, error) {
+	var r wrkResult
+	m := reqLine.FindStringSubmatch(s)
+	k := rpsLine.FindStringSubmatch(s)
+	if m == nil || k == nil {
+		return r, fmt.Errorf("unexpected wrk output:\n%s", s)
+	}
+	r.requests, _ = strconv.ParseInt(m[1], 10, 64)
+	r.rps, _ = strconv.ParseFloat(k[1], 64)
+	for _, p := range pctLine.FindAllStringSubmatch(s, -1) {
+		v, _ := strconv.ParseFloat(p[2], 64)
+		unit := map[string]time.Duration{"us": time.Microsecond, "ms": time.Millisecond, "s": time.Second, "m": time.Minute}[p[3]]
+		d := time.Duration(v * float64(unit))
+		if p[1] == "50" {
+			r.p50 = d
+		} else {
+			r.p99 = d
+		}
+	}
+	if r.p99 == 0 {
+		return r, fmt.Errorf("no latency distribution in wrk output:\n%s", s)
+	}
+	if e := socketLine.FindStringSubmatch(s); e != nil {
+		for _, f := range e[1:] {
+			if f != "0" {
+				return r, fmt.Errorf("wrk saw socket errors (%s):\n%s", strings.TrimSpace(e[0]), s)
+			}
+		}
+	}
+	if e := non2xxLine.FindStringSubmatch(s); e != nil {
+		return r, fmt.Errorf("%s non-2xx answers:\n%s", e[1], s)
+	}
+	return r, nil
+}
+
+// procCPU returns the user+system CPU time a process has used so far,
+// from /proc/PID/stat in clock ticks (USER_HZ, 100 on Linux).
+func procCPU(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// utime and stime are the 14th and 15th fields; the command name in
+	// parentheses may hold spaces, so count from its closing parenthesis.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// syscallsPerRequest counts the system calls of every thread of pid with
+// `strace -c -f` during one wrk run. strace slows the process down, so
+// only the count per request means anything, not the rate.
+func syscallsPerRequest(ctx context.Context, pid int, script, addr string, threads, n int, d time.Duration) (float64, error) {
+	out := filepath.Join(os.TempDir(), fmt.Sprintf("proxybench-strace-%d.txt", pid))
+	defer os.Remove(out)
+	st := exec.CommandContext(ctx, "strace", "-c", "-f", "-o", out, "-p", strconv.Itoa(pid))
+	var errb bytes.Buffer
+	st.Stderr = &errb
+	if err := st.Start(); err != nil {
+		return 0, err
+	}
+	time.Sleep(500 * time.Millisecond) // attached to every thread
+	w, err := runWrk(ctx, script, addr, threads, n, d)
+	_ = st.Process.Signal(syscall.SIGINT)
+	_ = st.Wait()
+	if err != nil {
+		return 0, err
+	}
+	b, rerr := os.ReadFile(out)
+	if rerr != nil {
+		return 0, fmt.Errorf("%w: %s", rerr, errb.String())
+	}
+	calls, err := straceTotal(string(b))
+	if err != nil {
+		return 0, err
+	}
+	return float64(calls) / float64(w.requests), nil
+}
+
+// straceTotal returns the calls column of strace -c's "total" line.
+func straceTotal(s string) (int64, error) {
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		// % time, seconds, usecs/call, calls, [errors,] total
+		if len(f) >= 5 && f[len(f)-1] == "total" {
+			return strconv.ParseInt(f[3], 10, 64)
+		}
+	}
+	return 0, errors.New("no total line in strace -c output:\n" + s)
+}
