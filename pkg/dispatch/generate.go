@@ -5,13 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+
+	"github.com/loxilb-llm/loxilb/pkg/engine"
 )
 
 // PathGenerate is SGLang's native generation API. A P/D rule of an SGLang
 // pool dispatches it like the OpenAI paths: the bootstrap fields go into
 // the body sent to both legs, as lists with one room per prompt for a
 // batch ("text" or "input_ids" given as a list of prompts).
-const PathGenerate = "/generate"
+const PathGenerate = engine.PathGenerate
 
 // IsGenerate reports whether path is SGLang's /generate (a trailing slash
 // or query string aside).

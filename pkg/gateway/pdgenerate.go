@@ -5,21 +5,23 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 
-	"github.com/loxilb-llm/loxilb/pkg/dispatch"
+	"github.com/loxilb-llm/loxilb/pkg/engine"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 )
 
 // pdInference reports whether a request to a P/D rule runs the P/D flow:
-// the OpenAI generation paths for every engine, and SGLang's native
-// /generate for SGLang pools (anything else goes to a decode endpoint as
-// is).
+// a POST to one of the paths the engine's capability row lists (the
+// OpenAI generation paths, and SGLang's native /generate for SGLang
+// pools); anything else goes to a decode endpoint as is.
 func pdInference(st *service, req *proxy.Request) bool {
-	if isInference(req.Method, req.Path) {
-		return true
+	if req.Method != http.MethodPost {
+		return false
 	}
-	return req.Method == http.MethodPost && st.rule.Engine() == dispatch.EngineSGLang && dispatch.IsGenerate(req.Path)
+	spec, ok := engine.Lookup(st.rule.Engine())
+	return ok && slices.Contains(spec.PDPaths, req.Path)
 }
 
 // generateHashBlockers are /generate fields that make SGLang's page hashes
