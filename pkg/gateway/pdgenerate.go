@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 
@@ -46,15 +47,29 @@ func (g *Gateway) generateTokens(ctx context.Context, st *service, model string,
 		}
 	}
 	if v, ok := m["input_ids"]; ok && !isJSONNull(v) {
-		var one []uint32
-		if json.Unmarshal(v, &one) == nil && len(one) > 0 {
-			return one, "", nil
+		var ids []uint32
+		if json.Unmarshal(v, &ids) != nil {
+			var many [][]uint32
+			if json.Unmarshal(v, &many) != nil || len(many) == 0 {
+				return nil, router.ReasonUnhashable, nil
+			}
+			ids = many[0]
 		}
-		var many [][]uint32
-		if json.Unmarshal(v, &many) == nil && len(many) > 0 && len(many[0]) > 0 {
-			return many[0], "", nil
+		if len(ids) == 0 {
+			return nil, router.ReasonUnhashable, nil
 		}
-		return nil, router.ReasonUnhashable, nil
+		// The same bound as a tokenized prompt's.
+		limit := g.cfg.MaxPromptTokens
+		if limit <= 0 {
+			limit = DefaultMaxPromptTokens
+		}
+		if len(ids) > limit {
+			g.m.rejected(st.label, rejectPrompt)
+			err := fmt.Errorf("%w: /generate input_ids has %d tokens, more than the %d this gateway accepts", proxy.ErrBadRequest, len(ids), limit)
+			g.logReject(st, rejectPrompt, err)
+			return nil, "", err
+		}
+		return ids, "", nil
 	}
 	var text string
 	if json.Unmarshal(m["text"], &text) != nil {

@@ -71,6 +71,12 @@ func TestPDGenerate(t *testing.T) {
 		t.Fatalf("batch of 3 made %d prefill transfers", n)
 	}
 
+	b.g.cfg.MaxPromptTokens = 4
+	st, _, out = b.generate(t, map[string]any{"input_ids": [][]int{{1, 2, 3, 4, 5}}})
+	if st != 400 || !strings.Contains(string(out), "input_ids has 5 tokens") {
+		t.Fatalf("over-long input_ids: %d %s", st, out)
+	}
+	b.g.cfg.MaxPromptTokens = 0
 	st, _, out = b.generate(t, map[string]any{"text": []string{}})
 	if st != 400 || !strings.Contains(string(out), "text is an empty list") {
 		t.Fatalf("empty batch: %d %s", st, out)
