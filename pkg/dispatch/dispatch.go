@@ -392,6 +392,13 @@ func (d *Dispatcher) Execute(ctx context.Context, w http.ResponseWriter, req *Re
 	if body == nil {
 		body, err = parseBody(req.Body)
 	}
+	if err == nil && IsGenerate(req.Path) {
+		if req.Pool.Engine != EngineSGLang {
+			err = fmt.Errorf("%w: /generate is SGLang's native API; this rule's engine is %s", ErrBadRequest, engineName(req.Pool.Engine))
+		} else {
+			err = checkGenerate(body)
+		}
+	}
 	if err != nil {
 		return d.fail(w, req, res, err, "bad_request")
 	}

@@ -30,7 +30,13 @@
 // SGLang (concurrent): one fresh bootstrap_room, uniform in [0, 2^63-1],
 // per request (one per prompt for batched prompts), bootstrap_host = the
 // prefill endpoint IP and bootstrap_port = the rule's pdBootstrapPort (0:
-// 8998), added to the same body sent to both legs at once. The client gets
+// 8998), added to the same body sent to both legs at once. Besides the
+// OpenAI paths this serves SGLang's native /generate (PathGenerate), whose
+// batch ("text" or "input_ids" as a list of prompts) gets the three fields
+// as lists, one entry and a distinct room per prompt, as sgl-router sends
+// them; a /generate body naming neither or both prompt fields, an empty
+// list or a list mixing kinds is a 400 before any leg (checkGenerate), and
+// /generate on another engine's pool is a 400 too. The client gets
 // the decode leg; the prefill response is read and discarded. A failed
 // prefill cancels the decode leg (and the client gets the prefill's error,
 // the root cause); a failed decode cancels the prefill leg.

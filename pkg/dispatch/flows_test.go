@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -137,5 +138,58 @@ func TestRightPrefill(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSGLangGenerate: SGLang's native /generate runs the concurrent flow;
+// the decode engine answers only when it finds its room's prefill, so a
+// 200 means both legs carried the same room (one per prompt for a batch).
+func TestSGLangGenerate(t *testing.T) {
+	f := newFleet(t, fleetOpts{engine: enginesim.EngineSGLang, nPrefill: 1, nDec: 1})
+	r := f.post(t, "/generate", map[string]any{"input_ids": []int{5, 6, 7, 8, 9, 10, 11, 12}, "sampling_params": map[string]any{"max_new_tokens": 4}})
+	var one struct {
+		Text     string `json:"text"`
+		MetaInfo struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"meta_info"`
+	}
+	if r.status != 200 || json.Unmarshal(r.body, &one) != nil || one.Text == "" || one.MetaInfo.CompletionTokens != 4 {
+		t.Fatalf("single /generate: %d %s", r.status, r.body)
+	}
+	r = f.post(t, "/generate", map[string]any{"text": []string{"alpha beta", "gamma delta epsilon", "zeta"}, "sampling_params": map[string]any{"max_new_tokens": 2}})
+	var many []struct {
+		Text string `json:"text"`
+	}
+	if r.status != 200 || json.Unmarshal(r.body, &many) != nil || len(many) != 3 {
+		t.Fatalf("batched /generate: %d %s", r.status, r.body)
+	}
+	if got := f.prefill[0].Stats().PDTransfers; got != 4 {
+		t.Fatalf("prefill served %d prompts, want 4", got)
+	}
+	if got := f.decode[0].Stats().Completed; got != 2 {
+		t.Fatalf("decode completed %d requests, want 2", got)
+	}
+	for _, body := range []map[string]any{
+		{"text": []string{}},
+		{"text": "a", "input_ids": []int{1}},
+		{"text": []any{"a", 5}},
+		{"input_ids": []any{[]int{1, 2}, 3}},
+		{"input_ids": [][]int{{1, 2}, {}}},
+		{"sampling_params": map[string]any{}},
+	} {
+		r := f.post(t, "/generate", body)
+		if r.status != 400 || !strings.Contains(string(r.body), "/generate") {
+			t.Errorf("%v: %d %s", body, r.status, r.body)
+		}
+	}
+	if got := f.prefill[0].Stats().Requests; got != 2 {
+		t.Errorf("malformed batches reached the prefill engine: %d requests", got)
+	}
+}
+
+func TestGenerateNeedsSGLang(t *testing.T) {
+	f := newFleet(t, fleetOpts{engine: enginesim.EngineVLLM, nPrefill: 1, nDec: 1})
+	if r := f.post(t, "/generate", map[string]any{"text": "hi"}); r.status != 400 || !strings.Contains(string(r.body), "SGLang") {
+		t.Fatalf("/generate on a vLLM pool: %d %s", r.status, r.body)
 	}
 }

@@ -63,15 +63,30 @@ const (
 	DefaultReplayPortOffset = 1000
 )
 
+// Request paths the P/D flows serve.
+const (
+	PathCompletions     = "/v1/completions"
+	PathChatCompletions = "/v1/chat/completions"
+	// PathGenerate is SGLang's native API: "text" or "input_ids", one
+	// prompt or a list; in P/D each bootstrap field is then a list with
+	// one entry (and a distinct room) per prompt.
+	PathGenerate = "/generate"
+)
+
+var openAIPaths = []string{PathCompletions, PathChatCompletions}
+
 // Spec is one engine's row of the capability matrix.
 type Spec struct {
-	Name         Name
-	KVExact      bool      // the engine publishes a KV event feed the gateway can consume
-	PD           bool      // the gateway can drive this engine's P/D protocol
-	Algos        []string  // hash algorithms coherent with this engine
-	DefaultAlgo  string    // taken when kvHashAlgo is omitted
-	Transport    Transport // how KV events arrive
-	Flow         PDFlow
+	Name        Name
+	KVExact     bool      // the engine publishes a KV event feed the gateway can consume
+	PD          bool      // the gateway can drive this engine's P/D protocol
+	Algos       []string  // hash algorithms coherent with this engine
+	DefaultAlgo string    // taken when kvHashAlgo is omitted
+	Transport   Transport // how KV events arrive
+	Flow        PDFlow
+	// PDPaths are the POST paths a P/D rule runs through Flow; other
+	// requests go to a decode endpoint as they are.
+	PDPaths      []string
 	MultiRank    bool // kvDpRankCount > 1 is meaningful
 	SeedRequired bool // KV-exact needs LLB_KV_NONE_HASH_SEED (vLLM's PYTHONHASHSEED)
 	// Rank is how a request names the data-parallel rank that must serve
@@ -120,13 +135,14 @@ const (
 
 var matrix = map[Name]Spec{
 	VLLM: {Name: VLLM, KVExact: true, PD: true, Algos: []string{AlgoSHA256CBOR, AlgoXXHashCBOR},
-		DefaultAlgo: AlgoSHA256CBOR, Transport: TransportZMQ, Flow: PDSequential, MultiRank: true, SeedRequired: true,
+		DefaultAlgo: AlgoSHA256CBOR, Transport: TransportZMQ, Flow: PDSequential, PDPaths: openAIPaths, MultiRank: true, SeedRequired: true,
 		Rank: RankTarget{Header: VLLMRankHeader}},
 	SGLang: {Name: SGLang, KVExact: true, PD: true, Algos: []string{AlgoSHA256SGLang},
 		DefaultAlgo: AlgoSHA256SGLang, Transport: TransportZMQPerRank, Flow: PDConcurrentRoom, MultiRank: true,
-		Rank: RankTarget{BodyFields: []string{SGLangRankField, SGLangLegacyRankField}, PDPrefillField: SGLangPrefillRankField}},
+		PDPaths: append(openAIPaths[:len(openAIPaths):len(openAIPaths)], PathGenerate),
+		Rank:    RankTarget{BodyFields: []string{SGLangRankField, SGLangLegacyRankField}, PDPrefillField: SGLangPrefillRankField}},
 	TRTLLM: {Name: TRTLLM, KVExact: true, PD: true, Algos: []string{AlgoBlockHashTRTLLM},
-		DefaultAlgo: AlgoBlockHashTRTLLM, Transport: TransportHTTPDrain, Flow: PDContextThenGen},
+		DefaultAlgo: AlgoBlockHashTRTLLM, Transport: TransportHTTPDrain, Flow: PDContextThenGen, PDPaths: openAIPaths},
 	LlamaCpp: {Name: LlamaCpp, Transport: TransportNone, Flow: PDNone},
 }
 

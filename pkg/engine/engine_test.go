@@ -1,6 +1,9 @@
 package engine
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 func TestMatrixDefaults(t *testing.T) {
 	cases := map[string]string{"": AlgoSHA256CBOR, "vllm": AlgoSHA256CBOR, "sglang": AlgoSHA256SGLang, "trtllm": AlgoBlockHashTRTLLM}
@@ -39,6 +42,15 @@ func TestMatrixDefaults(t *testing.T) {
 	for _, n := range []string{"trtllm", "llamacpp"} {
 		if s, _ := Lookup(n); s.Rank.Targets() {
 			t.Errorf("%s cannot be told a rank: %+v", n, s.Rank)
+		}
+	}
+}
+
+func TestPDPaths(t *testing.T) {
+	for name, want := range map[string]bool{"sglang": true, "vllm": false, "trtllm": false} {
+		s, _ := Lookup(name)
+		if got := slices.Contains(s.PDPaths, PathGenerate); got != want || !slices.Contains(s.PDPaths, PathChatCompletions) {
+			t.Errorf("%s P/D paths %v", name, s.PDPaths)
 		}
 	}
 }

@@ -130,7 +130,8 @@ func (g *Gateway) pdPool(st *service) *dispatch.Pool {
 }
 
 // preparePD makes the P/D decision for one request: Tier 1.5 keys (mode 1),
-// the prefill ladder and the decode choice. Non-inference calls (model
+// the prefill ladder and the decode choice. The OpenAI generation paths
+// and, for SGLang pools, /generate run the P/D flow; other calls (model
 // list, health) are forwarded to a healthy decode endpoint as is.
 func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request, d *dispatch.Dispatcher) (proxy.Plan, DispatchFunc, error) {
 	r := st.rule
@@ -140,7 +141,8 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 	pool := g.pdPool(st)
 	ejected := append(g.ejectPD(st, outlier.RolePrefill, pool.Prefill), g.ejectPD(st, outlier.RoleDecode, pool.Decode)...)
 	observe := g.pdObserver(st, pool)
-	if !isInference(req.Method, req.Path) {
+	generate := !isInference(req.Method, req.Path)
+	if !pdInference(st, req) {
 		var cands []proxy.Endpoint
 		for _, e := range pool.Decode {
 			if e.Healthy {
@@ -165,7 +167,15 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 	var keys []uint64
 	if st.hasher != nil && r.Service.KVExactMode == lbrule.KVExactPD {
 		model := g.requestModel(st, req)
-		if model == "" {
+		if generate {
+			ids, reason, err := g.generateTokens(ctx, st, model, req)
+			if err != nil {
+				return proxy.Plan{}, nil, err
+			}
+			if reason == "" {
+				keys = st.hasher.Keys(nil, ids)
+			}
+		} else if model == "" {
 			g.m.missed(st.label, ReasonNoModel)
 		} else {
 			ids, reason, err := g.promptTokens(ctx, st, model, req)

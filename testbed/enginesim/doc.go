@@ -3,7 +3,8 @@
 // stand in for a GPU engine in end-to-end tests, demos and routing
 // benchmarks.
 //
-// In: OpenAI-style HTTP requests (/v1/completions, /v1/chat/completions),
+// In: OpenAI-style HTTP requests (/v1/completions, /v1/chat/completions;
+// SGLang also /generate),
 // with the engine's prefill/decode parameters when disaggregated. Out:
 // OpenAI-style responses and SSE streams in the engine's chunk format with
 // usage.prompt_tokens_details.cached_tokens, and the engine's KV-cache event

@@ -1,6 +1,7 @@
 package enginesim
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,7 +27,35 @@ type usage struct {
 // modelled prefill of the uncached tokens, cache insert with events, then
 // modelled decode and the response.
 func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
-	ctx := r.Context()
+	if err := e.requestFaults(w, r); err != nil {
+		return err
+	}
+	p, err := e.parse(r, chat)
+	if err != nil {
+		return err
+	}
+	s, err := e.serve(r.Context(), r, p)
+	if err != nil {
+		return err
+	}
+	defer s.done()
+	abort := e.faults.takeCloseMidStream()
+	if p.Stream && !s.plan.prefillOnly {
+		return e.stream(w, r, p, s.out, s.u, abort)
+	}
+	if err := e.sleep(r.Context(), e.decodeTime(len(s.out))); err != nil {
+		return err
+	}
+	if abort {
+		return errAbortConn
+	}
+	writeJSON(w, 200, e.completionBody(p, s.out, s.u, s.extras))
+	return nil
+}
+
+// requestFaults applies the injected per-request faults: a connection
+// reset, a stall, an error status.
+func (e *Engine) requestFaults(w *trackingWriter, r *http.Request) error {
 	if e.faults.takeReset() {
 		return resetConn(w, r)
 	}
@@ -35,31 +64,51 @@ func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 		t := time.NewTimer(stall)
 		select {
 		case <-t.C:
-		case <-ctx.Done():
+		case <-r.Context().Done():
 			t.Stop()
-			return ctx.Err()
+			return r.Context().Err()
 		}
 	}
 	if status != 0 {
 		return injectedError{status: status}
 	}
-	p, err := e.parse(r, chat)
-	if err != nil {
-		return err
+	return nil
+}
+
+// decodeTime is the modelled duration of n decode steps at the current load.
+func (e *Engine) decodeTime(n int) time.Duration {
+	var total time.Duration
+	for i := 0; i < n; i++ {
+		total += e.decodeStep()
 	}
+	return total
+}
+
+// served is one prompt's run through the engine: what its response
+// reports, and done, which frees its scheduler slot and cache holds once
+// the response is written.
+type served struct {
+	plan   pdPlan
+	out    []uint32
+	u      usage
+	extras pdExtras
+	done   func()
+}
+
+// serve runs one prompt up to its first output: P/D checks, admission,
+// prefix-cache match, modelled prefill, cache insert with events.
+func (e *Engine) serve(ctx context.Context, r *http.Request, p *parsedRequest) (served, error) {
 	plan, err := e.pdBefore(ctx, p)
 	if err != nil {
-		return err
+		return served{}, err
 	}
 	rk, err := e.pickRank(r, p)
 	if err != nil {
-		return err
+		return served{}, err
 	}
 	if err := e.sched.acquire(ctx); err != nil {
-		return err
+		return served{}, err
 	}
-	defer e.sched.release()
-
 	bs := e.cfg.BlockSize
 	hbs := e.hashPrompt(p)
 	rk.mu.Lock()
@@ -70,12 +119,13 @@ func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 	rk.mu.Unlock()
 	e.queries.Add(1)
 	e.activeBlocks.Add(int64(len(held)))
-	defer func() {
+	done := func() {
 		rk.mu.Lock()
 		rk.cache.release(held)
 		rk.mu.Unlock()
 		e.activeBlocks.Add(-int64(len(held)))
-	}()
+		e.sched.release()
+	}
 	cached := n * bs
 	e.promptTok.Add(uint64(len(p.tokens)))
 	e.hitTok.Add(uint64(cached))
@@ -83,7 +133,8 @@ func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 	if !plan.remotePrefilled {
 		cost := time.Duration(e.cfg.PrefillUsPerToken * float64(len(p.tokens)-cached) * float64(time.Microsecond))
 		if err := e.sleep(ctx, cost); err != nil {
-			return err
+			done()
+			return served{}, err
 		}
 	}
 	toInsert := hbs
@@ -104,28 +155,11 @@ func (e *Engine) generate(w *trackingWriter, r *http.Request, chat bool) error {
 	if plan.prefillOnly {
 		outN = 1
 	}
-	extras := e.pdAfter(p, plan)
-	out := outputTokens(p.tokens, outN)
-	u := usage{PromptTokens: len(p.tokens), CompletionTokens: outN, TotalTokens: len(p.tokens) + outN}
-	u.PromptTokensDetails.CachedTokens = cached
+	s := served{plan: plan, extras: e.pdAfter(p, plan), out: outputTokens(p.tokens, outN), done: done}
+	s.u = usage{PromptTokens: len(p.tokens), CompletionTokens: outN, TotalTokens: len(p.tokens) + outN}
+	s.u.PromptTokensDetails.CachedTokens = cached
 	e.outputTok.Add(uint64(outN))
-
-	abort := e.faults.takeCloseMidStream()
-	if p.Stream && !plan.prefillOnly {
-		return e.stream(w, r, p, out, u, abort)
-	}
-	var total time.Duration
-	for i := 0; i < outN; i++ {
-		total += e.decodeStep()
-	}
-	if err := e.sleep(ctx, total); err != nil {
-		return err
-	}
-	if abort {
-		return errAbortConn
-	}
-	writeJSON(w, 200, e.completionBody(p, out, u, extras))
-	return nil
+	return s, nil
 }
 
 // hashPrompt keys the prompt's blocks; vLLM mixes a LoRA name and a

@@ -28,6 +28,7 @@ func (e *Engine) Handler() http.Handler {
 	case EngineSGLang:
 		mux.HandleFunc("GET /get_server_info", e.handleSGLangServerInfo)
 		mux.HandleFunc("GET /server_info", e.handleSGLangServerInfo)
+		mux.HandleFunc("POST /generate", e.handleSGLGenerate)
 	case EngineTRTLLM:
 		mux.HandleFunc("POST /kv_cache_events", e.handleTRTDrain)
 		mux.HandleFunc("GET /server_info", e.handleTRTServerInfo)
