@@ -42,7 +42,13 @@ func sharedEtcd(t *testing.T) *etcdtest.Server {
 
 func openEtcd(t *testing.T, ep, prefix string) *Etcd {
 	t.Helper()
-	s, err := OpenEtcd(EtcdConfig{Endpoints: []string{ep}, Prefix: prefix})
+	return openEtcdTimeout(t, ep, prefix, 0)
+}
+
+// openEtcdTimeout opens the store with request timeout op (0: default).
+func openEtcdTimeout(t *testing.T, ep, prefix string, op time.Duration) *Etcd {
+	t.Helper()
+	s, err := OpenEtcd(EtcdConfig{Endpoints: []string{ep}, Prefix: prefix, OpTimeout: op})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +219,9 @@ func TestEtcdUnavailable(t *testing.T) {
 // as ErrTooLarge (the API's 413), and the store stays up.
 func TestEtcdRecordTooLarge(t *testing.T) {
 	srv := etcdtest.Start(t)
-	s := openEtcd(t, srv.Endpoint, "/big/")
+	// Megabytes through gRPC under the race detector on a busy machine can
+	// take longer than the default 2 s request timeout.
+	s := openEtcdTimeout(t, srv.Endpoint, "/big/", 30*time.Second)
 	// 1.9 MiB passes the client's send limit and meets the server's
 	// request limit; 4.7 MiB meets the client's.
 	for _, n := range []int{800 << 10, 2 << 20} {
