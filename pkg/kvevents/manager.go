@@ -33,11 +33,11 @@ type Sink interface {
 	ClearEndpoint(service uint32, ep int)
 }
 
-// Engine names accepted in Spec.Engine.
+// Engine names accepted in Spec.Engine, as pkg/engine spells them.
 const (
-	EngineVLLM   = "vllm"
-	EngineSGLang = "sglang"
-	EngineTRTLLM = "trtllm"
+	EngineVLLM   = string(engine.VLLM)
+	EngineSGLang = string(engine.SGLang)
+	EngineTRTLLM = string(engine.TRTLLM)
 )
 
 // MaxRanks is the largest publisher count per endpoint (kvDpRankCount): the
