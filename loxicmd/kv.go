@@ -26,7 +26,7 @@ func (p *promptOpts) flags(cmd *cobra.Command) {
 	f.StringVar(&p.model, "model", "", "served model name (slug = name with / replaced by __)")
 	f.StringVar(&p.prompt, "prompt", "", "prompt text, tokenized as /v1/completions")
 	f.StringVar(&p.chat, "chat", "", "JSON file: a /v1/chat/completions body, or just its messages array")
-	f.StringVar(&p.engine, "engine", "vllm", "engine whose rendering rules apply: vllm, sglang, trtllm or llamacpp")
+	f.StringVar(&p.engine, "engine", string(engine.Default), "engine whose rendering rules apply: vllm, sglang, trtllm or llamacpp")
 }
 
 func (p *promptOpts) tokens() ([]uint32, error) {

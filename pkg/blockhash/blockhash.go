@@ -7,27 +7,32 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"unicode/utf8"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/loxilb-llm/loxilb/pkg/engine"
 )
 
 // Algo names a block-hash contract. The string values are the ones used in
-// rule configuration (kvHashAlgo) and on the command line.
+// rule configuration (kvHashAlgo) and on the command line; the rule
+// algorithms take their names from pkg/engine, which says which engine
+// speaks which.
 type Algo string
 
 const (
 	// SHA256CBOR is vLLM's --prefix-caching-hash-algo sha256_cbor.
-	SHA256CBOR Algo = "sha256_cbor"
+	SHA256CBOR Algo = engine.AlgoSHA256CBOR
 	// XXHashCBOR is vLLM's --prefix-caching-hash-algo xxhash_cbor (XXH3-128).
-	XXHashCBOR Algo = "xxhash_cbor"
+	XXHashCBOR Algo = engine.AlgoXXHashCBOR
 	// SHA256SGLang is SGLang's page hash (raw SHA-256 chain, no seed).
-	SHA256SGLang Algo = "sha256_sglang"
+	SHA256SGLang Algo = engine.AlgoSHA256SGLang
 	// BlockHashTRTLLM is the gateway's own chained key for TensorRT-LLM token
 	// lists: the same arithmetic as SHA256SGLang, applied on both the request
 	// side and the event side (the engine's block_hash is only a handle).
-	BlockHashTRTLLM Algo = "blockhash_trtllm"
+	BlockHashTRTLLM Algo = engine.AlgoBlockHashTRTLLM
 	// TRTLLMV1BlockKey is TensorRT-LLM's own KV-cache manager V1 block key
 	// (BlockKeyHasher::hash) for plain-text blocks. It is not a rule
 	// algorithm: it exists so the event side can check the block_hash values a
@@ -63,19 +68,22 @@ var (
 	ErrBadDigest = errors.New("digest longer than 32 bytes")
 )
 
-// Algos returns the rule algorithms, in a stable order.
+// Algos returns the rule algorithms, in engine.AllAlgos order.
 func Algos() []Algo {
-	return []Algo{SHA256CBOR, XXHashCBOR, SHA256SGLang, BlockHashTRTLLM}
+	out := make([]Algo, len(engine.AllAlgos))
+	for i, a := range engine.AllAlgos {
+		out[i] = Algo(a)
+	}
+	return out
 }
 
 // ParseAlgo validates a rule algorithm name. Matching is exact
 // (case-sensitive), like the loxilb rule field.
 func ParseAlgo(s string) (Algo, error) {
-	switch a := Algo(s); a {
-	case SHA256CBOR, XXHashCBOR, SHA256SGLang, BlockHashTRTLLM:
-		return a, nil
+	if engine.KnownAlgo(s) {
+		return Algo(s), nil
 	}
-	return "", fmt.Errorf("%w: %q (want one of sha256_cbor, xxhash_cbor, sha256_sglang, blockhash_trtllm)", ErrUnknownAlgo, s)
+	return "", fmt.Errorf("%w: %q (want one of %s)", ErrUnknownAlgo, s, strings.Join(engine.AllAlgos, ", "))
 }
 
 // DigestSize is the length in bytes of one block digest under a.

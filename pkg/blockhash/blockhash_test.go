@@ -50,6 +50,24 @@ func TestParseAlgo(t *testing.T) {
 	}
 }
 
+// TestEveryRuleAlgoHashes checks that every algorithm pkg/engine lets a rule
+// name has a hasher here, so the two cannot drift apart.
+func TestEveryRuleAlgoHashes(t *testing.T) {
+	if len(Algos()) == 0 {
+		t.Fatal("no rule algorithms")
+	}
+	for _, a := range Algos() {
+		h, err := New(Config{Algo: a, BlockSize: 4, Seed: "0"})
+		if err != nil {
+			t.Errorf("New(%q): %v", a, err)
+			continue
+		}
+		if keys := h.Keys(nil, []uint32{1, 2, 3, 4}); len(keys) != 1 {
+			t.Errorf("%s: %d keys for one full block, want 1", a, len(keys))
+		}
+	}
+}
+
 func TestNewValidation(t *testing.T) {
 	tests := []struct {
 		name string

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"syscall"
 	"time"
+
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 )
 
 // Modes of a service, numbered as loxilb's serviceArguments.mode.
@@ -22,12 +24,12 @@ const (
 // Selectors of a service, numbered as loxilb's sel (8 is the inference
 // gateway's chwbl, which the kernel path serves with a Maglev table).
 const (
-	SelRoundRobin     = 0
-	SelHash           = 1
-	SelPriority       = 2 // weighted round robin; Endpoint.Weight is the weight
-	SelPersist        = 3 // client address affinity
-	SelLeastConn      = 4
-	SelConsistentHash = 8
+	SelRoundRobin     = lbrule.SelRR
+	SelHash           = lbrule.SelHash
+	SelPriority       = lbrule.SelPriority // weighted round robin; Endpoint.Weight is the weight
+	SelPersist        = lbrule.SelPersist  // client address affinity
+	SelLeastConn      = lbrule.SelLC
+	SelConsistentHash = lbrule.SelCHWBL
 )
 
 // Limits of the kernel tables; the fake enforces the same ones so the

@@ -15,16 +15,17 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/loxilb-llm/loxilb/pkg/engine"
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/selector"
 )
 
-// Engines with a P/D flow.
+// Engines with a P/D flow, as pkg/engine spells them.
 const (
-	EngineVLLM   = "vllm"
-	EngineSGLang = "sglang"
-	EngineTRTLLM = "trtllm"
+	EngineVLLM   = string(engine.VLLM)
+	EngineSGLang = string(engine.SGLang)
+	EngineTRTLLM = string(engine.TRTLLM)
 )
 
 // Prefill ladder tiers (loxilb_pd_prefill_tier_total and receipts).

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/engine"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/selector"
 )
@@ -28,10 +29,10 @@ import (
 // renames across engine releases; values of one name are summed over labels
 // (several model names or DP ranks on one server).
 var engineMetricNames = map[string]struct{ running, waiting, kv []string }{
-	"vllm":     {[]string{"vllm:num_requests_running"}, []string{"vllm:num_requests_waiting"}, []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}},
-	"sglang":   {[]string{"sglang:num_running_reqs"}, []string{"sglang:num_queue_reqs"}, []string{"sglang:token_usage"}},
-	"trtllm":   {[]string{"trtllm:num_requests_running"}, []string{"trtllm:num_requests_waiting"}, []string{"trtllm:kv_cache_usage_perc"}},
-	"llamacpp": {[]string{"llamacpp:requests_processing"}, []string{"llamacpp:requests_deferred"}, []string{"llamacpp:kv_cache_usage_ratio"}},
+	string(engine.VLLM):     {[]string{"vllm:num_requests_running"}, []string{"vllm:num_requests_waiting"}, []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}},
+	string(engine.SGLang):   {[]string{"sglang:num_running_reqs"}, []string{"sglang:num_queue_reqs"}, []string{"sglang:token_usage"}},
+	string(engine.TRTLLM):   {[]string{"trtllm:num_requests_running"}, []string{"trtllm:num_requests_waiting"}, []string{"trtllm:kv_cache_usage_perc"}},
+	string(engine.LlamaCpp): {[]string{"llamacpp:requests_processing"}, []string{"llamacpp:requests_deferred"}, []string{"llamacpp:kv_cache_usage_ratio"}},
 }
 
 // ScraperConfig tunes the engine-metrics scraper.

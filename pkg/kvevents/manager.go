@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/loxilb-llm/loxilb/pkg/blockhash"
+	"github.com/loxilb-llm/loxilb/pkg/engine"
 )
 
 // Sink receives inventory updates. (*kvindex.Index) implements it.
@@ -32,20 +33,20 @@ type Sink interface {
 	ClearEndpoint(service uint32, ep int)
 }
 
-// Engine names accepted in Spec.Engine.
+// Engine names accepted in Spec.Engine, as pkg/engine spells them.
 const (
-	EngineVLLM   = "vllm"
-	EngineSGLang = "sglang"
-	EngineTRTLLM = "trtllm"
+	EngineVLLM   = string(engine.VLLM)
+	EngineSGLang = string(engine.SGLang)
+	EngineTRTLLM = string(engine.TRTLLM)
 )
 
 // MaxRanks is the largest publisher count per endpoint (kvDpRankCount): the
 // documented rule limit, and what the inventory's per-rank masks hold.
-const MaxRanks = 8
+const MaxRanks = engine.MaxDPRanks
 
 // DefaultReplayPortOffset is the default of LLB_KV_REPLAY_PORT_OFFSET: a
 // publisher on port P answers replay requests on P+1000.
-const DefaultReplayPortOffset = 1000
+const DefaultReplayPortOffset = engine.DefaultReplayPortOffset
 
 // Spec is one desired subscription: the KV event feed of one endpoint of
 // one rule. Specs are compared with ==; any change restarts the

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/loxilb-llm/loxilb/pkg/engine"
 )
 
 const (
@@ -17,9 +19,9 @@ const (
 	// Rules hold at most 32 endpoints; one 64-bit membership mask per block
 	// is what lets a prefix query test every candidate with one probe.
 	MaxEndpoints = 64
-	// MaxRanks bounds data-parallel ranks (0..MaxRanks-1) per endpoint
-	// (kvDpRankCount is 1..8).
-	MaxRanks = 8
+	// MaxRanks bounds data-parallel ranks (0..MaxRanks-1) per endpoint:
+	// the rule limit on kvDpRankCount.
+	MaxRanks = engine.MaxDPRanks
 
 	// DefaultMaxBlocksPerEndpoint is the default inventory cap.
 	DefaultMaxBlocksPerEndpoint = 1_000_000
@@ -30,6 +32,10 @@ const (
 	// entries.
 	DefaultSweepInterval = time.Second
 )
+
+// A rank set is a uint8 bitmask; this fails to compile if the rank limit
+// outgrows it.
+const _ = uint8(1 << (MaxRanks - 1))
 
 // ErrBadConfig is returned by New for an invalid Config.
 var ErrBadConfig = errors.New("invalid kv index config")

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/loxilb-llm/loxilb/pkg/engine"
 )
 
 // LB modes (serviceArguments.mode), loxilb numbering.
@@ -238,7 +240,7 @@ func canonicalIP(s string) string {
 // Engine returns the effective engine name (the default when omitted).
 func (r *Rule) Engine() string {
 	if r.Service.KVEngine == "" {
-		return "vllm"
+		return string(engine.Default)
 	}
 	return r.Service.KVEngine
 }

@@ -325,7 +325,7 @@ func validateKV(r *Rule) error {
 		}
 	}
 	if s.KVDpRankCount < 0 || s.KVDpRankCount > engine.MaxDPRanks {
-		return invalid(svcField("kvDpRankCount"), "%d must be within 1..8 (0 = default 1): split the deployment or reduce rank fan-out", s.KVDpRankCount)
+		return invalid(svcField("kvDpRankCount"), "%d must be within 1..%d (0 = default 1): split the deployment or reduce rank fan-out", s.KVDpRankCount, engine.MaxDPRanks)
 	}
 	if s.KVZmqPort < 0 || s.KVZmqPort > 65535 {
 		return invalid(svcField("kvZmqPort"), "%d is out of range 1..65535", s.KVZmqPort)

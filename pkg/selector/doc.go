@@ -9,9 +9,9 @@
 //
 // Neighbours: the mode-4 proxy calls a Selector for every request that Tier
 // 1.5 (package router) does not route by KV-cache overlap; the router uses
-// Load to express endpoint load in the same unit as the gpu-aware selector;
-// the L4 control path uses BuildMaglev to fill the kernel's consistent-hash
-// table.
+// Load to express endpoint load in the same unit as the gpu-aware selector.
+// The L4 modes serve chwbl from a Maglev table that the eBPF data plane
+// builds itself (pkg/dataplane/ebpf, slots.go).
 //
 // Selectors by sel number:
 //

@@ -9,20 +9,22 @@ import (
 	"time"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 )
 
-// Selector numbers, as in loxilb's `sel` rule field.
+// Selector numbers, as in loxilb's `sel` rule field (numbered in lbrule).
 const (
-	SelRR        = 0
-	SelHash      = 1
-	SelPriority  = 2
-	SelPersist   = 3
-	SelLeastConn = 4
-	SelN2        = 5
-	SelN3        = 6
-	SelCHWBL     = 8
-	SelGPUAware  = 9
-	SelWRRHash   = 10
+	SelRR        = lbrule.SelRR
+	SelHash      = lbrule.SelHash
+	SelPriority  = lbrule.SelPriority
+	SelPersist   = lbrule.SelPersist
+	SelLeastConn = lbrule.SelLC
+	SelN2        = lbrule.SelN2
+	SelN3        = lbrule.SelN3
+	SelCHWBL     = lbrule.SelCHWBL
+	SelGPUAware  = lbrule.SelGPUAware
+	SelWRRHash   = lbrule.SelWRRHash
 )
 
 // Errors returned by New. Callers (rule validation) branch on them with

@@ -452,52 +452,6 @@ func TestConcurrentPick(t *testing.T) {
 	}
 }
 
-func TestMaglev(t *testing.T) {
-	const m = 65537
-	tbl, err := BuildMaglev([]int{1, 1, 2, 0}, m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make([]int, 4)
-	for _, b := range tbl {
-		if b < 0 {
-			t.Fatal("unfilled slot")
-		}
-		got[b]++
-	}
-	if got[3] != 0 {
-		t.Errorf("weight-0 backend owns %d slots", got[3])
-	}
-	for i, w := range []int{1, 1, 2} {
-		want := float64(m) * float64(w) / 4
-		if math.Abs(float64(got[i])-want) > 0.02*want {
-			t.Errorf("backend %d weight %d owns %d slots, want ~%.0f", i, w, got[i], want)
-		}
-	}
-	// Removing backend 1 (weight 0) disturbs few slots not owned by it.
-	tbl2, _ := BuildMaglev([]int{1, 0, 2, 0}, m)
-	disturbed := 0
-	for k := range tbl {
-		if tbl[k] != 1 && tbl2[k] != tbl[k] {
-			disturbed++
-		}
-	}
-	if f := float64(disturbed) / m; f > 0.05 {
-		t.Errorf("removing a backend disturbed %.3f of other slots", f)
-	}
-	for _, bad := range []int{0, 1, 100, 65536} {
-		if _, err := BuildMaglev([]int{1}, bad); !errors.Is(err, ErrMaglevSize) {
-			t.Errorf("BuildMaglev size %d: %v", bad, err)
-		}
-	}
-	if _, err := BuildMaglev([]int{0, 0}, 7); err == nil {
-		t.Error("all-zero weights accepted")
-	}
-	if _, err := BuildMaglev([]int{1, 1, 1}, 2); !errors.Is(err, ErrMaglevSize) {
-		t.Error("table smaller than backend count accepted")
-	}
-}
-
 func BenchmarkPick(b *testing.B) {
 	c := cands(64)
 	for i := range c {

@@ -7,14 +7,16 @@ import (
 	"fmt"
 	"math"
 	"strings"
+
+	"github.com/loxilb-llm/loxilb/pkg/engine"
 )
 
-// Engine names accepted by EncodeRequest.
+// Engine names accepted by EncodeRequest, as pkg/engine spells them.
 const (
-	EngineVLLM     = "vllm"
-	EngineSGLang   = "sglang"
-	EngineTRTLLM   = "trtllm"
-	EngineLlamaCPP = "llamacpp"
+	EngineVLLM     = string(engine.VLLM)
+	EngineSGLang   = string(engine.SGLang)
+	EngineTRTLLM   = string(engine.TRTLLM)
+	EngineLlamaCPP = string(engine.LlamaCpp)
 )
 
 // Request kinds.

@@ -1,0 +1,217 @@
+package layering
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const mod = "github.com/loxilb-llm/loxilb"
+
+// pkgInfo is what `go list -json` says of one package of the module.
+type pkgInfo struct {
+	ImportPath   string
+	Imports      []string // direct imports of the non-test files
+	Deps         []string // transitive imports of the non-test files
+	TestImports  []string // direct imports of the in-package test files
+	XTestImports []string // direct imports of the _test package files
+}
+
+// rule forbids packages matching from to import packages matching to.
+// Transitive rules look at everything the package's non-test files pull in,
+// so a forbidden edge cannot hide behind an intermediate package. Test files
+// are always checked by their direct imports. testExceptions lists
+// (importer, imported) pairs that only test files may have, each with a
+// reason in ARCHITECTURE.md.
+type rule struct {
+	name           string
+	from           func(string) bool
+	to             func(string) bool
+	transitive     bool
+	testExceptions [][2]string
+}
+
+// under reports whether p is path or below it.
+func under(path string) func(string) bool {
+	return func(p string) bool { return p == path || strings.HasPrefix(p, path+"/") }
+}
+
+func not(f func(string) bool) func(string) bool { return func(p string) bool { return !f(p) } }
+
+func anyOf(fs ...func(string) bool) func(string) bool {
+	return func(p string) bool {
+		for _, f := range fs {
+			if f(p) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// rules are the layering of ARCHITECTURE.md; keep the two in step.
+var rules = []rule{
+	{
+		name: "cilium/ebpf is imported only by pkg/dataplane/ebpf",
+		from: not(under(mod + "/pkg/dataplane/ebpf")),
+		to:   under("github.com/cilium/ebpf"),
+		testExceptions: [][2]string{
+			{mod + "/pkg/control", "github.com/cilium/ebpf"}, // the kernel reconcile benchmark reads the pinned conntrack map
+			{mod + "/testbed/netns", "github.com/cilium/ebpf"},
+			{mod + "/testbed/netns", "github.com/cilium/ebpf/link"},
+		},
+	},
+	{
+		name: "gin is imported only by api",
+		from: not(under(mod + "/api")),
+		to:   under("github.com/gin-gonic/gin"),
+	},
+	{
+		name:       "pkg never imports api, cmd, loxicmd or testbed",
+		from:       under(mod + "/pkg"),
+		to:         anyOf(under(mod+"/api"), under(mod+"/cmd"), under(mod+"/loxicmd"), under(mod+"/testbed")),
+		transitive: true,
+		testExceptions: [][2]string{
+			{mod + "/pkg/dispatch", mod + "/testbed/enginesim"}, // engines emulated on their true wire formats
+			{mod + "/pkg/gateway", mod + "/testbed/enginesim"},
+		},
+	},
+	{
+		name:       "pkg/proxy never imports pkg/gateway or pkg/router",
+		from:       under(mod + "/pkg/proxy"),
+		to:         anyOf(under(mod+"/pkg/gateway"), under(mod+"/pkg/router")),
+		transitive: true,
+	},
+	{
+		name:       "pkg/control never imports pkg/gateway or pkg/proxy",
+		from:       under(mod + "/pkg/control"),
+		to:         anyOf(under(mod+"/pkg/gateway"), under(mod+"/pkg/proxy")),
+		transitive: true,
+	},
+}
+
+// violations returns one line per forbidden import in pkgs, sorted.
+func violations(pkgs []pkgInfo, rules []rule) []string {
+	var out []string
+	for _, p := range pkgs {
+		for _, r := range rules {
+			if !r.from(p.ImportPath) {
+				continue
+			}
+			prod, how := p.Imports, "imports"
+			if r.transitive {
+				prod, how = p.Deps, "depends on"
+			}
+			for _, imp := range prod {
+				if r.to(imp) {
+					out = append(out, fmt.Sprintf("%s %s %s (%s)", p.ImportPath, how, imp, r.name))
+				}
+			}
+			for _, imp := range slices.Concat(p.TestImports, p.XTestImports) {
+				if r.to(imp) && !slices.Contains(r.testExceptions, [2]string{p.ImportPath, imp}) {
+					out = append(out, fmt.Sprintf("%s tests import %s (%s)", p.ImportPath, imp, r.name))
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// listModule runs `go list -json` over the whole module. The go command is
+// the one that runs this test, so the answer matches the build.
+func listModule(t *testing.T) []pkgInfo {
+	t.Helper()
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := exec.LookPath(gobin); err != nil {
+		if gobin, err = exec.LookPath("go"); err != nil {
+			t.Fatalf("the go command is needed to list the module's imports: %v", err)
+		}
+	}
+	cmd := exec.Command(gobin, "list", "-e", "-json=ImportPath,Imports,Deps,TestImports,XTestImports,Error", mod+"/...")
+	cmd.Dir = ".." // inside the module; the pattern names the whole of it
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, stderr.String())
+	}
+	var pkgs []pkgInfo
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for {
+		var p pkgInfo
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("decoding go list output: %v", err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 10 {
+		t.Fatalf("go list found %d packages in %s; expected the whole module", len(pkgs), mod)
+	}
+	return pkgs
+}
+
+func TestLayering(t *testing.T) {
+	pkgs := listModule(t)
+	for _, v := range violations(pkgs, rules) {
+		t.Error(v)
+	}
+	// Every exception must still be needed, so the list cannot outgrow the tree.
+	for _, r := range rules {
+		for _, ex := range r.testExceptions {
+			used := false
+			for _, p := range pkgs {
+				if p.ImportPath == ex[0] && slices.Contains(slices.Concat(p.TestImports, p.XTestImports), ex[1]) {
+					used = true
+				}
+			}
+			if !used {
+				t.Errorf("exception %s → %s of %q is no longer used; remove it", ex[0], ex[1], r.name)
+			}
+		}
+	}
+}
+
+// TestViolationsCatchesForbiddenImports feeds the checker a tree with one
+// forbidden import per rule, so a rule that stops matching fails here.
+func TestViolationsCatchesForbiddenImports(t *testing.T) {
+	pkgs := []pkgInfo{
+		{ImportPath: mod + "/pkg/router", Imports: []string{"github.com/cilium/ebpf"}},
+		{ImportPath: mod + "/pkg/health", Imports: []string{"github.com/gin-gonic/gin/binding"}},
+		{ImportPath: mod + "/pkg/kvindex", Deps: []string{mod + "/api/client"}},
+		{ImportPath: mod + "/pkg/tokenizer", XTestImports: []string{mod + "/loxicmd"}},
+		{ImportPath: mod + "/pkg/proxy/inner", Deps: []string{mod + "/pkg/router"}},
+		{ImportPath: mod + "/pkg/control", Deps: []string{mod + "/pkg/proxy"}},
+		// Allowed: the data plane, api, and a listed test exception.
+		{ImportPath: mod + "/pkg/dataplane/ebpf", Imports: []string{"github.com/cilium/ebpf/link"}},
+		{ImportPath: mod + "/api", Imports: []string{"github.com/gin-gonic/gin"}},
+		{ImportPath: mod + "/pkg/gateway", TestImports: []string{mod + "/testbed/enginesim"}},
+	}
+	got := violations(pkgs, rules)
+	want := []string{
+		mod + "/pkg/control depends on " + mod + "/pkg/proxy",
+		mod + "/pkg/health imports github.com/gin-gonic/gin/binding",
+		mod + "/pkg/kvindex depends on " + mod + "/api/client",
+		mod + "/pkg/proxy/inner depends on " + mod + "/pkg/router",
+		mod + "/pkg/router imports github.com/cilium/ebpf",
+		mod + "/pkg/tokenizer tests import " + mod + "/loxicmd",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d violations, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
+	}
+	for i := range want {
+		if !strings.HasPrefix(got[i], want[i]+" (") {
+			t.Errorf("violation %d = %q, want %q (…)", i, got[i], want[i])
+		}
+	}
+}
