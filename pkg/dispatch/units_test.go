@@ -144,7 +144,7 @@ func TestVLLMPrefillBody(t *testing.T) {
 	if _, ok := m["min_tokens"]; !ok {
 		t.Fatal("the original body was modified")
 	}
-	params, err := vllmParams([]byte(`{"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"10.9.9.9","remote_port":5600,"tp_size":1,"future_key":{"x":1}}}`),
+	params, reported, err := vllmParams([]byte(`{"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"10.9.9.9","remote_port":5600,"tp_size":1,"future_key":{"x":1}}}`),
 		Endpoint{Host: "127.0.0.9", Port: 8000, NixlPort: 5601}, 1<<16)
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +154,10 @@ func TestVLLMPrefillBody(t *testing.T) {
 	if got["remote_host"] != "127.0.0.9" || got["remote_port"] != 5601.0 || got["future_key"] == nil || got["tp_size"] != 1.0 {
 		t.Fatalf("decode params %v", got)
 	}
-	params, _ = vllmParams([]byte(`{"kv_transfer_params":{"remote_block_ids":[]}}`), Endpoint{Host: "h", Port: 8000}, 1<<16)
+	if reported != 5600 {
+		t.Fatalf("reported side channel %d, want the engine's 5600", reported)
+	}
+	params, _, _ = vllmParams([]byte(`{"kv_transfer_params":{"remote_block_ids":[]}}`), Endpoint{Host: "h", Port: 8000}, 1<<16)
 	_ = json.Unmarshal(params, &got)
 	if got["remote_port"] != 8000.0 {
 		t.Fatalf("nixl_port 0 must use the target port: %v", got)
