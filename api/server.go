@@ -155,6 +155,9 @@ type Deps struct {
 	// API shows it, so an operator sees when a draining endpoint is
 	// idle); nil leaves it out.
 	InFlight func(service uint32, ep int) int
+	// Diagnose runs the preflight checks (GET /diagnostics); nil answers
+	// 503.
+	Diagnose Diagnose
 }
 
 // Server is the management REST server.
@@ -291,6 +294,7 @@ func (s *Server) routes() {
 	g.DELETE("/config/metrics", s.metricsSet(false))
 	g.GET("/metrics", s.metricsExport)
 	g.GET("/config/ai/kv/inventory", s.inventory)
+	g.GET(DiagnosticsPath, s.diagnostics)
 	g.GET("/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", openAPIDoc) })
 	g.GET("/version", func(c *gin.Context) { c.JSON(http.StatusOK, Version{Version: s.cfg.Version}) })
 }
