@@ -78,7 +78,8 @@ type Sources struct {
 	Now func() time.Time
 }
 
-// Run checks every KV-exact rule, or only service when only is true. The
+// Run checks every KV-exact or vLLM P/D rule, or only service when only
+// is true. The
 // probes of different endpoints run concurrently; the result is ordered by
 // service, endpoint, then check.
 func (s Sources) Run(ctx context.Context, service uint32, only bool) []Check {
@@ -100,14 +101,12 @@ func (s Sources) Run(ctx context.Context, service uint32, only bool) []Check {
 			continue
 		}
 		r := svc.Rule
-		if r.Service.KVExactMode == 0 {
-			continue
-		}
 		for _, i := range r.SubscribedEndpoints() {
 			jobs = append(jobs, func() []Check { return s.endpoint(ctx, svc.ID, r, i) })
 		}
+		// The side channel matters to every vLLM P/D rule, KV-exact or not.
 		for i, ep := range r.Endpoints {
-			if r.Engine() == "vllm" && r.Service.PDDisagg && ep.Role == lbrule.RolePrefill {
+			if r.Engine() == kvevents.EngineVLLM && r.Service.PDDisagg && ep.Role == lbrule.RolePrefill {
 				jobs = append(jobs, func() []Check { return s.nixl(svc.ID, i, ep) })
 			}
 		}

@@ -222,3 +222,30 @@ func TestClientGoneCancelsLegs(t *testing.T) {
 		t.Fatal("decode slot not released")
 	}
 }
+
+// TestNIXLSideChannel: a vLLM prefill engine whose side channel is not its
+// HTTP port fails the decode leg under nixl_port 0 (the gateway names the
+// HTTP port), the dispatcher remembers the remote_port the engine
+// reported, and nixl_port set to it makes the transfer work.
+func TestNIXLSideChannel(t *testing.T) {
+	f := newFleet(t, fleetOpts{engine: enginesim.EngineVLLM, nPrefill: 1, nDec: 1, nixlSide: true})
+	side := f.prefill[0].NIXLSidePort()
+	body := map[string]any{"model": "sim-model", "prompt": "a prompt long enough to fill a couple of blocks of sixteen tokens each", "max_tokens": 3}
+	if _, ok := f.d.SidePort(7, 0); ok {
+		t.Fatal("a side port before any prefill")
+	}
+	if r := f.post(t, "/v1/completions", body); r.status == 200 {
+		t.Fatalf("nixl_port 0 with a separate side channel succeeded: %s", r.body)
+	}
+	if got, ok := f.d.SidePort(7, 0); !ok || got != side || side == f.pool.Prefill[0].Port {
+		t.Fatalf("reported side port %d %v, engine's %d, HTTP %d", got, ok, side, f.pool.Prefill[0].Port)
+	}
+	f.pool.Prefill[0].NixlPort = side
+	if r := f.post(t, "/v1/completions", body); r.status != 200 {
+		t.Fatalf("nixl_port %d: %d %s", side, r.status, r.body)
+	}
+	f.d.Forget(7)
+	if _, ok := f.d.SidePort(7, 0); ok {
+		t.Fatal("Forget kept the side port")
+	}
+}
