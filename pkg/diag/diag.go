@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -111,10 +112,26 @@ func (s Sources) Run(ctx context.Context, service uint32, only bool) []Check {
 			}
 		}
 	}
-	out := make([][]Check, len(jobs))
+	return parallel(jobs, maxParallel)
+}
+
+// maxParallel bounds the endpoints probed at once.
+const maxParallel = 16
+
+// parallel runs fs, at most limit at a time, and concatenates their lines
+// in the order of fs: a report's order does not depend on which probe
+// answered first, and its duration is about one probe timeout, not their
+// sum.
+func parallel(fs []func() []Check, limit int) []Check {
+	out := make([][]Check, len(fs))
+	sem := make(chan struct{}, limit)
 	var wg sync.WaitGroup
-	for j, f := range jobs {
-		wg.Go(func() { out[j] = f() })
+	for j, f := range fs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			out[j] = f()
+		})
 	}
 	wg.Wait()
 	var all []Check
@@ -140,35 +157,44 @@ func (s Sources) endpoint(ctx context.Context, id uint32, r *lbrule.Rule, i int)
 	line := func(res, check, where, found, fix string) Check {
 		return Check{Result: res, Check: check, ServiceID: id, EPIdx: i, Endpoint: where, Found: found, Fix: fix}
 	}
-	var out []Check
 	st, subscribed := kvevents.EndpointStatus{}, false
 	if s.Events != nil {
 		st, subscribed = s.Events(id, i)
 	}
 	eng := r.Engine()
+	var probes []func() []Check
+	probe := func(f func() Check) { probes = append(probes, func() []Check { return []Check{f()} }) }
 	if eng == kvevents.EngineTRTLLM {
-		out = append(out, s.dial(line, CheckZMQ, hp, "the serving port (TensorRT-LLM events are drained over HTTP there)", "start the engine or correct endpointIP/targetPort"))
+		probe(func() Check {
+			return s.dial(line, CheckZMQ, hp, "the serving port (TensorRT-LLM events are drained over HTTP there)", "start the engine or correct endpointIP/targetPort")
+		})
 	} else {
 		for rank := range max(r.Service.KVDpRankCount, 1) {
 			zmq := net.JoinHostPort(ep.IP, strconv.Itoa(r.Service.KVZmqPort+rank))
-			out = append(out, s.dial(line, CheckZMQ, zmq, fmt.Sprintf("rank %d publisher", rank),
-				fmt.Sprintf("start the engine's KV event publisher on %s (vLLM --kv-events-config endpoint, SGLang --kv-events-config with --dp-size ranks) or correct kvZmqPort/kvDpRankCount", zmq)))
+			probe(func() Check {
+				return s.dial(line, CheckZMQ, zmq, fmt.Sprintf("rank %d publisher", rank),
+					fmt.Sprintf("start the engine's KV event publisher on %s (vLLM --kv-events-config endpoint, SGLang --kv-events-config with --dp-size ranks) or correct kvZmqPort/kvDpRankCount", zmq))
+			})
 			if subscribed && rank < len(st.Ranks) && st.Ranks[rank].ReplayEndpoint != "" {
-				rep := st.Ranks[rank].ReplayEndpoint
-				hostPort := rep[len("tcp://"):]
-				c := s.dial(line, CheckReplay, hostPort, fmt.Sprintf("rank %d replay", rank),
-					"start the publisher's replay endpoint there (vLLM replay_endpoint) or set LLB_KV_REPLAY_PORT_OFFSET to where it is; without replay a lost event clears nothing until the next reset")
-				if c.Result == Fail {
-					c.Result = Warn // replay only repairs gaps
-				}
-				out = append(out, c)
+				hostPort := strings.TrimPrefix(st.Ranks[rank].ReplayEndpoint, "tcp://")
+				probe(func() Check {
+					c := s.dial(line, CheckReplay, hostPort, fmt.Sprintf("rank %d replay", rank),
+						"start the publisher's replay endpoint there (vLLM replay_endpoint) or set LLB_KV_REPLAY_PORT_OFFSET to where it is; without replay a lost event clears nothing until the next reset")
+					if c.Result == Fail {
+						c.Result = Warn // replay only repairs gaps
+					}
+					return c
+				})
 			}
 		}
 	}
-	out = append(out, s.events(line, hp, st, subscribed)...)
+	probes = append(probes, func() []Check { return s.events(line, hp, st, subscribed) })
 	if eng != kvevents.EngineTRTLLM {
-		out = append(out, s.blockSize(ctx, line, eng, r.Service.Security == lbrule.SecurityE2ETLS, hp, r.Service.KVBlockSize))
+		probe(func() Check {
+			return s.blockSize(ctx, line, eng, r.Service.Security == lbrule.SecurityE2ETLS, hp, r.Service.KVBlockSize)
+		})
 	}
+	out := parallel(probes, 2*MaxRanksProbed+2)
 	if eng == kvevents.EngineVLLM {
 		out = append(out, s.seed(line, hp, st, subscribed))
 	}
@@ -178,6 +204,10 @@ func (s Sources) endpoint(ctx context.Context, id uint32, r *lbrule.Rule, i int)
 	}
 	return out
 }
+
+// MaxRanksProbed is the most publisher ranks of one endpoint (each with a
+// replay port) probed at once: the rule limit.
+const MaxRanksProbed = kvevents.MaxRanks
 
 type lineFunc func(res, check, where, found, fix string) Check
 
