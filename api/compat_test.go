@@ -83,7 +83,7 @@ func TestFullSchemaRejections(t *testing.T) {
 		"codes":       {`"expectedCodes": "200,202"`, `"expectedCodes": "ok"`, 400, "endpoints[0].expectedCodes"},
 		"stream type": {`"max_stream_duration_sec": 300`, `"max_stream_duration_sec": "300"`, 400, "serviceArguments.max_stream_duration_sec"},
 		"mtls typo":   {`"client_cn_pattern"`, `"client_cn_patern"`, 400, "client_cn_patern"},
-		"required":    {`"client_cert_mode": "disabled"`, `"client_cert_mode": "required"`, 412, "serviceArguments.mtls_frontend.client_cert_mode"},
+		"required":    {`"client_cert_mode": "disabled"`, `"client_cert_mode": "required"`, 412, "serviceArguments.mtls_frontend.client_crl_path"},
 	}
 	for name, c := range cases {
 		code, body := do(t, ts, "POST", "/config/loadbalancer", strings.Replace(base, c.from, c.to, 1))

@@ -158,6 +158,10 @@ type Deps struct {
 	// Diagnose runs the preflight checks (GET /diagnostics); nil answers
 	// 503.
 	Diagnose Diagnose
+	// KVTrust reports an endpoint's hash-parity verdict ("" without a
+	// KV-event subscription) and whether strict attestation keeps Tier-1.5
+	// traffic off it, for read-back; nil leaves both out.
+	KVTrust func(service uint32, ep int) (verdict string, excluded bool)
 }
 
 // Server is the management REST server.
@@ -435,6 +439,9 @@ func (s *Server) listLB(c *gin.Context) {
 		}
 		for i := range r.Endpoints {
 			r.Endpoints[i].Draining = svc.EndpointDraining(i)
+			if s.deps.KVTrust != nil {
+				r.Endpoints[i].KVParity, r.Endpoints[i].KVExcluded = s.deps.KVTrust(svc.ID, i)
+			}
 		}
 		out.LBAttr = append(out.LBAttr, *r)
 		bodies = append(bodies, svc.CreateBody)
@@ -609,6 +616,9 @@ func (s *Server) inventory(c *gin.Context) {
 	}
 	if st, ok := s.deps.KV.Subscriber(uint32(sid), ep); ok {
 		out.Subscriber = st
+	}
+	if s.deps.KVTrust != nil {
+		_, out.KVExcluded = s.deps.KVTrust(uint32(sid), ep)
 	}
 	if s.deps.Prefill != nil {
 		n, src := s.deps.Prefill.PrefillBudget(uint32(sid), ep)

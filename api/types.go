@@ -73,6 +73,10 @@ type Inventory struct {
 	// Subscriber carries the ingestion state: connection, sequence numbers,
 	// gaps, replays, resets, decode errors and the parity verdict.
 	Subscriber any `json:"subscriber,omitempty"`
+	// KVExcluded is true while strict attestation (kvParityStrict,
+	// --kv-parity-strict) keeps Tier-1.5 traffic off the endpoint because
+	// its parity verdict (subscriber.parity.verdict) is a mismatch.
+	KVExcluded bool `json:"kv_excluded"`
 	// PrefillSlots is the endpoint's prefill admission budget; absent when
 	// the daemon has no prefill queue.
 	PrefillSlots *PrefillSlots `json:"prefill_slots,omitempty"`

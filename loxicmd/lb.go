@@ -43,6 +43,7 @@ type createLBOpts struct {
 	kvHashAlgo     string
 	kvBlockSize    int
 	kvWarmup       int
+	kvParityStrict bool
 	pdBootstrap    int
 	dryRun         bool
 }
@@ -126,6 +127,7 @@ func newCreateLBCmd(g *globalOpts) *cobra.Command {
 	f.StringVar(&o.kvHashAlgo, "kv-hash-algo", "", "sha256_cbor, xxhash_cbor, sha256_sglang or blockhash_trtllm (omit for the engine default)")
 	f.IntVar(&o.kvBlockSize, "kv-block-size", 0, "tokens per hashed block")
 	f.IntVar(&o.kvWarmup, "kv-warmup", 0, "warmup seconds (accepted, inert)")
+	f.BoolVar(&o.kvParityStrict, "kv-parity-strict", false, "strict attestation: no Tier-1.5 traffic to endpoints whose parity verdict is a mismatch (omit for the daemon's --kv-parity-strict)")
 	f.IntVar(&o.pdBootstrap, "pd-bootstrap-port", 0, "SGLang P/D bootstrap port (0 = 8998)")
 	f.BoolVar(&o.dryRun, "dry-run", false, "print the request body instead of sending it")
 	return cmd
@@ -209,6 +211,10 @@ func (o *createLBOpts) build(cmd *cobra.Command, vip string) ([]*lbrule.Rule, er
 		if changed("kv-warmup") {
 			w := o.kvWarmup
 			s.KVWarmupSec = &w
+		}
+		if changed("kv-parity-strict") {
+			v := o.kvParityStrict
+			s.KVParityStrict = &v
 		}
 		r := &lbrule.Rule{Service: s, Endpoints: append([]lbrule.Endpoint(nil), eps...)}
 		for i := range r.Endpoints {
@@ -332,6 +338,9 @@ func kvCol(s lbrule.ServiceArgs) string {
 	if s.PDDisagg {
 		v += "/pd"
 	}
+	if s.KVParityStrict != nil && *s.KVParityStrict {
+		v += "/strict"
+	}
 	return v
 }
 
@@ -360,7 +369,7 @@ func statusCol(st *lbrule.Status) string {
 
 func printLBWide(g *globalOpts, list api.LBList) {
 	w := tabwriter.NewWriter(g.out, 0, 2, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tEXT IP\tPORT\tPROTO\tNAME\tSEL\tMODE\tRULE STATUS\tEP IDX\tENDPOINT\tEPORT\tWEIGHT\tROLE\tSTATE")
+	fmt.Fprintln(w, "ID\tEXT IP\tPORT\tPROTO\tNAME\tSEL\tMODE\tRULE STATUS\tEP IDX\tENDPOINT\tEPORT\tWEIGHT\tROLE\tSTATE\tKV PARITY")
 	for _, r := range list.LBAttr {
 		s := r.Service
 		for i, ep := range r.Endpoints {
@@ -372,8 +381,13 @@ func printLBWide(g *globalOpts, list api.LBList) {
 			if st == "" {
 				st = "-"
 			}
-			fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\t%s\n", r.ServiceID, s.ExternalIP, s.Port, s.Protocol, s.Name,
-				lbrule.SelName(s.Sel), modeCol(s), statusCol(r.Status), i, ep.IP, ep.Port, ep.Weight, lbrule.RoleName(ep.Role), st)
+			kv := dash(ep.KVParity)
+			if ep.KVExcluded {
+				// Strict attestation keeps Tier-1.5 traffic off it.
+				kv += ":no-tier1.5"
+			}
+			fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s\t%s\t%s\n", r.ServiceID, s.ExternalIP, s.Port, s.Protocol, s.Name,
+				lbrule.SelName(s.Sel), modeCol(s), statusCol(r.Status), i, ep.IP, ep.Port, ep.Weight, lbrule.RoleName(ep.Role), st, kv)
 		}
 	}
 	w.Flush()

@@ -231,6 +231,9 @@ func buildTopService(prev, cur []promSeries, dt float64, r lbrule.Rule) topServi
 	}
 	for i, ep := range r.Endpoints {
 		e := topEndpoint{Index: i, Address: fmt.Sprintf("%s:%d", ep.IP, ep.Port), Role: lbrule.RoleName(ep.Role), State: ep.State}
+		if ep.Draining {
+			e.State = strings.TrimPrefix(e.State+",draining", ",")
+		}
 		if e.State == "" {
 			e.State = "-"
 		}
@@ -303,6 +306,9 @@ func printTopFrame(g *globalOpts, f topFrame) {
 			state := e.State
 			if e.Healthy != nil && !*e.Healthy {
 				state = "down"
+				if strings.HasSuffix(e.State, "draining") {
+					state = "down,draining"
+				}
 			}
 			blocks := "-"
 			if e.Blocks != nil {

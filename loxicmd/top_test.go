@@ -66,7 +66,7 @@ func TestHistogramQuantile(t *testing.T) {
 func TestTopFrame(t *testing.T) {
 	rules := api.LBList{LBAttr: []lbrule.Rule{{ServiceID: 1,
 		Service:   lbrule.ServiceArgs{Name: "chat", ExternalIP: "127.0.0.10", Port: 80, Protocol: "tcp", Mode: 4, KVExactMode: 3},
-		Endpoints: []lbrule.Endpoint{{IP: "127.0.0.11", Port: 8000, State: "active"}, {IP: "127.0.0.12", Port: 8000, State: "active"}}}}}
+		Endpoints: []lbrule.Endpoint{{IP: "127.0.0.11", Port: 8000, State: "active", Draining: true}, {IP: "127.0.0.12", Port: 8000, State: "active"}}}}}
 	parse := func(s string) []promSeries {
 		ss, err := parseExposition(s)
 		if err != nil {
@@ -107,7 +107,7 @@ loxilb_pd_kv_reported_cached_tokens_total{ep_idx="0",service="1"} 250`)}
 	var out bytes.Buffer
 	printTopFrame(&globalOpts{out: &out}, f)
 	for _, want := range []string{"service 1 chat  127.0.0.10:80/tcp  fullproxy", "requests 12.0/s  2xx 10.0  4xx 0.0  5xx 2.0",
-		"127.0.0.11:8000", "75%", "down"} {
+		"127.0.0.11:8000", "75%", "down", "active,draining"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("frame lacks %q:\n%s", want, out.String())
 		}

@@ -2,12 +2,14 @@ package main
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -35,6 +37,7 @@ type config struct {
 	proxyCert      string
 	proxyKey       string
 	proxyCA        string
+	proxyClient    clientTLS
 	maxBodyBytes   int64
 	receipts       proxy.ReceiptPolicy
 	maxModelName   int
@@ -46,9 +49,30 @@ type config struct {
 	outlier        outlier.Config
 	store          storeFlags
 	scrapeInterval time.Duration
+	// kvParityStrict is strict attestation for rules without
+	// kvParityStrict (gateway.Config.KVParityStrict).
+	kvParityStrict bool
 	logLevel       slog.Level
 	logJSON        bool
 	showVersion    bool
+}
+
+// clientTLS is the proxy's mutual-TLS material: the certificate it shows
+// endpoints, and the CA it verifies clients' certificates against.
+type clientTLS struct{ cert, key, ca string }
+
+// loadCAPool reads a PEM CA bundle given by flag, naming flag and file
+// when it cannot be read or holds no certificate.
+func loadCAPool(flag, file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s %s holds no PEM certificate", flag, file)
+	}
+	return pool, nil
 }
 
 // apiLimits bound the management API's connections (see api.Config).
@@ -76,6 +100,14 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 		return def
 	}
 	var ifaces, level, format, receipts string
+	strictDef := false
+	if v := getenv("LOXILB_KV_PARITY_STRICT", ""); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("LOXILB_KV_PARITY_STRICT=%q: want true or false (1, 0, t, f)", v)
+		}
+		strictDef = b
+	}
 	fs.StringVar(&c.apiAddr, "api-addr", getenv("LOXILB_API_ADDR", "127.0.0.1:11111"), "management API listen address (a non-loopback address requires a token)")
 	fs.StringVar(&c.apiTokenFile, "api-token-file", getenv("LOXILB_API_TOKEN_FILE", ""), "file holding the bearer token required on every API route (env LOXILB_API_TOKEN_FILE)")
 	fs.DurationVar(&c.api.readHeaderTimeout, "api-read-header-timeout", api.DefaultReadHeaderTimeout, "management API: time a client has to send a request's headers (100ms..5m)")
@@ -95,6 +127,9 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	fs.StringVar(&c.proxyCert, "proxy-tls-cert", "", "certificate (PEM) served by mode-4 rules with security 1 or 2")
 	fs.StringVar(&c.proxyKey, "proxy-tls-key", "", "private key (PEM) for --proxy-tls-cert")
 	fs.StringVar(&c.proxyCA, "proxy-tls-ca", "", "CA (PEM) that endpoint certificates are verified against for security 2 (default: system roots)")
+	fs.StringVar(&c.proxyClient.cert, "proxy-tls-client-cert", getenv("LOXILB_PROXY_TLS_CLIENT_CERT", ""), "client certificate (PEM) presented to endpoints of security 2 rules (backend mTLS); a rule's mtls_backend client_cert_path replaces it (env LOXILB_PROXY_TLS_CLIENT_CERT)")
+	fs.StringVar(&c.proxyClient.key, "proxy-tls-client-key", getenv("LOXILB_PROXY_TLS_CLIENT_KEY", ""), "private key (PEM) for --proxy-tls-client-cert (env LOXILB_PROXY_TLS_CLIENT_KEY)")
+	fs.StringVar(&c.proxyClient.ca, "proxy-tls-client-ca", getenv("LOXILB_PROXY_TLS_CLIENT_CA", ""), "CA bundle (PEM) that client certificates are verified against at the VIP of rules whose mtls_frontend client_cert_mode is optional or required and names no CA (env LOXILB_PROXY_TLS_CLIENT_CA)")
 	fs.Int64Var(&c.maxBodyBytes, "proxy-max-body", 32<<20, "largest request body the mode-4 proxy accepts (413 beyond)")
 	fs.StringVar(&receipts, "proxy-receipts", getenv("LOXILB_PROXY_RECEIPTS", "off"), "when mode-4 responses carry the X-Loxilb-Route routing receipt: off, on-request (X-Loxilb-Receipt: 1) or always; a receipt shows any client what other clients' prompts left cached (env LOXILB_PROXY_RECEIPTS)")
 	fs.IntVar(&c.maxModelName, "proxy-max-model-name", 256, "longest model name a mode-4 request may carry, in bytes (1..65536; 400 beyond)")
@@ -105,6 +140,7 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	c.resilience.register(fs, env)
 	c.store.register(fs, getenv)
 	fs.DurationVar(&c.scrapeInterval, "engine-metrics-interval", time.Second, "how often mode-4 endpoints' /metrics are read for load-aware routing")
+	fs.BoolVar(&c.kvParityStrict, "kv-parity-strict", strictDef, "strict attestation for rules that do not set kvParityStrict: an endpoint whose hash-parity verdict is hash_mismatch, block_size_mismatch or hash_algo_mismatch gets no Tier-1.5 traffic (env LOXILB_KV_PARITY_STRICT)")
 	fs.BoolVar(&c.metrics, "metrics", false, "enable the Prometheus export at start (otherwise POST /netlox/v1/config/metrics)")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&format, "log-format", "text", "text or json")
@@ -120,13 +156,21 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	}
 	// Certificates are loaded once here, so a bad file stops the daemon
 	// naming the flag instead of failing every TLS rule (or the API) later.
-	for _, kp := range [][4]string{{"--tls-cert", c.tlsCert, "--tls-key", c.tlsKey}, {"--proxy-tls-cert", c.proxyCert, "--proxy-tls-key", c.proxyKey}} {
+	for _, kp := range [][4]string{{"--tls-cert", c.tlsCert, "--tls-key", c.tlsKey}, {"--proxy-tls-cert", c.proxyCert, "--proxy-tls-key", c.proxyKey},
+		{"--proxy-tls-client-cert", c.proxyClient.cert, "--proxy-tls-client-key", c.proxyClient.key}} {
 		if (kp[1] == "") != (kp[3] == "") {
 			return nil, fmt.Errorf("%s and %s go together", kp[0], kp[2])
 		}
 		if kp[1] != "" {
 			if _, err := tls.LoadX509KeyPair(kp[1], kp[3]); err != nil {
 				return nil, fmt.Errorf("%s %s / %s %s: %w", kp[0], kp[1], kp[2], kp[3], err)
+			}
+		}
+	}
+	for _, ca := range [][2]string{{"--proxy-tls-ca", c.proxyCA}, {"--proxy-tls-client-ca", c.proxyClient.ca}} {
+		if ca[1] != "" {
+			if _, err := loadCAPool(ca[0], ca[1]); err != nil {
+				return nil, err
 			}
 		}
 	}

@@ -70,6 +70,38 @@ func TestCertificatesLoadedAtStart(t *testing.T) {
 	}
 }
 
+// TestKVParityStrictFlag: off by default; the environment sets the
+// default, the flag wins, and a bad value stops the daemon naming it.
+func TestKVParityStrictFlag(t *testing.T) {
+	env := func(v string) func(string) (string, bool) {
+		return func(k string) (string, bool) {
+			if k == "LOXILB_KV_PARITY_STRICT" {
+				return v, true
+			}
+			return "", false
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		env  string
+		want bool
+	}{
+		{nil, "", false},
+		{nil, "true", true},
+		{nil, "1", true},
+		{[]string{"--kv-parity-strict"}, "", true},
+		{[]string{"--kv-parity-strict=false"}, "true", false},
+	} {
+		cfg, err := parseFlags(c.args, env(c.env), io.Discard)
+		if err != nil || cfg.kvParityStrict != c.want {
+			t.Errorf("%v env %q: %v %v, want %v", c.args, c.env, cfg != nil && cfg.kvParityStrict, err, c.want)
+		}
+	}
+	if _, err := parseFlags(nil, env("sometimes"), io.Discard); err == nil || !strings.Contains(err.Error(), "LOXILB_KV_PARITY_STRICT") {
+		t.Errorf("bad value: %v", err)
+	}
+}
+
 // TestStoreFlagsValidated: a wrong shared-store option stops the daemon
 // naming the flag, before anything is opened.
 func TestStoreFlagsValidated(t *testing.T) {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -129,10 +128,11 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		return err
 	}
 	gw, err := gateway.New(gateway.Config{Seed: seed, Outliers: outliers, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
+		ClientCertFile: cfg.proxyClient.cert, ClientKeyFile: cfg.proxyClient.key, ClientCAFile: cfg.proxyClient.ca,
 		Receipts: cfg.receipts, Proxy: cfg.proxyConfig(), CoalesceWait: coalesceWait,
 		PrefillSlots: prefillSlots, PrefillQueueWait: prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
-		TokenizeConcurrency: cfg.tokConcurrency}, tokens, index, rt, prober, scraper, logger, reg)
+		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: events}, tokens, index, rt, prober, scraper, logger, reg)
 	if err != nil {
 		return err
 	}
@@ -141,10 +141,8 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		return err
 	}
 	pdCfg.MaxResponseHeaderBytes = int64(cfg.proxyLimits.maxResponseHeader)
-	if cfg.proxyCA != "" {
-		if pdCfg.TLS, err = caTLS(cfg.proxyCA); err != nil {
-			return err
-		}
+	if pdCfg.TLS, err = endpointTLS(cfg.proxyCA, cfg.proxyClient); err != nil {
+		return err
 	}
 	pdd, err := dispatch.New(pdCfg, logger, reg)
 	if err != nil {
@@ -257,7 +255,8 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	srv, err := api.New(apiCfg,
 		api.Deps{Rules: ctl, Capabilities: caps.list, Gatherer: reg, Registerer: reg, Logger: logger, Settings: st,
 			KV: inspector{index: index, events: events}, Prefill: gw,
-			States: gateway.EndpointState(prober, ctl.Get),
+			States:  gateway.EndpointState(prober, ctl.Get),
+			KVTrust: gw.KVTrust,
 			// The proxy counts the requests it forwards, the dispatcher
 			// the legs of P/D requests it runs (which the proxy hands it).
 			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) },
@@ -379,17 +378,30 @@ func openDataplane(cfg *config, ctl *control.Controller, prober *health.Prober, 
 	return kp, nil
 }
 
-// caTLS verifies endpoints against the PEM CAs in file (security 2).
-func caTLS(file string) (*tls.Config, error) {
-	pem, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("--proxy-tls-ca: %w", err)
+// endpointTLS is the TLS the P/D dispatcher uses to endpoints of
+// security 2 rules: verified against caFile (default: system roots),
+// presenting the daemon's client certificate when one is set. nil when
+// neither is set (Go's defaults).
+func endpointTLS(caFile string, client clientTLS) (*tls.Config, error) {
+	if caFile == "" && client.cert == "" {
+		return nil, nil
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--proxy-tls-ca %s holds no PEM certificate", file)
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pool, err := loadCAPool("--proxy-tls-ca", caFile)
+		if err != nil {
+			return nil, err
+		}
+		tc.RootCAs = pool
 	}
-	return &tls.Config{RootCAs: pool}, nil
+	if client.cert != "" {
+		cert, err := tls.LoadX509KeyPair(client.cert, client.key)
+		if err != nil {
+			return nil, fmt.Errorf("--proxy-tls-client-cert %s / --proxy-tls-client-key %s: %w", client.cert, client.key, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
 }
 
 // inspector serves the inventory API from the index and the subscribers.

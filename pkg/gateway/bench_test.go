@@ -36,7 +36,14 @@ func chatBody(n int) []byte {
 // ~2k-token chat request: render the chat template, tokenize, hash every
 // full block, look up 8 endpoints' inventories (one warm) and score. It
 // reports p50 and p99 per decision.
-func BenchmarkRoutingDecisionChat2k(b *testing.B) {
+func BenchmarkRoutingDecisionChat2k(b *testing.B) { benchmarkRoutingDecisionChat2k(b, false) }
+
+// BenchmarkRoutingDecisionChat2kStrict is the same decision with strict
+// attestation on (every verdict ok): its cost is one verdict read per
+// healthy candidate.
+func BenchmarkRoutingDecisionChat2kStrict(b *testing.B) { benchmarkRoutingDecisionChat2k(b, true) }
+
+func benchmarkRoutingDecisionChat2k(b *testing.B, strict bool) {
 	r := rule(3, "Qwen/Qwen3-0.6B")
 	r.Endpoints = nil
 	for i := 0; i < 8; i++ {
@@ -63,6 +70,9 @@ func BenchmarkRoutingDecisionChat2k(b *testing.B) {
 		}
 	}
 	f.g.cfg.SpeculativeTTL = -1 // measure the decision, not the speculative write
+	if strict {
+		f.g.cfg.KVParityStrict, f.g.cfg.Parity = true, verdicts{}
+	}
 	ctx := context.Background()
 	lat := make([]time.Duration, 0, b.N)
 	runtime.GC()

@@ -35,6 +35,10 @@ type Tokenizers interface {
 	// Pin names the models the rules serve, which may keep state (a
 	// status row saying why their tokenizer is missing).
 	Pin(models []string)
+	// SoleModel returns the model of the only staged tokenizer, ok=false
+	// when none or several are staged. Called for requests that name no
+	// model; must be cheap (cached).
+	SoleModel() (string, bool)
 }
 
 // Inventory is what the gateway needs of kvindex: the router's view plus
@@ -75,6 +79,13 @@ type Config struct {
 	// TLS files served by rules with security 1 or 2, and the CA that
 	// endpoint certificates are verified against for security 2.
 	CertFile, KeyFile, CAFile string
+	// ClientCertFile and ClientKeyFile are presented to endpoints of rules
+	// with security 2 (--proxy-tls-client-cert/-key); a rule's
+	// mtls_backend client certificate replaces them.
+	ClientCertFile, ClientKeyFile string
+	// ClientCAFile verifies client certificates at VIPs of rules whose
+	// mtls_frontend asks for them and names no CA (--proxy-tls-client-ca).
+	ClientCAFile string
 	// Receipts is when responses carry the routing receipt header
 	// (--proxy-receipts); off by default, because a receipt reveals what
 	// other clients' prompts left cached.
@@ -115,6 +126,15 @@ type Config struct {
 	// Outliers, when not nil, is passive health checking: attempts are
 	// reported to it and the endpoints it ejected are left out.
 	Outliers Outliers
+	// KVParityStrict is strict attestation for rules that do not set
+	// kvParityStrict (--kv-parity-strict, LOXILB_KV_PARITY_STRICT): an
+	// endpoint whose parity verdict is a mismatch gets no Tier-1.5
+	// traffic (see attest.go). Off by default, as in loxilb, where
+	// verdicts are only reported.
+	KVParityStrict bool
+	// Parity supplies the verdicts strict attestation acts on; nil turns
+	// it off whatever the rules say.
+	Parity ParityVerdicts
 }
 
 // Defaults of the request bounds.
@@ -336,24 +356,19 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 			continue
 		}
 		ps := proxy.Service{ID: cs.ID, Listen: netip.AddrPortFrom(vip, uint16(r.Service.Port)), Security: proxy.Security(r.Service.Security),
-			CertFile: g.cfg.CertFile, KeyFile: g.cfg.KeyFile, CAFile: g.cfg.CAFile, Receipts: g.cfg.Receipts}
+			Receipts: g.cfg.Receipts}
 		// max_stream_duration_sec: 0 is loxilb's 24 h hard cap.
 		ps.MaxStreamDuration = time.Duration(r.Service.MaxStreamDurationSec) * time.Second
 		if ps.MaxStreamDuration == 0 {
 			ps.MaxStreamDuration = lbrule.MaxStreamDurationSec * time.Second
 		}
-		if b := r.Service.MTLSBackend; b != nil {
-			// mtls_backend: the rule's own endpoint CA and client
-			// certificate (security 2) take the daemon's place.
-			if b.BackendCAPath != "" {
-				ps.CAFile = b.BackendCAPath
+		if err := g.ruleTLS(&ps, r); err != nil {
+			reason := control.ReasonStageFailed
+			var re *lbrule.RuleError
+			if errors.As(err, &re) && re.Reason != "" {
+				reason = re.Reason
 			}
-			ps.ClientCertFile, ps.ClientKeyFile = b.ClientCertPath, b.ClientKeyPath
-		}
-		if ps.Security != proxy.SecurityPlain && (ps.CertFile == "" || ps.KeyFile == "") {
-			errs = append(errs, &control.RuleError{ID: cs.ID, Reason: lbrule.ReasonProxyTLSUnset, Err: &lbrule.RuleError{Class: lbrule.ErrPrecondition,
-				Field: "serviceArguments.security", Reason: lbrule.ReasonProxyTLSUnset,
-				Msg: fmt.Sprintf("rule %d: security %d needs the daemon started with --proxy-tls-cert and --proxy-tls-key", cs.ID, r.Service.Security)}})
+			errs = append(errs, &control.RuleError{ID: cs.ID, Reason: reason, Err: fmt.Errorf("rule %d: %w", cs.ID, err)})
 			continue
 		}
 		next[cs.ID] = st

@@ -27,6 +27,12 @@ type metrics struct {
 	// ejectedSkipped counts picks that left an ejected endpoint out.
 	ejectedSkipped *prometheus.CounterVec
 	rankTargeted   *prometheus.CounterVec
+	// untrustedSkipped counts Tier-1.5 decisions that left an endpoint
+	// out under strict attestation.
+	untrustedSkipped *prometheus.CounterVec
+	// modelImplied counts requests without a model tokenized for the
+	// only staged one.
+	modelImplied *prometheus.CounterVec
 }
 
 // waitBuckets spans the gateway's waits: a millisecond to a few prefills
@@ -75,9 +81,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		rankTargeted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_kv_rank_targeted_total",
 			Help: "Requests sent to a named data-parallel rank of their endpoint (SGLang routed_dp_rank/data_parallel_rank, vLLM X-data-parallel-rank), by rank."},
 			[]string{"service", "ep_idx", "rank"}),
+		untrustedSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_kv_untrusted_skipped_total",
+			Help: "Tier-1.5 decisions that left a healthy endpoint out because strict attestation (kvParityStrict, --kv-parity-strict) distrusts its parity verdict, by verdict (hash_mismatch, block_size_mismatch, hash_algo_mismatch)."},
+			[]string{"service", "ep_idx", "verdict"}),
+		modelImplied: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_model_implied_total",
+			Help: "Requests on KV-exact rules without model_name that named no model and were tokenized for the only staged tokenizer's model."},
+			[]string{"service"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait, m.rejectedC, m.tokWaiting, m.ejectedSkipped, m.rankTargeted} {
+		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait, m.rejectedC, m.tokWaiting, m.ejectedSkipped, m.rankTargeted, m.untrustedSkipped, m.modelImplied} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -131,7 +143,7 @@ func (m *metrics) closedLoop(service string, res proxy.Result, predicted int64) 
 }
 
 func (m *metrics) forget(service string) {
-	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced, m.admitted, m.rejectedC, m.ejectedSkipped, m.rankTargeted} {
+	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced, m.admitted, m.rejectedC, m.ejectedSkipped, m.rankTargeted, m.untrustedSkipped, m.modelImplied} {
 		v.DeletePartialMatch(prometheus.Labels{"service": service})
 	}
 	m.coalesceWait.DeletePartialMatch(prometheus.Labels{"service": service})

@@ -164,10 +164,7 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 	}
 	var keys []uint64
 	if st.hasher != nil && r.Service.KVExactMode == lbrule.KVExactPD {
-		model := r.Service.ModelName
-		if model == "" {
-			model = req.Model
-		}
+		model := g.requestModel(st, req)
 		if model == "" {
 			g.m.missed(st.label, ReasonNoModel)
 		} else {
@@ -192,7 +189,9 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 					}
 				}
 			}
-			dec := g.router.Decide(view, keys, bs, cands, nil, selector.Request{})
+			v := view
+			v.Untrusted = g.untrustedMask(st, cands)
+			dec := g.router.Decide(v, keys, bs, cands, nil, selector.Request{})
 			if dec.EP < 0 || dec.Tier == router.TierFallback {
 				return -1, "", false
 			}

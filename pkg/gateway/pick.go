@@ -69,10 +69,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		return proxy.Plan{}, err
 	}
 
-	model := r.Service.ModelName
-	if model == "" {
-		model = req.Model
-	}
+	model := g.requestModel(st, req)
 	var d router.Decision
 	var keys []uint64
 	promptTokens := 0 // 0 when the prompt was not tokenized
@@ -119,6 +116,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 				}
 			}
 		}
+		view.Untrusted = g.untrustedMask(st, cands)
 		d = g.router.Decide(view, keys, st.hasher.BlockSize(), cands, st.sel, freq)
 	}
 	if d.EP < 0 {
@@ -142,7 +140,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 			g.m.rankTargeted.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(rank)).Inc()
 		}
 	}
-	plan.Receipt = rc.String() + ejectedField(ejected)
+	plan.Receipt = rc.String() + ejectedField(ejected) + untrustedField(view.Untrusted)
 	if promptTokens == 0 {
 		// Not tokenized: nothing to coalesce, queue or learn from, so
 		// the plan needs no FirstByte or Done (saving their closures).
@@ -230,6 +228,31 @@ func (g *Gateway) leaderFor(st *service, d router.Decision, keys []uint64) *lead
 		return nil
 	}
 	return l
+}
+
+// requestModel names the model a request is tokenized for: the rule's
+// model_name, else the request's model (body "model" or X-Model), else,
+// for a request that names none, the model of the only staged tokenizer:
+// vLLM and SGLang serve such a request with the one model they run, so a
+// single-model deployment stages exactly that tokenizer. "" when none
+// applies (several tokenizers staged: the model cannot be inferred); the
+// request then skips Tier 1.5 (no_model).
+func (g *Gateway) requestModel(st *service, req *proxy.Request) string {
+	if m := st.rule.Service.ModelName; m != "" {
+		return m
+	}
+	if req.Model != "" {
+		return req.Model
+	}
+	if st.hasher == nil {
+		return ""
+	}
+	m, ok := g.tok.SoleModel()
+	if !ok {
+		return ""
+	}
+	g.m.modelImplied.WithLabelValues(st.label).Inc()
+	return m
 }
 
 // Rejection reasons counted by loxilb_gateway_rejected_requests_total.

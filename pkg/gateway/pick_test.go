@@ -39,8 +39,14 @@ func newFixtureConfig(t testing.TB, cfg Config, rules ...*lbrule.Rule) fixture {
 // engine is a SlotLearner, learned prefill budgets).
 func newFixtureEngine(t testing.TB, cfg Config, engine EngineMetrics, rules ...*lbrule.Rule) fixture {
 	t.Helper()
+	return newFixtureAt(t, filepath.Join("..", "..", "testdata", "tokenizers"), cfg, engine, rules...)
+}
+
+// newFixtureAt builds the fixture over the tokenizers staged in dir.
+func newFixtureAt(t testing.TB, dir string, cfg Config, engine EngineMetrics, rules ...*lbrule.Rule) fixture {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	toks, err := tokenizer.NewRegistry(filepath.Join("..", "..", "testdata", "tokenizers"), nil, reg)
+	toks, err := tokenizer.NewRegistry(dir, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

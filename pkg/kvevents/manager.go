@@ -455,6 +455,32 @@ func (m *Manager) ParityOK(service uint32, ep int) bool {
 	return ok && s.parity.status().Verdict == VerdictOK && !s.quar.active()
 }
 
+// ParityVerdict returns the endpoint's parity verdict (VerdictOK,
+// VerdictUnverified or a mismatch), "" when no subscription exists for
+// (service, ep). Safe for concurrent use; the gateway calls it per
+// candidate of a request on rules with strict attestation.
+func (m *Manager) ParityVerdict(service uint32, ep int) string {
+	m.mu.Lock()
+	s, ok := m.subs[subKey{service, ep}]
+	m.mu.Unlock()
+	if !ok {
+		return ""
+	}
+	return s.parity.status().Verdict
+}
+
+// Untrusted reports whether a parity verdict says the endpoint's published
+// keys do not follow the rule's hash contract: a block-size, hash-algorithm
+// or hash (seed, tokenizer) mismatch. Unverified is not untrusted: an
+// engine that publishes no tokens cannot be checked, and is not accused.
+func Untrusted(verdict string) bool {
+	switch verdict {
+	case VerdictHashMismatch, VerdictBlockSizeMismatch, VerdictHashAlgoMismatch:
+		return true
+	}
+	return false
+}
+
 // Statuses reports every subscription, ordered by service then endpoint.
 func (m *Manager) Statuses() []EndpointStatus {
 	m.mu.Lock()

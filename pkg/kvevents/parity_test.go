@@ -131,3 +131,19 @@ func TestParityChildChains(t *testing.T) {
 		t.Fatalf("bad child = %+v", st)
 	}
 }
+
+// TestUntrustedVerdicts: only the three mismatch verdicts are untrusted;
+// unverified is not (an engine that publishes no tokens is not accused).
+func TestUntrustedVerdicts(t *testing.T) {
+	for v, want := range map[string]bool{VerdictOK: false, VerdictUnverified: false, "": false,
+		VerdictHashMismatch: true, VerdictBlockSizeMismatch: true, VerdictHashAlgoMismatch: true} {
+		if Untrusted(v) != want {
+			t.Errorf("Untrusted(%q) = %v", v, !want)
+		}
+	}
+	var m Manager
+	m.subs = map[subKey]*subscription{}
+	if v := m.ParityVerdict(1, 0); v != "" {
+		t.Errorf("no subscription: verdict %q", v)
+	}
+}

@@ -48,8 +48,9 @@ const (
 )
 
 // ReasonMTLSFrontendUnsupported: a rule asks for client-certificate
-// verification, which this gateway does not perform; serving it without
-// would downgrade the rule's security, so it is refused.
+// verification this gateway cannot give it (no client CA configured, or
+// CRL checking); serving it without would downgrade the rule's security,
+// so it is refused.
 const ReasonMTLSFrontendUnsupported = "MTLS_FRONTEND_UNSUPPORTED"
 
 // InertField is one accepted rule field that has no effect here.
@@ -69,6 +70,7 @@ var inertReasons = []InertField{
 	{svcField("mtls_backend.verify_server_cert"), "endpoint certificates are always verified for security 2 (against backend_ca_path, the daemon's --proxy-tls-ca, or the system roots)"},
 	{svcField("mtls_backend.client_cert_data"), "inline PEM is not loaded: use client_cert_path and client_key_path"},
 	{svcField("mtls_backend.client_key_data"), "inline PEM is not loaded: use client_cert_path and client_key_path"},
+	{svcField("mtls_frontend.client_cn_pattern"), "client CNs are matched only when require_client_cn is true"},
 	{svcField("probetype"), "udp and sctp probes are not run: the endpoints count as healthy"},
 	{"endpoints[].httpMethod", "HTTP probes use GET"},
 	{"endpoints[].expectedCodes", "HTTP probes expect a 2xx status (and proberesp in the body when set)"},
@@ -121,6 +123,9 @@ func Inert(r *Rule) []InertField {
 	}
 	if s.SSEMode {
 		add(svcField("sse_mode"), "")
+	}
+	if f := s.MTLSFrontend; f != nil && f.ClientCNPattern != "" && !f.RequireClientCN {
+		add(svcField("mtls_frontend.client_cn_pattern"), "")
 	}
 	if b := s.MTLSBackend; b != nil {
 		if b.VerifyServerCert != nil && !*b.VerifyServerCert {
@@ -264,13 +269,16 @@ func validateMTLS(s *ServiceArgs) error {
 		if f.RequireClientCN && f.ClientCNPattern == "" {
 			return invalid(svcField("mtls_frontend.client_cn_pattern"), "is required when require_client_cn is true")
 		}
-		if mode == "optional" || mode == "required" {
-			if f.ClientCAPath == "" && f.ClientCACertData == "" {
-				return invalid(svcField("mtls_frontend.client_ca_path"), "client_cert_mode %s needs client_ca_path or client_ca_cert_data", mode)
-			}
-			return &RuleError{Class: ErrPrecondition, Field: svcField("mtls_frontend.client_cert_mode"), Reason: ReasonMTLSFrontendUnsupported,
-				Msg: "this gateway does not verify client certificates at the VIP; refusing rather than serving the rule without the verification it asks for (use client_cert_mode disabled, or terminate mTLS in front of the gateway)"}
+		if _, err := path.Match(f.ClientCNPattern, ""); err != nil {
+			return invalid(svcField("mtls_frontend.client_cn_pattern"), "%q is not a glob pattern (* ? [a-z]): %v", f.ClientCNPattern, err)
 		}
+		if f.ClientCRLPath != "" && (mode == "optional" || mode == "required") {
+			return &RuleError{Class: ErrPrecondition, Field: svcField("mtls_frontend.client_crl_path"), Reason: ReasonMTLSFrontendUnsupported,
+				Msg: "this gateway does not check client certificates against a CRL; refusing rather than serving revoked certificates (remove client_crl_path and revoke by reissuing the client CA, or terminate mTLS in front of the gateway)"}
+		}
+		// optional and required are served when a client CA is known:
+		// the rule's, or the daemon's --proxy-tls-client-ca (checked
+		// when the rule is applied).
 	}
 	if b := s.MTLSBackend; b != nil {
 		if s.Mode != ModeFullProxy || s.Security != SecurityE2ETLS {
@@ -378,7 +386,7 @@ func isDomainName(s string) bool {
 
 func parseAddr(s string) (netip.Addr, error) { return netip.ParseAddr(strings.TrimSpace(s)) }
 
-func clonePtr(p *int) *int {
+func clonePtr[T any](p *T) *T {
 	if p == nil {
 		return nil
 	}

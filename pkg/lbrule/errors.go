@@ -27,6 +27,9 @@ const (
 	// ReasonProxyTLSUnset: a rule asks for TLS (security 1 or 2) but the
 	// daemon was started without --proxy-tls-cert and --proxy-tls-key.
 	ReasonProxyTLSUnset = "PROXY_TLS_CERT_UNSET"
+	// ReasonTLSFileInvalid: a certificate, key or CA file a TLS rule
+	// uses (the daemon's or the rule's own) cannot be read or parsed.
+	ReasonTLSFileInvalid = "TLS_FILE_INVALID"
 )
 
 // RuleError is a rejected rule: which field, what is wrong and how to fix it.

@@ -106,8 +106,12 @@ type ServiceArgs struct {
 	// inventory has blocks. A pointer so an explicit 0 survives normalization.
 	KVWarmupSec   *int `json:"kvWarmupSec,omitempty"`
 	KVDpRankCount int  `json:"kvDpRankCount,omitempty"`
-	PDDisagg      bool `json:"pd_disagg_mode"`
-	PDBootstrap   int  `json:"pdBootstrapPort,omitempty"`
+	// KVParityStrict keeps Tier-1.5 traffic off endpoints whose hash-parity
+	// verdict is a mismatch (hash_mismatch, block_size_mismatch,
+	// hash_algo_mismatch). nil: the daemon's --kv-parity-strict.
+	KVParityStrict *bool `json:"kvParityStrict,omitempty"`
+	PDDisagg       bool  `json:"pd_disagg_mode"`
+	PDBootstrap    int   `json:"pdBootstrapPort,omitempty"`
 	// KVModelProfile names a built-in model profile: how the engine renders
 	// prompts beyond its defaults (see profiles.go).
 	KVModelProfile string `json:"kvModelProfile,omitempty"`
@@ -155,6 +159,12 @@ type Endpoint struct {
 	// maintenance (it takes no new requests or flows; those in flight
 	// finish). Set through the drain API, never by a create body.
 	Draining bool `json:"draining,omitempty"`
+	// KVParity is read-back only: the endpoint's hash-parity verdict
+	// (ok, unverified, hash_mismatch, ...) on KV-exact rules.
+	KVParity string `json:"kvParity,omitempty"`
+	// KVExcluded is read-back only: strict attestation keeps Tier-1.5
+	// traffic off the endpoint (its verdict is a mismatch).
+	KVExcluded bool `json:"kvExcluded,omitempty"`
 }
 
 // Addr renders the endpoint as host:port ("[v6]:port" for IPv6), the
@@ -249,6 +259,7 @@ func (r *Rule) Clone() *Rule {
 		v := *r.Service.KVWarmupSec
 		c.Service.KVWarmupSec = &v
 	}
+	c.Service.KVParityStrict = clonePtr(r.Service.KVParityStrict)
 	c.Service.PDCacheThreshold = clonePtr(r.Service.PDCacheThreshold)
 	c.Service.PDBalanceAbsThreshold = clonePtr(r.Service.PDBalanceAbsThreshold)
 	if r.Service.MTLSFrontend != nil {

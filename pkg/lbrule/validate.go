@@ -235,7 +235,7 @@ func validateEndpoints(r *Rule) error {
 	seen := map[string]int{}
 	for i := range r.Endpoints {
 		ep := &r.Endpoints[i]
-		ep.State, ep.Draining = "", false
+		ep.State, ep.Draining, ep.KVParity, ep.KVExcluded = "", false, "", false
 		a, err := netip.ParseAddr(strings.TrimSpace(ep.IP))
 		if err != nil {
 			return invalid(epField(i, "endpointIP"), "%q is not an IP address", ep.IP)

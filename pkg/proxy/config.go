@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path"
 	"time"
 )
 
@@ -141,6 +142,18 @@ type Service struct {
 	// ClientCertFile and ClientKeyFile, if set, are presented to
 	// endpoints (mutual TLS, SecurityE2ETLS).
 	ClientCertFile, ClientKeyFile string
+	// ClientAuth asks clients for a certificate at the VIP (SecurityTLS
+	// and SecurityE2ETLS), verified against ClientCAFile and ClientCAPEM.
+	ClientAuth ClientAuth
+	// ClientCAFile and ClientCAPEM hold the PEM CA certificates client
+	// certificates are verified against; at least one is required when
+	// ClientAuth is not ClientAuthOff.
+	ClientCAFile string
+	ClientCAPEM  []byte
+	// ClientCNPattern, if set, is a path.Match glob a client
+	// certificate's subject CN must match; it also makes a certificate
+	// required.
+	ClientCNPattern string
 	// UpstreamServerName overrides the name verified in endpoint
 	// certificates; by default it is the endpoint's host (often an IP).
 	UpstreamServerName string
@@ -307,6 +320,17 @@ func (c Config) validate() error {
 		if (s.ClientCertFile == "") != (s.ClientKeyFile == "") {
 			errs = append(errs, fmt.Errorf("service %d: client certificate and key must be given together", s.ID))
 		}
+		switch {
+		case s.ClientAuth > ClientAuthRequired:
+			errs = append(errs, fmt.Errorf("service %d: client auth mode %d unknown", s.ID, s.ClientAuth))
+		case s.ClientAuth != ClientAuthOff && s.Security == SecurityPlain:
+			errs = append(errs, fmt.Errorf("service %d: client certificates need TLS at the VIP (security 1 or 2)", s.ID))
+		case s.ClientAuth != ClientAuthOff && s.ClientCAFile == "" && len(s.ClientCAPEM) == 0:
+			errs = append(errs, fmt.Errorf("service %d: client certificate verification needs a client CA", s.ID))
+		}
+		if _, err := path.Match(s.ClientCNPattern, ""); err != nil {
+			errs = append(errs, fmt.Errorf("service %d: client CN pattern %q: %w", s.ID, s.ClientCNPattern, err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -318,16 +342,48 @@ func normAddrPort(ap netip.AddrPort) netip.AddrPort {
 // serverTLS loads the certificate clients see. Only HTTP/1.1 is offered:
 // the proxy relays SSE with per-write flushes, which HTTP/1.1 chunking
 // serves well, and one protocol keeps the relay path single.
-func (s Service) serverTLS() (*tls.Config, error) {
+//
+// With ClientAuth set, clients are asked for a certificate, which
+// verifyClient checks; reject counts each refusal by reason.
+func (s Service) serverTLS(reject func(reason string)) (*tls.Config, error) {
 	cert, err := tls.LoadX509KeyPair(s.CertFile, s.KeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("service %d: load certificate %s / key %s: %w", s.ID, s.CertFile, s.KeyFile, err)
 	}
-	return &tls.Config{
+	tc := &tls.Config{
 		Certificates: []tls.Certificate{cert},
 		NextProtos:   []string{"http/1.1"},
 		MinVersion:   tls.VersionTLS12,
-	}, nil
+	}
+	if s.ClientAuth != ClientAuthOff {
+		pool, err := s.clientPool()
+		if err != nil {
+			return nil, err
+		}
+		// RequestClientCert leaves verification (and the refusal of a
+		// missing certificate) to verifyClient, which counts them.
+		tc.ClientAuth = tls.RequestClientCert
+		tc.ClientCAs = pool // names the acceptable CAs to the client
+		tc.VerifyPeerCertificate = verifyClient(s.ClientAuth, pool, s.ClientCNPattern, reject)
+	}
+	return tc, nil
+}
+
+// LoadTLS reads and parses every certificate, key and CA file the
+// service's listener and endpoint connections use, so a caller can refuse
+// one rule with a bad file before handing the whole table to Update.
+func (s Service) LoadTLS() error {
+	if s.Security != SecurityPlain {
+		if _, err := s.serverTLS(func(string) {}); err != nil {
+			return err
+		}
+	}
+	if s.Security == SecurityE2ETLS {
+		if _, err := s.upstreamTLS(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // upstreamTLS builds the client-side TLS config for SecurityE2ETLS.

@@ -181,7 +181,10 @@ func upstreamError(addr string, err error) (wrapped error, retryable bool) {
 	switch {
 	case errors.As(err, &certErr), errors.As(err, &unkAuth), errors.As(err, &hostErr), errors.As(err, &invErr):
 		return fmt.Errorf("%w: endpoint %s: certificate verification failed: %w", ErrUpstreamTLS, addr, err), true
-	case errors.As(err, &recErr), errors.As(err, &alert):
+	case errors.As(err, &recErr), errors.As(err, &alert), errors.As(err, &opErr) && opErr.Op == "remote error":
+		// "remote error" is a TLS alert from the endpoint; under TLS 1.3
+		// a refused client certificate arrives so, after the client's
+		// side of the handshake, at the first read.
 		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamTLS, addr, err), true
 	case isTimeout(err):
 		return fmt.Errorf("%w: endpoint %s: %w", ErrUpstreamTimeout, addr, err), dial

@@ -2,28 +2,22 @@ package proxy
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/loxilb-llm/loxilb/testbed/pki"
 )
 
 // staticPicker routes every request to fixed candidates and records what
@@ -171,88 +165,21 @@ func newClient() *http.Client {
 
 // testPKI is a throwaway CA and leaf certificates, written as PEM files.
 type testPKI struct {
-	dir    string
-	caKey  *ecdsa.PrivateKey
-	caCert *x509.Certificate
+	*pki.CA
 	CAFile string
 	pool   *x509.CertPool
 }
 
 func newPKI(t *testing.T) *testPKI {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "loxilb test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &testPKI{dir: t.TempDir(), caKey: key, caCert: cert, pool: x509.NewCertPool()}
-	p.pool.AddCert(cert)
-	p.CAFile = filepath.Join(p.dir, "ca.pem")
-	writePEM(t, p.CAFile, "CERTIFICATE", der)
-	return p
+	ca := pki.New(t)
+	return &testPKI{CA: ca, CAFile: ca.File, pool: ca.Pool}
 }
 
-var serial atomic.Int64
-
-// leaf issues a server certificate for the given IPs and returns the cert
-// and key file paths plus the loaded pair.
+// leaf signs a certificate for name, valid for the given IPs.
 func (p *testPKI) leaf(t *testing.T, name string, ips ...string) (certFile, keyFile string, pair tls.Certificate) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(100 + serial.Add(1)),
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	for _, ip := range ips {
-		tmpl.IPAddresses = append(tmpl.IPAddresses, net.ParseIP(ip))
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile = filepath.Join(p.dir, name+".pem")
-	keyFile = filepath.Join(p.dir, name+"-key.pem")
-	writePEM(t, certFile, "CERTIFICATE", der)
-	writePEM(t, keyFile, "PRIVATE KEY", kder)
-	pair, err = tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile, pair
-}
-
-func writePEM(t *testing.T, path, typ string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	return p.Leaf(t, name, ips...)
 }
 
 // isClosedConn reports errors a torn-down test server may produce.

@@ -53,7 +53,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"service", "ep_idx", "direction"}),
 		connRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_proxy_conn_rejected_total",
-			Help: "Client connections or requests refused before routing, by reason (no_service: local address matches no rule; conn_limit: the listener holds MaxConnsPerListener connections, closed at accept; body_memory: request bodies in flight hold MaxInflightBodyBytes, answered 503).",
+			Help: "Client connections or requests refused before routing, by reason (no_service: local address matches no rule; conn_limit: the listener holds MaxConnsPerListener connections, closed at accept; body_memory: request bodies in flight hold MaxInflightBodyBytes, answered 503; client_cert_missing, client_cert_invalid, client_cn_mismatch: a TLS handshake refused by the rule's client-certificate check).",
 		}, []string{"reason"}),
 		upstreamLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_proxy_upstream_limit_total",

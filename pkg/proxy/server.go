@@ -187,7 +187,7 @@ func buildService(cfg Config, sc Service, old *table, m *metrics) (*service, err
 	svc := &service{cfg: sc, label: strconv.FormatUint(uint64(sc.ID), 10), scheme: "http"}
 	svc.mx = m.forService(svc.label)
 	if sc.Security != SecurityPlain {
-		tc, err := sc.serverTLS()
+		tc, err := sc.serverTLS(func(reason string) { m.connRejected.WithLabelValues(reason).Inc() })
 		if err != nil {
 			return nil, err
 		}

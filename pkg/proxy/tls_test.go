@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func tlsClient(p *testPKI) *http.Client {
@@ -160,14 +162,28 @@ func TestSecurityEndToEndMutualTLS(t *testing.T) {
 		if tc.withCert {
 			svc.ClientCertFile, svc.ClientKeyFile = clientCert, clientKey
 		}
-		px := startProxy(t, tc.vip, Config{}, svc, newStaticPicker(hostPort(b)))
+		p := newStaticPicker(hostPort(b))
+		px := startProxy(t, tc.vip, Config{}, svc, p)
 		resp, err := tlsClient(pki).Get("https://" + px.addr + "/")
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
 		if resp.StatusCode != tc.wantStatus {
 			t.Errorf("client cert %v: status %d, want %d", tc.withCert, resp.StatusCode, tc.wantStatus)
+		}
+		if tc.withCert {
+			resp.Body.Close()
+			continue
+		}
+		// The endpoint's refusal is a TLS failure, counted as one.
+		if eb := readErrorBody(t, resp); eb.Code != "upstream_tls_error" || !strings.Contains(eb.Message, "certificate") {
+			t.Errorf("error %+v: want upstream_tls_error naming the certificate", eb)
+		}
+		if r := p.waitResult(t); r.Class != ClassTLS {
+			t.Errorf("class %q, want tls", r.Class)
+		}
+		if n := testutil.ToFloat64(px.m.upstreamErrs.WithLabelValues("7", "0", "tls")); n != 1 {
+			t.Errorf("%v TLS upstream errors counted, want 1", n)
 		}
 	}
 }

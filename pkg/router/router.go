@@ -104,6 +104,10 @@ const (
 	ReasonEmptyInventory = "empty_inventory" // every healthy inventory is empty (cold fleet)
 	ReasonNoMatch        = "no_match"        // inventories non-empty but nothing matched
 	ReasonShallow        = "shallow"         // best match below LLB_KV_MIN_MATCH_TOKENS
+	// ReasonParityUntrusted: only endpoints that strict attestation keeps
+	// out of Tier 1.5 (ServiceView.Untrusted) hold the prefix, or every
+	// healthy endpoint is such an endpoint.
+	ReasonParityUntrusted = "parity_untrusted"
 )
 
 // ServiceView is what the router needs to know about a rule.
@@ -115,6 +119,19 @@ type ServiceView struct {
 	// request waits only behind load whose prefill is shorter than its
 	// own: a unit of load costs it at most its own uncached tokens.
 	ShortestFirst bool
+	// Untrusted has bit i set when endpoint index i gets no Tier-1.5
+	// traffic: strict attestation found its published keys do not follow
+	// the rule's hash contract (a parity mismatch), so its inventory, and
+	// the speculative entries the gateway adds for it, prove nothing. Such
+	// endpoints are not scored, spilled to or seeded; the fallback
+	// selector may still choose them. Endpoint indexes are below
+	// lbrule.MaxEndpoints (32).
+	Untrusted uint64
+}
+
+// untrusted reports whether endpoint idx is kept out of Tier 1.5.
+func (v ServiceView) untrusted(idx int) bool {
+	return v.Untrusted != 0 && idx >= 0 && idx < 64 && v.Untrusted&(1<<uint(idx)) != 0
 }
 
 // Decision is the outcome of Decide.
@@ -633,7 +650,12 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		return r.placeMiss(st, s, ReasonShortPrompt, total, blockSize, cands, fallback, freq)
 	}
 	s.eps, s.pos, s.load = s.eps[:0], s.pos[:0], s.load[:0]
+	excluded := false // a healthy candidate was left out as untrusted
 	for i := range cands {
+		if cands[i].Healthy && svc.untrusted(cands[i].Idx) {
+			excluded = true
+			continue
+		}
 		if cands[i].Healthy {
 			s.eps = append(s.eps, cands[i].Idx)
 			s.pos = append(s.pos, i)
@@ -642,6 +664,9 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 	}
 	n := len(s.eps)
 	if n == 0 {
+		if excluded {
+			return r.fallback(st, ReasonParityUntrusted, total, blockSize, cands, fallback, freq)
+		}
 		return r.fallback(st, ReasonNoHealthy, total, blockSize, cands, fallback, freq)
 	}
 	if cap(s.match) < n {
@@ -665,6 +690,9 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		}
 	}
 	if warm < 0 {
+		if excluded && r.untrustedMatch(svc, keys, cands) {
+			return r.fallback(st, ReasonParityUntrusted, total, blockSize, cands, fallback, freq)
+		}
 		nonEmpty := false
 		for _, ep := range s.eps {
 			if r.inv.Len(svc.ID, ep) > 0 {
@@ -812,6 +840,25 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		r.m.seeds.WithLabelValues(st.label, ep).Inc()
 	}
 	return d
+}
+
+// untrustedMatch reports whether an untrusted healthy candidate holds the
+// first block: the miss is then strict attestation's doing, and is counted
+// as such rather than as a cold or mismatched fleet. Called only on a miss
+// with untrusted endpoints present.
+func (r *Router) untrustedMatch(svc ServiceView, keys []uint64, cands []selector.Candidate) bool {
+	var ep, out [1]int
+	for i := range cands {
+		if !cands[i].Healthy || !svc.untrusted(cands[i].Idx) {
+			continue
+		}
+		ep[0], out[0] = cands[i].Idx, 0
+		r.inv.PrefixMatch(svc.ID, keys[:1], ep[:], out[:])
+		if out[0] > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // confirmHit resets the zero-hit streak when some endpoint's real (event-fed)

@@ -114,6 +114,8 @@ type Registry struct {
 	mu      sync.Mutex
 	entries map[string]*regEntry // by slug
 	pinned  map[string]bool      // slugs of the models rules name (Pin)
+
+	sole soleCache // SoleModel
 }
 
 type regEntry struct {

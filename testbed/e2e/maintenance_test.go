@@ -117,8 +117,17 @@ func TestEndpointDrain(t *testing.T) {
 	}
 	w, other := warm.ep, 1-warm.ep
 
-	// A long stream on the warm endpoint, then the drain.
-	sr, br := stream(t, m.vip, prompt, 40)
+	invTotal := func(ep int) int {
+		var inv struct{ Total int }
+		getJSON(t, m.d.URL(fmt.Sprintf("/config/ai/kv/inventory?service_id=1&ep_idx=%d", ep)), &inv)
+		return inv.Total
+	}
+	warmBlocks := invTotal(w)
+
+	// A long stream on the warm endpoint (6 s, so it outlasts the loxicmd
+	// calls on a loaded machine), then the drain.
+	const streamTokens = 120
+	sr, br := stream(t, m.vip, prompt, streamTokens)
 	if sr.ep != w {
 		t.Fatalf("stream went to %d, want the warm endpoint %d", sr.ep, w)
 	}
@@ -136,7 +145,7 @@ func TestEndpointDrain(t *testing.T) {
 		t.Errorf("the draining engine received %d new requests", got-before)
 	}
 	events, done, err := readRest(br)
-	if err != nil || !done || events < 39 {
+	if err != nil || !done || events < streamTokens-1 {
 		t.Fatalf("in-flight stream: %d events, done=%v, err=%v", events, done, err)
 	}
 
@@ -172,11 +181,16 @@ func TestEndpointDrain(t *testing.T) {
 		t.Errorf("the draining endpoint's KV subscription: connected=%v", v)
 	}
 
-	// Back in service it is warm at once.
+	// Back in service it is warm at once: its inventory was kept (the
+	// other endpoint, which served the prompt meanwhile, is as warm, so
+	// which of the two a request goes to is the load blend's choice).
+	if got := invTotal(w); got < warmBlocks {
+		t.Errorf("the draining endpoint's inventory fell from %d to %d blocks", warmBlocks, got)
+	}
 	m.drain(t, w, "off")
 	checkVisible("back in service", false)
-	if r := complete(t, m.vip, prompt); r.ep != w || r.tier != router.TierKV {
-		t.Errorf("back in service: %+v, want a Tier-1.5 hit on %d", r, w)
+	if r := complete(t, m.vip, prompt); r.tier != router.TierKV {
+		t.Errorf("back in service: %+v, want a Tier-1.5 hit", r)
 	}
 
 	// The state survives a restart.
@@ -195,5 +209,66 @@ func TestEndpointDrain(t *testing.T) {
 	resp, body := post(t, "http://"+m.vip+"/v1/completions", map[string]any{"model": model, "prompt": "hello", "max_tokens": 2})
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "draining") {
 		t.Errorf("every endpoint draining: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestStrictAttestationThroughDaemon: engine 1 hashes 32-token blocks
+// against the rule's 16, so its verdict becomes block_size_mismatch; the
+// rule sets kvParityStrict, so from then on it gets no Tier-1.5 request
+// (it still serves misses), and the exclusion shows in the listing, the
+// wide view, the inventory API and the metrics.
+func TestStrictAttestationThroughDaemon(t *testing.T) {
+	p := newPool(t, poolOpts{n: 2, net: 214, sel: 0, ruleArgs: `"kvParityStrict":true`,
+		engine: func(i int, c *enginesim.Config) {
+			if i == 1 {
+				c.BlockSize = 32
+			}
+		}})
+	type epList struct {
+		LBAttr []struct {
+			Endpoints []struct {
+				KVParity   string `json:"kvParity"`
+				KVExcluded bool   `json:"kvExcluded"`
+			} `json:"endpoints"`
+		} `json:"lbAttr"`
+	}
+	n := 0
+	waitFor(t, "endpoint 1's verdict", 20*time.Second, func() bool {
+		// Unrelated prompts: each is a miss, so round robin reaches
+		// endpoint 1 too.
+		complete(t, p.vip, longPrompt(fmt.Sprintf("verdict%d", n), n))
+		n++
+		var l epList
+		getJSON(t, p.d.URL("/config/loadbalancer/all"), &l)
+		return l.LBAttr[0].Endpoints[1].KVParity == "block_size_mismatch" && l.LBAttr[0].Endpoints[1].KVExcluded
+	})
+	served := map[string]int{}
+	for i := 0; i < 8; i++ {
+		prompt := longPrompt(fmt.Sprintf("strict%d", i), i)
+		for j := 0; j < 3; j++ {
+			r := complete(t, p.vip, prompt)
+			served[fmt.Sprintf("%d/%s", r.ep, r.tier)]++
+			if r.ep == 1 && r.tier != router.TierFallback {
+				t.Fatalf("the mismatched endpoint got a %s request: %+v (served so far %v)", r.tier, r, served)
+			}
+		}
+	}
+	if served["0/"+router.TierKV] == 0 || served["1/"+router.TierFallback] == 0 {
+		t.Errorf("want Tier-1.5 hits on endpoint 0 and misses still served by endpoint 1: %v", served)
+	}
+	t.Logf("requests by endpoint/tier: %v", served)
+	var inv struct {
+		Excluded bool `json:"kv_excluded"`
+	}
+	getJSON(t, p.d.URL("/config/ai/kv/inventory?service_id=1&ep_idx=1"), &inv)
+	if !inv.Excluded {
+		t.Error("inventory API: kv_excluded is false")
+	}
+	wide, _, _ := daemontest.CLI(t, bins, p.d.Port, "get", "lb", "-o", "wide")
+	if !strings.Contains(wide, "block_size_mismatch:no-tier1.5") {
+		t.Errorf("get lb -o wide:\n%s", wide)
+	}
+	if v := metricValue(metrics(t, p.d), "loxilb_gateway_kv_untrusted_skipped_total", `ep_idx="1"`, `verdict="block_size_mismatch"`); v < 8 {
+		t.Errorf("loxilb_gateway_kv_untrusted_skipped_total = %v", v)
 	}
 }

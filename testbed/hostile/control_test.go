@@ -458,8 +458,8 @@ func TestControlConfigErrorsTyped(t *testing.T) {
 	controlExpect(t, d, http.MethodPost, lb, controlRule("127.0.81.1", port, `,"probetype":"tcp","probeTimeout":9999999999`), http.StatusBadRequest, "serviceArguments.probeTimeout", "")
 	controlExpect(t, d, http.MethodPost, lb, controlRule("127.0.81.1", port, `,"probetype":"snmp"`), http.StatusBadRequest, "serviceArguments.probetype", "")
 	controlExpect(t, d, http.MethodPost, lb, controlRule("127.0.81.1", port, `,"sel":8,"chwbl_prefix_hash_level":9`), http.StatusBadRequest, "serviceArguments.chwbl_prefix_hash_level", "")
-	controlExpect(t, d, http.MethodPost, lb, controlRule("127.0.81.1", port, `,"security":1,"mtls_frontend":{"client_cert_mode":"required","client_ca_path":"/etc/ca.pem"}`),
-		http.StatusPreconditionFailed, "serviceArguments.mtls_frontend.client_cert_mode", "MTLS_FRONTEND_UNSUPPORTED")
+	controlExpect(t, d, http.MethodPost, lb, controlRule("127.0.81.1", port, `,"security":1,"mtls_frontend":{"client_cert_mode":"required","client_ca_path":"/etc/ca.pem","client_crl_path":"/etc/ca.crl"}`),
+		http.StatusPreconditionFailed, "serviceArguments.mtls_frontend.client_crl_path", "MTLS_FRONTEND_UNSUPPORTED")
 	controlExpect(t, d, http.MethodPost, lb, controlRule("127.0.81.1", port, `,"name":"a/b"`), http.StatusBadRequest, "serviceArguments.name", "")
 	controlExpect(t, d, http.MethodPost, lb, controlRule("127.0.81.1", port, `,"name":"`+strings.Repeat("n", 200)+`"`), http.StatusBadRequest, "serviceArguments.name", "")
 	controlExpect(t, d, http.MethodPost, lb, controlRule("127.0.81.1", port, `,"security":1`), http.StatusPreconditionFailed, "serviceArguments.security", "PROXY_TLS_CERT_UNSET")

@@ -1,0 +1,194 @@
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"errors"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/testbed/pki"
+)
+
+// TestRuleTLSSources: which certificate files a rule gets — the daemon's
+// by default, the rule's own mtls_backend/mtls_frontend in their place —
+// and the 412s when a client CA is missing or a file is bad.
+func TestRuleTLSSources(t *testing.T) {
+	ca := pki.New(t)
+	vipCert, vipKey, _ := ca.Leaf(t, "vip", "127.0.0.77")
+	dCert, dKey, _ := ca.Leaf(t, "daemon-client")
+	rCert, rKey, _ := ca.Leaf(t, "rule-client")
+	ruleCA := pki.New(t)
+	caPEM, _ := os.ReadFile(ruleCA.File)
+	daemon := Config{CertFile: vipCert, KeyFile: vipKey, ClientCertFile: dCert, ClientKeyFile: dKey}
+	mk := func(sec int, fe *lbrule.MTLSFrontend, be *lbrule.MTLSBackend) *lbrule.Rule {
+		r := rule(0, "")
+		r.Service.Security, r.Service.MTLSFrontend, r.Service.MTLSBackend = sec, fe, be
+		return r
+	}
+	cases := []struct {
+		name   string
+		cfg    func(c *Config)
+		r      *lbrule.Rule
+		want   func(ps proxy.Service) bool
+		reason string
+		inMsg  string
+	}{
+		{"daemon client cert for security 2", nil, mk(2, nil, nil),
+			func(ps proxy.Service) bool { return ps.ClientCertFile == dCert && ps.ClientKeyFile == dKey }, "", ""},
+		{"no client cert for security 1", nil, mk(1, nil, nil),
+			func(ps proxy.Service) bool { return ps.ClientCertFile == "" }, "", ""},
+		{"rule client cert replaces the daemon's", nil, mk(2, nil, &lbrule.MTLSBackend{ClientCertPath: rCert, ClientKeyPath: rKey}),
+			func(ps proxy.Service) bool { return ps.ClientCertFile == rCert && ps.ClientKeyFile == rKey }, "", ""},
+		{"rule CA only keeps the daemon client cert", nil, mk(2, nil, &lbrule.MTLSBackend{BackendCAPath: ca.File}),
+			func(ps proxy.Service) bool { return ps.ClientCertFile == dCert && ps.CAFile == ca.File }, "", ""},
+		{"required without any client CA", nil, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "required"}, nil),
+			nil, lbrule.ReasonMTLSFrontendUnsupported, "--proxy-tls-client-ca"},
+		{"required with the daemon client CA", func(c *Config) { c.ClientCAFile = ca.File }, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "required"}, nil),
+			func(ps proxy.Service) bool {
+				return ps.ClientAuth == proxy.ClientAuthRequired && ps.ClientCAFile == ca.File
+			}, "", ""},
+		{"optional with the rule's inline CA", func(c *Config) { c.ClientCAFile = ca.File },
+			mk(1, &lbrule.MTLSFrontend{ClientCertMode: "optional", ClientCACertData: base64.StdEncoding.EncodeToString(caPEM), RequireClientCN: true, ClientCNPattern: "svc-*"}, nil),
+			func(ps proxy.Service) bool {
+				return ps.ClientAuth == proxy.ClientAuthOptional && ps.ClientCAFile == "" && string(ps.ClientCAPEM) == string(caPEM) && ps.ClientCNPattern == "svc-*"
+			}, "", ""},
+		{"disabled asks nothing", nil, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "disabled"}, nil),
+			func(ps proxy.Service) bool { return ps.ClientAuth == proxy.ClientAuthOff }, "", ""},
+		{"missing rule client CA file", nil, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "required", ClientCAPath: "/nonexistent/ca.pem"}, nil),
+			nil, lbrule.ReasonTLSFileInvalid, "/nonexistent/ca.pem"},
+		{"missing rule client key", nil, mk(2, nil, &lbrule.MTLSBackend{ClientCertPath: rCert, ClientKeyPath: "/nonexistent/key.pem"}),
+			nil, lbrule.ReasonTLSFileInvalid, "/nonexistent/key.pem"},
+	}
+	for _, c := range cases {
+		cfg := daemon
+		if c.cfg != nil {
+			c.cfg(&cfg)
+		}
+		g := &Gateway{cfg: cfg}
+		ps := proxy.Service{ID: 1, Security: proxy.Security(c.r.Service.Security)}
+		err := g.ruleTLS(&ps, c.r)
+		if c.reason != "" {
+			var re *lbrule.RuleError
+			if !errors.As(err, &re) || re.Reason != c.reason || !errors.Is(err, lbrule.ErrPrecondition) || !strings.Contains(re.Msg, c.inMsg) {
+				t.Errorf("%s: err %v, want a 412 %s naming %s", c.name, err, c.reason, c.inMsg)
+			}
+			continue
+		}
+		if err != nil || !c.want(ps) {
+			t.Errorf("%s: err %v, service %+v", c.name, err, ps)
+		}
+	}
+}
+
+// TestBackendMutualTLSThroughGateway: an endpoint that requires a client
+// certificate is served when the daemon has one (--proxy-tls-client-cert)
+// and answers 502, counted as a TLS upstream error, when it has none.
+func TestBackendMutualTLSThroughGateway(t *testing.T) {
+	ca := pki.New(t)
+	vipCert, vipKey, _ := ca.Leaf(t, "vip", "127.0.83.20", "127.0.83.21")
+	_, _, epPair := ca.Leaf(t, "endpoint", "127.0.0.1")
+	clientCert, clientKey, _ := ca.Leaf(t, "proxy-client")
+	ep := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	}))
+	ep.TLS = &tls.Config{Certificates: []tls.Certificate{epPair}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool}
+	ep.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake is expected
+	ep.StartTLS()
+	t.Cleanup(ep.Close)
+	epHost, epPort, _ := net.SplitHostPort(ep.Listener.Addr().String())
+
+	for _, tc := range []struct {
+		vip        string
+		withCert   bool
+		wantStatus int
+	}{{"127.0.83.20", true, 200}, {"127.0.83.21", false, 502}} {
+		cfg := Config{Seed: "1", CertFile: vipCert, KeyFile: vipKey, CAFile: ca.File}
+		if tc.withCert {
+			cfg.ClientCertFile, cfg.ClientKeyFile = clientCert, clientKey
+		}
+		f := newFixtureConfig(t, cfg)
+		reg := prometheus.NewRegistry()
+		px, err := proxy.New(proxy.Config{}, f.g, nil, reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.g.SetProxy(px)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { _ = px.Serve(ctx); close(done) }()
+		<-px.Listening()
+
+		ln, err := net.Listen("tcp", tc.vip+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		r := rule(0, "")
+		r.Service.ExternalIP, r.Service.Port, r.Service.Security = tc.vip, port, 2
+		r.Endpoints = r.Endpoints[:1]
+		r.Endpoints[0].IP = epHost
+		r.Endpoints[0].Port, _ = strconv.Atoi(epPort)
+		p, err := lbrule.Prepare(r, func(string) (string, bool) { return "1", true })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.g.Reconcile(context.Background(), []control.Service{{ID: 1, Rule: p}}); err != nil {
+			t.Fatal(err)
+		}
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}
+		resp, err := c.Post("https://"+net.JoinHostPort(tc.vip, strconv.Itoa(port))+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hi"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.wantStatus {
+			t.Errorf("client cert %v: status %d, want %d", tc.withCert, resp.StatusCode, tc.wantStatus)
+		}
+		if n := upstreamTLSErrors(t, reg); (n > 0) == tc.withCert {
+			t.Errorf("client cert %v: %v TLS upstream errors counted", tc.withCert, n)
+		}
+		c.CloseIdleConnections()
+		cancel()
+		<-done
+	}
+}
+
+// upstreamTLSErrors sums loxilb_ai_upstream_errors_total{class="tls"}.
+func upstreamTLSErrors(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != "loxilb_ai_upstream_errors_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "class" && l.GetValue() == "tls" {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
