@@ -155,6 +155,9 @@ type Deps struct {
 	// API shows it, so an operator sees when a draining endpoint is
 	// idle); nil leaves it out.
 	InFlight func(service uint32, ep int) int
+	// Diagnose runs the preflight checks (GET /diagnostics); nil answers
+	// 503.
+	Diagnose Diagnose
 	// KVTrust reports an endpoint's hash-parity verdict ("" without a
 	// KV-event subscription) and whether strict attestation keeps Tier-1.5
 	// traffic off it, for read-back; nil leaves both out.
@@ -295,6 +298,7 @@ func (s *Server) routes() {
 	g.DELETE("/config/metrics", s.metricsSet(false))
 	g.GET("/metrics", s.metricsExport)
 	g.GET("/config/ai/kv/inventory", s.inventory)
+	g.GET(DiagnosticsPath, s.diagnostics)
 	g.GET("/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", openAPIDoc) })
 	g.GET("/version", func(c *gin.Context) { c.JSON(http.StatusOK, Version{Version: s.cfg.Version}) })
 }

@@ -7,7 +7,8 @@
 // Exit codes are stable so scripts can branch on them: 0 success, 2 invalid
 // command-line input, 3 authentication (401/403), 4 precondition (404, 409,
 // 412), 5 daemon unavailable (transport error, 408, 429, 503), 6 request
-// rejected as invalid by the daemon (400, 413), 7 any other failure.
+// rejected as invalid by the daemon (400, 413), 7 any other failure, 8 a
+// check of get diagnostics failed.
 package main
 
 import (
@@ -27,6 +28,7 @@ const (
 	exitUnavailable  = 5
 	exitInvalid      = 6
 	exitFailed       = 7
+	exitCheckFailed  = 8
 )
 
 // usageError marks errors in the command line itself.
@@ -40,6 +42,8 @@ func exitCode(err error) int {
 	switch {
 	case err == nil:
 		return exitOK
+	case errors.Is(err, errCheckFailed):
+		return exitCheckFailed
 	case errors.As(err, &ue):
 		return exitUsage
 	case errors.As(err, &ae):

@@ -204,6 +204,18 @@ func (c *Client) Inventory(ctx context.Context, service uint32, ep, limit int) (
 	return out, err
 }
 
+// Diagnostics runs the daemon's preflight checks of every KV-exact rule,
+// or of service only when only is true.
+func (c *Client) Diagnostics(ctx context.Context, service uint32, only bool) (api.Diagnostics, error) {
+	var out api.Diagnostics
+	path := api.DiagnosticsPath
+	if only {
+		path += fmt.Sprintf("?service=%d", service)
+	}
+	err := c.do(ctx, http.MethodGet, path, nil, &out)
+	return out, err
+}
+
 // SetMetrics enables or disables the metrics export.
 func (c *Client) SetMetrics(ctx context.Context, on bool) error {
 	m := http.MethodPost

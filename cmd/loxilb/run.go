@@ -19,6 +19,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane/ebpf"
+	"github.com/loxilb-llm/loxilb/pkg/diag"
 	"github.com/loxilb-llm/loxilb/pkg/dispatch"
 	"github.com/loxilb-llm/loxilb/pkg/gateway"
 	"github.com/loxilb-llm/loxilb/pkg/health"
@@ -258,7 +259,9 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 			KVTrust: gw.KVTrust,
 			// The proxy counts the requests it forwards, the dispatcher
 			// the legs of P/D requests it runs (which the proxy hands it).
-			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) }})
+			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) },
+			Diagnose: diag.Sources{Rules: ctl.List, Events: events.Status, Seed: seed, SeedProblem: lbrule.SeedPrecondition(env),
+				TokenizerDir: cfg.tokenizerDir, SidePort: pdd.SidePort}.Run})
 	if err != nil {
 		return err
 	}

@@ -57,7 +57,7 @@ func BenchmarkVLLMRewrite(b *testing.B) {
 			b.Fatal(err)
 		}
 		_ = vllmPrefillBody(m)
-		p, err := vllmParams(resp, ep, 1<<16)
+		p, _, err := vllmParams(resp, ep, 1<<16)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -147,6 +147,26 @@ type Dispatcher struct {
 	// step the other in lockstep.
 	rrPre, rrDec atomic.Uint64
 	bufs         sync.Pool // relay buffers
+	// sidePorts holds the remote_port each vLLM prefill endpoint last
+	// reported (sideKey -> int), for diagnostics.
+	sidePorts sync.Map
+}
+
+type sideKey struct {
+	service uint32
+	ep      int
+}
+
+// SidePort reports the NIXL side-channel port (remote_port) a vLLM prefill
+// endpoint put in its last kv_transfer_params; ok is false before any. With
+// nixl_port 0 the decode leg is sent to the target port instead, so a
+// difference means the rule misses the engine's side channel.
+func (d *Dispatcher) SidePort(service uint32, ep int) (int, bool) {
+	v, ok := d.sidePorts.Load(sideKey{service, ep})
+	if !ok {
+		return 0, false
+	}
+	return v.(int), true
 }
 
 // New builds a dispatcher with its own pooled transport. reg may be nil.
@@ -214,6 +234,12 @@ func (d *Dispatcher) Forget(service uint32) {
 	d.sess.forget(service)
 	d.trie.forget(service)
 	d.adm.forget(service)
+	d.sidePorts.Range(func(k, _ any) bool {
+		if k.(sideKey).service == service {
+			d.sidePorts.Delete(k)
+		}
+		return true
+	})
 	d.m.sessionsActive.Set(float64(d.sess.len()))
 	d.m.trieKeys.Set(float64(d.trie.keys()))
 }

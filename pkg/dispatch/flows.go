@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/loxilb-llm/loxilb/pkg/engine"
 )
@@ -35,33 +36,40 @@ func vllmPrefillBody(m map[string]json.RawMessage) []byte {
 // vllmParams extracts kv_transfer_params from a prefill response and
 // points remote_host/remote_port at the prefill endpoint (nixl_port, or the
 // target port when it is 0). The rest of the object is forwarded as is.
-func vllmParams(body []byte, ep Endpoint, limit int) (json.RawMessage, error) {
+// reported is the remote_port the engine gave (its NIXL side channel), 0
+// when absent or not a port: diagnostics compare it with what was sent.
+func vllmParams(body []byte, ep Endpoint, limit int) (params json.RawMessage, reported int, err error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
-		return nil, fmt.Errorf("%w: prefill response is not a JSON object: %v", ErrParamsMalformed, err)
+		return nil, 0, fmt.Errorf("%w: prefill response is not a JSON object: %v", ErrParamsMalformed, err)
 	}
 	kv, ok := top["kv_transfer_params"]
 	if !ok || isNull(kv) {
-		return nil, fmt.Errorf("%w: prefill returned no kv_transfer_params (is the prefill engine running with a NixlConnector kv_transfer_config and kv_role kv_producer or kv_both?)", ErrParamsMissing)
+		return nil, 0, fmt.Errorf("%w: prefill returned no kv_transfer_params (is the prefill engine running with a NixlConnector kv_transfer_config and kv_role kv_producer or kv_both?)", ErrParamsMissing)
 	}
 	if len(kv) > limit {
-		return nil, fmt.Errorf("%w: kv_transfer_params is %d bytes, over the %d byte cap", ErrParamsMalformed, len(kv), limit)
+		return nil, 0, fmt.Errorf("%w: kv_transfer_params is %d bytes, over the %d byte cap", ErrParamsMalformed, len(kv), limit)
 	}
 	var p map[string]json.RawMessage
 	if err := json.Unmarshal(kv, &p); err != nil || p == nil {
-		return nil, fmt.Errorf("%w: kv_transfer_params must be a JSON object, got %s", ErrParamsMalformed, excerpt(kv))
+		return nil, 0, fmt.Errorf("%w: kv_transfer_params must be a JSON object, got %s", ErrParamsMalformed, excerpt(kv))
 	}
 	if len(p) == 0 {
-		return nil, fmt.Errorf("%w: kv_transfer_params is empty", ErrParamsMalformed)
+		return nil, 0, fmt.Errorf("%w: kv_transfer_params is empty", ErrParamsMalformed)
 	}
 	if err := checkKind(p, "remote_block_ids", '['); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if err := checkKind(p, "remote_engine_id", '"'); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if v, ok := p["do_remote_prefill"]; ok && string(v) != "true" {
-		return nil, fmt.Errorf("%w: kv_transfer_params.do_remote_prefill is %s, want true", ErrParamsMalformed, excerpt(v))
+		return nil, 0, fmt.Errorf("%w: kv_transfer_params.do_remote_prefill is %s, want true", ErrParamsMalformed, excerpt(v))
+	}
+	if v, ok := p["remote_port"]; ok {
+		if n, err := strconv.Atoi(strings.Trim(string(bytes.TrimSpace(v)), `"`)); err == nil && n > 0 && n <= 65535 {
+			reported = n
+		}
 	}
 	port := ep.NixlPort
 	if port == 0 {
@@ -69,7 +77,7 @@ func vllmParams(body []byte, ep Endpoint, limit int) (json.RawMessage, error) {
 	}
 	p["remote_host"] = raw(ep.Host)
 	p["remote_port"] = raw(port)
-	return raw(p), nil
+	return raw(p), reported, nil
 }
 
 func isNull(b json.RawMessage) bool {
@@ -109,10 +117,13 @@ func (x *exchange) runVLLM(ctx context.Context) {
 		x.failPrefill(ctx, out)
 		return
 	}
-	params, err := vllmParams(out.body, out.ep, x.d.cfg.MaxParamsBytes)
+	params, reported, err := vllmParams(out.body, out.ep, x.d.cfg.MaxParamsBytes)
 	if err != nil {
 		x.paramsError(out.ep, err)
 		return
+	}
+	if reported != 0 {
+		x.d.sidePorts.Store(sideKey{x.req.Pool.Service, out.ep.Idx}, reported)
 	}
 	x.d.m.paramsFound.WithLabelValues(x.label, strconv.Itoa(out.ep.Idx)).Inc()
 	x.prefillUsed = &out.ep

@@ -17,7 +17,7 @@ func FuzzPrefillResponse(f *testing.F) {
 	f.Add([]byte(`{"kv_transfer_params":null}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ep := Endpoint{Idx: 1, Host: "127.0.0.5", Port: 8000}
-		if p, err := vllmParams(b, ep, 1<<12); err == nil {
+		if p, _, err := vllmParams(b, ep, 1<<12); err == nil {
 			var m map[string]any
 			if json.Unmarshal(p, &m) != nil || m["remote_host"] != "127.0.0.5" || m["remote_port"] != 8000.0 {
 				t.Fatalf("accepted params %s", p)

@@ -76,6 +76,9 @@ type fleetOpts struct {
 	decodeFaults    enginesim.Faults
 	bootstrapShared bool
 	prefillRanks    int // data-parallel ranks of each prefill engine (0: 1)
+	// nixlSide gives vLLM prefill engines a NIXL side channel of their own
+	// (as vLLM has), not the HTTP port.
+	nixlSide bool
 }
 
 func newFleet(t *testing.T, o fleetOpts) *fleet {
@@ -90,6 +93,9 @@ func newFleet(t *testing.T, o fleetOpts) *fleet {
 			PDTimeout: 5 * time.Second, DPRanks: o.prefillRanks}
 		if o.engine == enginesim.EngineSGLang {
 			c.BootstrapPort = boot // the first picks a free port, the others share it
+		}
+		if o.nixlSide {
+			c.NIXLSidePort = -1
 		}
 		e := startEngine(t, c)
 		if o.engine == enginesim.EngineSGLang {

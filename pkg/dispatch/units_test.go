@@ -144,7 +144,7 @@ func TestVLLMPrefillBody(t *testing.T) {
 	if _, ok := m["min_tokens"]; !ok {
 		t.Fatal("the original body was modified")
 	}
-	params, err := vllmParams([]byte(`{"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"10.9.9.9","remote_port":5600,"tp_size":1,"future_key":{"x":1}}}`),
+	params, reported, err := vllmParams([]byte(`{"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"10.9.9.9","remote_port":5600,"tp_size":1,"future_key":{"x":1}}}`),
 		Endpoint{Host: "127.0.0.9", Port: 8000, NixlPort: 5601}, 1<<16)
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +154,10 @@ func TestVLLMPrefillBody(t *testing.T) {
 	if got["remote_host"] != "127.0.0.9" || got["remote_port"] != 5601.0 || got["future_key"] == nil || got["tp_size"] != 1.0 {
 		t.Fatalf("decode params %v", got)
 	}
-	params, _ = vllmParams([]byte(`{"kv_transfer_params":{"remote_block_ids":[]}}`), Endpoint{Host: "h", Port: 8000}, 1<<16)
+	if reported != 5600 {
+		t.Fatalf("reported side channel %d, want the engine's 5600", reported)
+	}
+	params, _, _ = vllmParams([]byte(`{"kv_transfer_params":{"remote_block_ids":[]}}`), Endpoint{Host: "h", Port: 8000}, 1<<16)
 	_ = json.Unmarshal(params, &got)
 	if got["remote_port"] != 8000.0 {
 		t.Fatalf("nixl_port 0 must use the target port: %v", got)
@@ -217,5 +220,32 @@ func TestClientGoneCancelsLegs(t *testing.T) {
 	}
 	if errors.Is(ctx.Err(), context.Canceled) && f.d.InFlight(7, 5) != 0 {
 		t.Fatal("decode slot not released")
+	}
+}
+
+// TestNIXLSideChannel: a vLLM prefill engine whose side channel is not its
+// HTTP port fails the decode leg under nixl_port 0 (the gateway names the
+// HTTP port), the dispatcher remembers the remote_port the engine
+// reported, and nixl_port set to it makes the transfer work.
+func TestNIXLSideChannel(t *testing.T) {
+	f := newFleet(t, fleetOpts{engine: enginesim.EngineVLLM, nPrefill: 1, nDec: 1, nixlSide: true})
+	side := f.prefill[0].NIXLSidePort()
+	body := map[string]any{"model": "sim-model", "prompt": "a prompt long enough to fill a couple of blocks of sixteen tokens each", "max_tokens": 3}
+	if _, ok := f.d.SidePort(7, 0); ok {
+		t.Fatal("a side port before any prefill")
+	}
+	if r := f.post(t, "/v1/completions", body); r.status == 200 {
+		t.Fatalf("nixl_port 0 with a separate side channel succeeded: %s", r.body)
+	}
+	if got, ok := f.d.SidePort(7, 0); !ok || got != side || side == f.pool.Prefill[0].Port {
+		t.Fatalf("reported side port %d %v, engine's %d, HTTP %d", got, ok, side, f.pool.Prefill[0].Port)
+	}
+	f.pool.Prefill[0].NixlPort = side
+	if r := f.post(t, "/v1/completions", body); r.status != 200 {
+		t.Fatalf("nixl_port %d: %d %s", side, r.status, r.body)
+	}
+	f.d.Forget(7)
+	if _, ok := f.d.SidePort(7, 0); ok {
+		t.Fatal("Forget kept the side port")
 	}
 }

@@ -83,14 +83,21 @@ type Config struct {
 	// DecodeUsPerActiveBlock adds a per-step cost for every KV block pinned
 	// by running requests, so decode slows as the batch grows. Default 0.
 	DecodeUsPerActiveBlock float64
-	MaxRunning             int           // concurrent sequences, default 32
-	MaxQueue               int           // waiting requests before 503; 0 means unbounded
-	TimeScale              float64       // multiplies every modelled delay; 0 disables delays
-	TimeScaleSet           bool          // TimeScale was given (0 is meaningful)
-	BootstrapPort          int           // SGLang prefill bootstrap port; 0 picks a free port
-	PDTimeout              time.Duration // how long a decode leg waits for its prefill, default 30s
-	TRTEventBuffer         int           // TensorRT-LLM event buffer (event_buffer_max_size), default 10000
-	RandSeed               uint64        // seeds fault probabilities
+	MaxRunning             int     // concurrent sequences, default 32
+	MaxQueue               int     // waiting requests before 503; 0 means unbounded
+	TimeScale              float64 // multiplies every modelled delay; 0 disables delays
+	TimeScaleSet           bool    // TimeScale was given (0 is meaningful)
+	BootstrapPort          int     // SGLang prefill bootstrap port; 0 picks a free port
+	// NIXLSidePort is the NIXL side channel of a vLLM prefill engine
+	// (vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT, 5600 there): transfers are
+	// claimed on their own listener at this port and remote_port names it,
+	// so a gateway that sends the decode leg to the HTTP port fails the
+	// transfer. 0 (the default) claims on the HTTP port; -1 picks a free
+	// port.
+	NIXLSidePort   int
+	PDTimeout      time.Duration // how long a decode leg waits for its prefill, default 30s
+	TRTEventBuffer int           // TensorRT-LLM event buffer (event_buffer_max_size), default 10000
+	RandSeed       uint64        // seeds fault probabilities
 
 	Faults Faults // faults active from the start
 }

@@ -58,8 +58,11 @@ type Engine struct {
 	pd     *pdStore
 	reg    *prometheus.Registry
 
-	ln, bootLn    net.Listener
-	srv, bootSrv  *http.Server
+	ln, bootLn   net.Listener
+	srv, bootSrv *http.Server
+	// sideLn and sideSrv are the vLLM NIXL side channel (NIXLSidePort).
+	sideLn        net.Listener
+	sideSrv       *http.Server
 	advertiseHost string
 	engineID      string
 
@@ -171,6 +174,16 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 		}
 		e.bootSrv = &http.Server{Handler: e.bootstrapHandler(), ReadHeaderTimeout: 10 * time.Second}
 	}
+	if cfg.Engine == EngineVLLM && cfg.Role != RoleDecode && cfg.NIXLSidePort != 0 {
+		addr := net.JoinHostPort(hostOf(cfg.Listen), strconv.Itoa(max(cfg.NIXLSidePort, 0)))
+		e.sideLn, err = net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("NIXL side channel listen %s: %w", addr, err)
+		}
+		side := http.NewServeMux()
+		side.HandleFunc("POST /sim/pd/claim/{id}", e.handleClaim)
+		e.sideSrv = &http.Server{Handler: side, ReadHeaderTimeout: 10 * time.Second}
+	}
 	e.reg = prometheus.NewRegistry()
 	if err := e.registerMetrics(e.reg); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
@@ -199,10 +212,13 @@ func zmqEndpoint(host string, base, rank int) string {
 // Run serves HTTP (and the bootstrap listener) until ctx ends, then shuts
 // down and closes the engine.
 func (e *Engine) Run(ctx context.Context) error {
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- e.srv.Serve(e.ln) }()
 	if e.bootSrv != nil {
 		go func() { errc <- e.bootSrv.Serve(e.bootLn) }()
+	}
+	if e.sideSrv != nil {
+		go func() { errc <- e.sideSrv.Serve(e.sideLn) }()
 	}
 	var err error
 	select {
@@ -217,6 +233,9 @@ func (e *Engine) Run(ctx context.Context) error {
 	_ = e.srv.Shutdown(sctx)
 	if e.bootSrv != nil {
 		_ = e.bootSrv.Shutdown(sctx)
+	}
+	if e.sideSrv != nil {
+		_ = e.sideSrv.Shutdown(sctx)
 	}
 	if cerr := e.Close(); err == nil {
 		err = cerr
@@ -236,6 +255,11 @@ func (e *Engine) Close() error {
 			_ = e.bootSrv.Close()
 		} else if e.bootLn != nil {
 			_ = e.bootLn.Close()
+		}
+		if e.sideSrv != nil {
+			_ = e.sideSrv.Close()
+		} else if e.sideLn != nil {
+			_ = e.sideLn.Close()
 		}
 		for _, r := range e.ranks {
 			if r.pub != nil {
@@ -284,6 +308,15 @@ func (e *Engine) BootstrapPort() int {
 		return 0
 	}
 	return tcpPort(e.bootLn.Addr())
+}
+
+// NIXLSidePort is the vLLM NIXL side-channel port (NIXLSidePort), or 0
+// when transfers are claimed on the HTTP port.
+func (e *Engine) NIXLSidePort() int {
+	if e.sideLn == nil {
+		return 0
+	}
+	return tcpPort(e.sideLn.Addr())
 }
 
 func tcpPort(a net.Addr) int {

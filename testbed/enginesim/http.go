@@ -37,7 +37,10 @@ func (e *Engine) Handler() http.Handler {
 	mux.HandleFunc("GET /sim/cache", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, 200, e.Cache()) })
 	mux.HandleFunc("GET /sim/fault", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, 200, e.Faults()) })
 	mux.HandleFunc("POST /sim/fault", e.handleFault)
-	mux.HandleFunc("POST /sim/pd/claim/{id}", e.handleClaim)
+	if e.sideLn == nil {
+		// Without a separate side channel, transfers are claimed here.
+		mux.HandleFunc("POST /sim/pd/claim/{id}", e.handleClaim)
+	}
 	return mux
 }
 

@@ -363,6 +363,9 @@ func (e *Engine) pdAfter(p *parsedRequest, plan pdPlan) pdExtras {
 	port := tcpPort(e.ln.Addr())
 	switch plan.kind {
 	case pdVLLMPrefill:
+		if e.sideLn != nil {
+			port = tcpPort(e.sideLn.Addr())
+		}
 		ids := make([]int, nblocks)
 		for i := range ids {
 			ids[i] = i

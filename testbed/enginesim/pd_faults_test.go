@@ -360,3 +360,34 @@ func TestResetRequestsFault(t *testing.T) {
 		t.Fatalf("fault did not clear after one request: %d", r.status)
 	}
 }
+
+// TestVLLMNIXLSideChannel: with NIXLSidePort the prefill engine names its
+// side channel, not its HTTP port, in remote_port, and a decode leg sent to
+// the HTTP port (a gateway with nixl_port 0) fails the transfer.
+func TestVLLMNIXLSideChannel(t *testing.T) {
+	pre := startEngine(t, Config{Engine: EngineVLLM, Role: RolePrefill, NIXLSidePort: -1}, Deps{})
+	dec := startEngine(t, Config{Engine: EngineVLLM, Role: RoleDecode, PDTimeout: time.Second}, Deps{})
+	side, httpPort := pre.NIXLSidePort(), tcpPort(pre.ln.Addr())
+	if side == 0 || side == httpPort {
+		t.Fatalf("side channel %d, HTTP %d", side, httpPort)
+	}
+	prompt := seqTokens(1, 40)
+	prefill := func() map[string]any {
+		r := do(t, "POST", pre.URL()+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1,
+			"kv_transfer_params": map[string]any{"do_remote_decode": true}})
+		kvp, _ := r.json["kv_transfer_params"].(map[string]any)
+		if p, _ := kvp["remote_port"].(json.Number).Int64(); int(p) != side {
+			t.Fatalf("remote_port %v, want the side channel %d", kvp["remote_port"], side)
+		}
+		return kvp
+	}
+	kvp := prefill()
+	kvp["remote_port"] = httpPort // what nixl_port 0 does
+	if r := do(t, "POST", dec.URL()+"/v1/completions", map[string]any{"prompt": prompt, "kv_transfer_params": kvp}); r.status == 200 {
+		t.Fatalf("a decode leg pointed at the HTTP port succeeded: %s", r.body)
+	}
+	kvp = prefill()
+	if r := do(t, "POST", dec.URL()+"/v1/completions", map[string]any{"prompt": prompt, "kv_transfer_params": kvp}); r.status != 200 {
+		t.Fatalf("decode leg on the side channel: %d %s", r.status, r.body)
+	}
+}

@@ -41,6 +41,7 @@ type Ready struct {
 	ZMQPorts      []int  `json:"zmq_ports"`
 	ReplayPorts   []int  `json:"replay_ports"`
 	BootstrapPort int    `json:"bootstrap_port"`
+	NIXLSidePort  int    `json:"nixl_side_port,omitempty"`
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -75,6 +76,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&c.MaxQueue, "max-queue", 0, "waiting requests before 503 (0: unbounded)")
 	fs.Float64Var(&c.TimeScale, "time-scale", 1, "multiplier of every modelled delay (0: no delays)")
 	fs.IntVar(&c.BootstrapPort, "bootstrap-port", 8998, "SGLang prefill bootstrap port (0 picks a free port)")
+	fs.IntVar(&c.NIXLSidePort, "nixl-side-port", 0, "vLLM prefill: NIXL side-channel port transfers are claimed on and remote_port names, like VLLM_NIXL_SIDE_CHANNEL_PORT (0: the HTTP port, -1: a free port)")
 	fs.DurationVar(&c.PDTimeout, "pd-timeout", 30*time.Second, "how long a decode leg waits for its prefill")
 	fs.IntVar(&c.TRTEventBuffer, "trt-event-buffer", 10000, "TensorRT-LLM event buffer size")
 	fs.Uint64Var(&c.RandSeed, "rand-seed", 1, "seed of fault probabilities")
@@ -124,7 +126,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	ready := Ready{Ready: true, Engine: e.Config().Engine, Role: e.Config().Role, HTTP: e.Addr(),
-		ZMQPorts: e.ZMQPorts(), ReplayPorts: e.ReplayPorts(), BootstrapPort: e.BootstrapPort()}
+		ZMQPorts: e.ZMQPorts(), ReplayPorts: e.ReplayPorts(), BootstrapPort: e.BootstrapPort(), NIXLSidePort: e.NIXLSidePort()}
 	if ready.ZMQPorts == nil {
 		ready.ZMQPorts = []int{}
 	}
