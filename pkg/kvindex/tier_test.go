@@ -1,0 +1,124 @@
+package kvindex
+
+import (
+	"slices"
+	"testing"
+)
+
+func tiered(ix *Index, svc uint32, keys []uint64, eps ...int) (depth, cpu []int) {
+	depth, cpu = make([]int, len(eps)), make([]int, len(eps))
+	ix.PrefixMatchTiered(svc, keys, eps, depth, cpu)
+	return depth, cpu
+}
+
+// TestTierGPUAndCPU: endpoint 0 holds the prefix on GPU, endpoint 1 on CPU
+// only; both match the whole prefix, and only endpoint 1's blocks count as
+// CPU. A block on both tiers counts as GPU.
+func TestTierGPUAndCPU(t *testing.T) {
+	ix, _ := newIndex(t, Config{})
+	req := seq(100, 108)
+	ix.Store(1, 0, 0, req)
+	ix.StoreTier(1, 1, 0, TierCPU, req)
+	ix.StoreTier(1, 0, 0, TierCPU, req[:4]) // GPU+CPU stays GPU
+	d, c := tiered(ix, 1, req, 0, 1, 2)
+	if !slices.Equal(d, []int{8, 8, 0}) || !slices.Equal(c, []int{0, 8, 0}) {
+		t.Fatalf("depth %v cpu %v, want [8 8 0] [0 8 0]", d, c)
+	}
+	if got := match(ix, 1, req, 0, 1); !slices.Equal(got, []int{8, 8}) {
+		t.Fatalf("PrefixMatch %v", got)
+	}
+	if ix.Len(1, 1) != 8 {
+		t.Fatalf("Len(ep1) %d, want 8", ix.Len(1, 1))
+	}
+	// Promote half of endpoint 1's copies to GPU.
+	ix.Store(1, 1, 0, req[:4])
+	if _, c := tiered(ix, 1, req, 1); c[0] != 4 {
+		t.Fatalf("after GPU store: cpu %d, want 4", c[0])
+	}
+	checkInvariants(t, ix)
+}
+
+// TestTierRemoveSemantics follows vLLM's per-medium events: removing the
+// GPU copy of a block that has a CPU copy leaves it CPU-only; removing the
+// CPU copy of a GPU block leaves it GPU; removing the last copy drops it;
+// removals on a tier the endpoint does not hold change nothing.
+func TestTierRemoveSemantics(t *testing.T) {
+	ix, _ := newIndex(t, Config{})
+	req := seq(1, 5) // 4 blocks
+	ix.Store(1, 0, 0, req)
+	ix.StoreTier(1, 0, 0, TierCPU, req[:2])
+
+	ix.Remove(1, 0, 0, req[:1]) // GPU copy of block 0 goes, CPU stays
+	d, c := tiered(ix, 1, req, 0)
+	if d[0] != 4 || c[0] != 1 {
+		t.Fatalf("after GPU removal: depth %d cpu %d, want 4 1", d[0], c[0])
+	}
+	ix.Remove(1, 0, 0, req[:1])               // no GPU copy left: ignored
+	ix.RemoveTier(1, 0, 0, TierCPU, req[2:3]) // no CPU copy: ignored
+	if d, c = tiered(ix, 1, req, 0); d[0] != 4 || c[0] != 1 {
+		t.Fatalf("after no-op removals: depth %d cpu %d, want 4 1", d[0], c[0])
+	}
+	ix.RemoveTier(1, 0, 0, TierCPU, req[1:2]) // block 1 keeps its GPU copy
+	if d, c = tiered(ix, 1, req, 0); d[0] != 4 || c[0] != 1 {
+		t.Fatalf("after CPU removal of a GPU block: depth %d cpu %d, want 4 1", d[0], c[0])
+	}
+	ix.RemoveTier(1, 0, 0, TierCPU, req[:1]) // last copy of block 0
+	if d, _ = tiered(ix, 1, req, 0); d[0] != 0 || ix.Len(1, 0) != 3 {
+		t.Fatalf("after last copy removed: depth %d len %d, want 0 3", d[0], ix.Len(1, 0))
+	}
+	checkInvariants(t, ix)
+}
+
+// TestTierClearsForget: eviction, a rank clear and an endpoint clear drop
+// the CPU records with the blocks, so a block stored again later is GPU.
+func TestTierClearsForget(t *testing.T) {
+	ix, _ := newIndex(t, Config{MaxBlocksPerEndpoint: 4})
+	req := seq(10, 14)
+	ix.StoreTier(1, 0, 0, TierCPU, req)
+	ix.Store(1, 0, 0, seq(20, 24)) // evicts all four CPU blocks
+	ix.Store(1, 0, 0, req)
+	if _, c := tiered(ix, 1, req, 0); c[0] != 0 {
+		t.Fatalf("evicted CPU records survived: cpu %d", c[0])
+	}
+	ix.StoreTier(1, 1, 0, TierCPU, req)
+	ix.ClearRank(1, 1, 0)
+	ix.Store(1, 1, 0, req)
+	ix.StoreTier(1, 2, 0, TierCPU, req)
+	ix.ClearEndpoint(1, 2)
+	ix.Store(1, 2, 0, req)
+	if d, c := tiered(ix, 1, req, 1, 2); !slices.Equal(d, []int{4, 4}) || !slices.Equal(c, []int{0, 0}) {
+		t.Fatalf("after clears: depth %v cpu %v", d, c)
+	}
+	checkInvariants(t, ix)
+}
+
+// TestTierMixedPrefix counts CPU blocks only within each endpoint's own
+// matched prefix.
+func TestTierMixedPrefix(t *testing.T) {
+	ix, _ := newIndex(t, Config{})
+	req := seq(0, 10)
+	ix.Store(1, 0, 0, req[:3])
+	ix.StoreTier(1, 0, 0, TierCPU, req[3:6]) // ep0: 3 GPU + 3 CPU
+	ix.StoreTier(1, 1, 0, TierCPU, req[:2])  // ep1: 2 CPU
+	ix.StoreTier(1, 1, 0, TierCPU, req[7:])  // beyond ep1's prefix
+	d, c := tiered(ix, 1, req, 0, 1)
+	if !slices.Equal(d, []int{6, 2}) || !slices.Equal(c, []int{3, 2}) {
+		t.Fatalf("depth %v cpu %v, want [6 2] [3 2]", d, c)
+	}
+}
+
+// TestPrefixMatchTieredZeroAllocs: the tiered lookup allocates nothing.
+func TestPrefixMatchTieredZeroAllocs(t *testing.T) {
+	ix, _ := newIndex(t, Config{})
+	req := seq(1<<40, 1<<40+64)
+	ix.Store(1, 0, 0, req)
+	ix.StoreTier(1, 1, 0, TierCPU, req)
+	eps := []int{0, 1, 2}
+	out, cpu := make([]int, 3), make([]int, 3)
+	if a := testing.AllocsPerRun(200, func() { ix.PrefixMatchTiered(1, req, eps, out, cpu) }); a != 0 {
+		t.Fatalf("%v allocations per lookup", a)
+	}
+	if !slices.Equal(out, []int{64, 64, 0}) || !slices.Equal(cpu, []int{0, 64, 0}) {
+		t.Fatalf("depth %v cpu %v", out, cpu)
+	}
+}
