@@ -141,6 +141,7 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 	zmqOn := (cfg.Engine == EngineVLLM || cfg.Engine == EngineSGLang) && cfg.ZMQPort >= 0
 	for i := 0; i < cfg.DPRanks; i++ {
 		r := &rank{id: i, cache: newBlockCache(cfg.CapacityBlocks, cfg.BlockSize, perBlock)}
+		r.cache.cpuCap = cfg.CPUOffloadBlocks
 		e.ranks = append(e.ranks, r)
 		if !zmqOn {
 			continue
@@ -348,6 +349,7 @@ type RankStats struct {
 	Rank        int    `json:"rank"`
 	BlocksUsed  int    `json:"blocks_used"`
 	Evictions   uint64 `json:"evictions"`
+	CPUBlocks   int    `json:"cpu_blocks"` // blocks in the CPU offload tier
 	Uncacheable uint64 `json:"uncacheable_blocks"`
 	NextSeq     uint64 `json:"next_seq"`
 	Enqueued    uint64 `json:"batches_enqueued"`
@@ -405,7 +407,7 @@ func (e *Engine) Stats() Stats {
 	}
 	for _, r := range e.ranks {
 		r.mu.Lock()
-		rs := RankStats{Rank: r.id, BlocksUsed: len(r.cache.blocks), Evictions: r.cache.evictions, Uncacheable: r.cache.dropped,
+		rs := RankStats{Rank: r.id, BlocksUsed: len(r.cache.blocks), Evictions: r.cache.evictions, CPUBlocks: r.cache.cpuLen(), Uncacheable: r.cache.dropped,
 			Served: r.served.Load(), Targeted: r.targeted.Load()}
 		r.mu.Unlock()
 		if r.pub != nil {
