@@ -267,3 +267,15 @@ func (c *blockCache) snapshot() []BlockInfo {
 	sort.Slice(out, func(i, j int) bool { return out[i].Hash < out[j].Hash })
 	return out
 }
+
+// cpuKeys lists the CPU tier's keys, most recently offloaded first.
+func (c *blockCache) cpuKeys() []uint64 {
+	if c.cpuLRU == nil {
+		return nil
+	}
+	out := make([]uint64, 0, len(c.cpu))
+	for el := c.cpuLRU.Front(); el != nil; el = el.Next() {
+		out = append(out, el.Value.(uint64))
+	}
+	return out
+}

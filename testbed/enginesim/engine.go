@@ -438,6 +438,9 @@ func (e *Engine) Stats() Stats {
 type RankCache struct {
 	Rank   int         `json:"rank"`
 	Blocks []BlockInfo `json:"blocks"`
+	// CPU lists the keys in the CPU offload tier, most recently offloaded
+	// first (only with CPUOffloadBlocks).
+	CPU []uint64 `json:"cpu,omitempty"`
 }
 
 // CacheSnapshot is the body of GET /sim/cache: the ground-truth block keys
@@ -455,7 +458,7 @@ func (e *Engine) Cache() CacheSnapshot {
 	cs := CacheSnapshot{Engine: e.cfg.Engine, BlockSize: e.cfg.BlockSize, HashAlgo: e.hasher.algo()}
 	for _, r := range e.ranks {
 		r.mu.Lock()
-		cs.Ranks = append(cs.Ranks, RankCache{Rank: r.id, Blocks: r.cache.snapshot()})
+		cs.Ranks = append(cs.Ranks, RankCache{Rank: r.id, Blocks: r.cache.snapshot(), CPU: r.cache.cpuKeys()})
 		r.mu.Unlock()
 	}
 	return cs
