@@ -118,25 +118,62 @@ func (ix *Index) PrefixMatchTiered(service uint32, keys []uint64, eps []int, out
 	ix.prefixMatch(service, keys, eps, out, true, cpu)
 }
 
-// countCPU adds to cpu[b] the CPU-only blocks among the first depth[b]
-// keys of each candidate b in cands. s.mu must be held for reading.
+// countCPU sets cpu[b] to the CPU-only blocks among the first depth[b]
+// keys of each candidate b in cands. It probes the CPU-only table once per
+// key and counts for all candidates at once in bit-sliced counters
+// (planes[j] holds bit j of every candidate's count), so the cost per key
+// is a probe and a carry chain of amortised two steps, not a loop over
+// endpoints. s.mu must be held for reading.
 func (s *service) countCPU(keys []uint64, cands uint64, depth *[MaxEndpoints]int32, cpu *[MaxEndpoints]int32) {
 	t := s.tier.cpuOnly
 	if t == nil || t.n == 0 {
 		return
 	}
+	// live is the candidates whose prefix reaches key i; next is the
+	// smallest depth among them, where live must shrink.
+	var live uint64
 	var maxd int32
 	for c := cands; c != 0; c &= c - 1 {
-		maxd = max(maxd, depth[bits.TrailingZeros64(c)])
-	}
-	for i, k := range keys[:maxd] {
-		m := t.get(k) & cands
-		for m != 0 {
-			b := bits.TrailingZeros64(m)
-			if int32(i) < depth[b] {
-				cpu[b]++
-			}
-			m &= m - 1
+		b := bits.TrailingZeros64(c)
+		if depth[b] > 0 {
+			live |= 1 << b
+			maxd = max(maxd, depth[b])
 		}
 	}
+	next := minDepth(live, depth)
+	var planes [32]uint64
+	for i, k := range keys[:maxd] {
+		if int32(i) == next {
+			for c := live; c != 0; c &= c - 1 {
+				if b := bits.TrailingZeros64(c); depth[b] <= int32(i) {
+					live &^= 1 << b
+				}
+			}
+			next = minDepth(live, depth)
+		}
+		m := t.get(k) & live
+		for j := 0; m != 0; j++ {
+			carry := planes[j] & m
+			planes[j] ^= m
+			m = carry
+		}
+	}
+	for c := cands; c != 0; c &= c - 1 {
+		b := bits.TrailingZeros64(c)
+		var n int32
+		for j := range planes {
+			n |= int32((planes[j]>>b)&1) << j
+		}
+		cpu[b] = n
+	}
+}
+
+func minDepth(live uint64, depth *[MaxEndpoints]int32) int32 {
+	n := int32(-1)
+	for c := live; c != 0; c &= c - 1 {
+		if d := depth[bits.TrailingZeros64(c)]; n < 0 || d < n {
+			n = d
+		}
+	}
+	return n
 }

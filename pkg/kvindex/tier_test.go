@@ -122,3 +122,41 @@ func TestPrefixMatchTieredZeroAllocs(t *testing.T) {
 		t.Fatalf("depth %v cpu %v", out, cpu)
 	}
 }
+
+// BenchmarkPrefixMatchTier compares, on one fixture (32 endpoints of 20k
+// blocks, every one holding the whole 256-block request), PrefixMatch with
+// PrefixMatchTiered on a GPU-only service and after half the endpoints
+// also report CPU-only copies of another 20k blocks and the request's
+// second half moves to CPU at them.
+func BenchmarkPrefixMatchTier(b *testing.B) {
+	ix, req, cands := prefixFixture(b, 32, 20_000, 256, func(int) int { return 256 })
+	out, cpu := make([]int, len(cands)), make([]int, len(cands))
+	b.Run("PrefixMatch/gpu-only", func(b *testing.B) {
+		for b.Loop() {
+			ix.PrefixMatch(1, req, cands, out)
+		}
+	})
+	b.Run("Tiered/gpu-only", func(b *testing.B) {
+		for b.Loop() {
+			ix.PrefixMatchTiered(1, req, cands, out, cpu)
+		}
+	})
+	for ep := 0; ep < 32; ep += 2 {
+		ix.StoreTier(1, ep, 0, TierCPU, seq(uint64(ep)<<40, uint64(ep)<<40+20_000))
+		ix.StoreTier(1, ep, 0, TierCPU, req[128:])
+		ix.Remove(1, ep, 0, req[128:])
+	}
+	b.Run("PrefixMatch/with-cpu", func(b *testing.B) {
+		for b.Loop() {
+			ix.PrefixMatch(1, req, cands, out)
+		}
+	})
+	b.Run("Tiered/with-cpu", func(b *testing.B) {
+		for b.Loop() {
+			ix.PrefixMatchTiered(1, req, cands, out, cpu)
+		}
+		if out[0] != 256 || cpu[0] != 128 || cpu[1] != 0 {
+			b.Fatalf("depth %d cpu %d/%d", out[0], cpu[0], cpu[1])
+		}
+	})
+}
