@@ -160,3 +160,83 @@ func BenchmarkPrefixMatchTier(b *testing.B) {
 		}
 	})
 }
+
+// TestTierModel drives random tiered stores, removals and clears (no
+// evictions: the cap is above the key space; TestTierClearsForget covers
+// them) against a plain map model of (endpoint, key) -> {gpu, cpu} and
+// compares every endpoint's depth and CPU count for random requests.
+func TestTierModel(t *testing.T) {
+	const eps, keyspace = 4, 48
+	ix, _ := newIndex(t, Config{})
+	type copies struct{ gpu, cpu bool }
+	model := make([]map[uint64]copies, eps)
+	for i := range model {
+		model[i] = map[uint64]copies{}
+	}
+	r := uint64(88172645463325252)
+	rnd := func(n int) int { r ^= r << 13; r ^= r >> 7; r ^= r << 17; return int(r % uint64(n)) }
+	for step := 0; step < 20000; step++ {
+		ep := rnd(eps)
+		keys := make([]uint64, 1+rnd(6))
+		for i := range keys {
+			keys[i] = uint64(rnd(keyspace))
+		}
+		tier := Tier(rnd(2))
+		switch op := rnd(20); {
+		case op < 10:
+			ix.StoreTier(1, ep, 0, tier, keys)
+			for _, k := range keys {
+				c := model[ep][k]
+				if tier == TierCPU {
+					c.cpu = true
+				} else {
+					c.gpu = true
+				}
+				model[ep][k] = c
+			}
+		case op < 19:
+			ix.RemoveTier(1, ep, 0, tier, keys)
+			for _, k := range keys {
+				c, ok := model[ep][k]
+				if !ok {
+					continue
+				}
+				if tier == TierCPU {
+					c.cpu = false
+				} else {
+					c.gpu = false
+				}
+				if !c.cpu && !c.gpu {
+					delete(model[ep], k)
+				} else {
+					model[ep][k] = c
+				}
+			}
+		default:
+			ix.ClearEndpoint(1, ep)
+			model[ep] = map[uint64]copies{}
+		}
+		req := make([]uint64, 8)
+		for i := range req {
+			req[i] = uint64(rnd(keyspace))
+		}
+		d, c := tiered(ix, 1, req, 0, 1, 2, 3)
+		for e := 0; e < eps; e++ {
+			wd, wc := 0, 0
+			for _, k := range req {
+				cp, ok := model[e][k]
+				if !ok {
+					break
+				}
+				wd++
+				if !cp.gpu {
+					wc++
+				}
+			}
+			if d[e] != wd || c[e] != wc {
+				t.Fatalf("step %d ep %d: depth %d cpu %d, model %d %d", step, e, d[e], c[e], wd, wc)
+			}
+		}
+	}
+	checkInvariants(t, ix)
+}
