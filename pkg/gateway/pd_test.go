@@ -77,6 +77,13 @@ func newPDBench(t *testing.T, engine string, kvMode, third int) *pdBench {
 // engine (the rule's kvDpRankCount).
 func newPDBenchRanks(t *testing.T, engine string, kvMode, third, ranks int) *pdBench {
 	t.Helper()
+	return newPDBenchWith(t, engine, kvMode, third, ranks, nil)
+}
+
+// newPDBenchWith is newPDBenchRanks with tweak applied to each prefill
+// engine's config.
+func newPDBenchWith(t *testing.T, engine string, kvMode, third, ranks int, tweak func(*enginesim.Config)) *pdBench {
+	t.Helper()
 	b := &pdBench{}
 	reg := prometheus.NewRegistry()
 	rule := &lbrule.Rule{Service: lbrule.ServiceArgs{ExternalIP: "127.0.0.1", Port: 1, Protocol: "tcp", Mode: lbrule.ModeFullProxy,
@@ -94,6 +101,9 @@ func newPDBenchRanks(t *testing.T, engine string, kvMode, third, ranks int) *pdB
 	boot := 0
 	for i := 0; i < 2; i++ {
 		c := enginesim.Config{Engine: engine, Role: enginesim.RolePrefill, Listen: fmt.Sprintf("127.0.%d.%d:0", third, 11+i), BootstrapPort: boot, DPRanks: ranks}
+		if tweak != nil {
+			tweak(&c)
+		}
 		e := pdEngine(t, c)
 		if engine == "sglang" {
 			boot = e.BootstrapPort()

@@ -61,6 +61,9 @@ type Scraper struct {
 	targets map[epKey]scrapeTarget
 	samples map[epKey]sample
 	budgets map[epKey]*learnedBudget
+	// lmLast is each endpoint's last lmcache:num_hit_tokens (lmcache.go).
+	lmLast map[epKey]float64
+	lmHits *prometheus.CounterVec
 }
 
 type epKey struct {
@@ -99,6 +102,7 @@ func NewScraper(cfg ScraperConfig, logger *slog.Logger, reg prometheus.Registere
 		logger = slog.Default()
 	}
 	s := &Scraper{cfg: cfg, logger: logger, targets: map[epKey]scrapeTarget{}, samples: map[epKey]sample{}, budgets: map[epKey]*learnedBudget{},
+		lmLast: map[epKey]float64{}, lmHits: newLMCacheHits(),
 		budgetRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_kv_prefill_budget_rejected_total",
 			Help: "Engine values refused for learning a prefill budget, by reason (bad_value: a running/waiting gauge or sequence cap that is NaN, negative or above 2^20; malformed: a server-info body that is not the expected JSON)."},
 			[]string{"reason"}),
@@ -111,7 +115,7 @@ func NewScraper(cfg ScraperConfig, logger *slog.Logger, reg prometheus.Registere
 			TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}, //nolint:gosec // documented: metrics are hints
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{s.errs, s.budgetRejected} {
+		for _, c := range []prometheus.Collector{s.errs, s.budgetRejected, s.lmHits} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -146,6 +150,8 @@ func (s *Scraper) Reconcile(_ context.Context, services []control.Service) error
 		if n, ok := next[k]; !ok || n != t {
 			delete(s.samples, k)
 			delete(s.budgets, k) // another engine or address: learn anew
+			delete(s.lmLast, k)
+			s.lmHits.DeleteLabelValues(strconv.FormatUint(uint64(k.service), 10), strconv.Itoa(k.ep))
 			s.errs.DeletePartialMatch(prometheus.Labels{"service": strconv.FormatUint(uint64(k.service), 10), "ep_idx": strconv.Itoa(k.ep)})
 		}
 	}
@@ -190,7 +196,14 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m, reason := s.scrape(ctx, t)
+			m, hits, hasHits, reason := s.scrape(ctx, t)
+			if hasHits {
+				s.mu.Lock()
+				if s.targets[k] == t {
+					s.lmcacheObserve(k, hits)
+				}
+				s.mu.Unlock()
+			}
 			if reason != "" {
 				s.errs.WithLabelValues(strconv.FormatUint(uint64(k.service), 10), strconv.Itoa(k.ep), reason).Inc()
 				if reason == budgetBadValue {
@@ -209,32 +222,35 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 	wg.Wait()
 }
 
-func (s *Scraper) scrape(ctx context.Context, t scrapeTarget) (selector.EngineMetrics, string) {
+// scrape reads one target: its load signals (or the failure reason) and
+// its LMCache hit counter when it exports one.
+func (s *Scraper) scrape(ctx context.Context, t scrapeTarget) (m selector.EngineMetrics, hits float64, hasHits bool, reason string) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url, nil)
 	if err != nil {
-		return selector.EngineMetrics{}, "request"
+		return m, 0, false, "request"
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return selector.EngineMetrics{}, "unreachable"
+		return m, 0, false, "unreachable"
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-		return selector.EngineMetrics{}, "status_" + strconv.Itoa(resp.StatusCode)
+		return m, 0, false, "status_" + strconv.Itoa(resp.StatusCode)
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, s.cfg.MaxBody))
 	if err != nil {
-		return selector.EngineMetrics{}, "read"
+		return m, 0, false, "read"
 	}
-	m, err := ParseEngineMetrics(t.engine, body)
+	hits, hasHits = lmcacheHitTokens(body)
+	m, err = ParseEngineMetrics(t.engine, body)
 	if errors.Is(err, errBadValue) {
-		return selector.EngineMetrics{}, budgetBadValue
+		return selector.EngineMetrics{}, hits, hasHits, budgetBadValue
 	}
 	if err != nil {
-		return selector.EngineMetrics{}, "no_load_metrics"
+		return selector.EngineMetrics{}, hits, hasHits, "no_load_metrics"
 	}
-	return m, ""
+	return m, hits, hasHits, ""
 }
 
 // ParseEngineMetrics reads an engine's Prometheus text exposition and

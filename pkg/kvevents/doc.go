@@ -31,8 +31,10 @@
 // Unknown event types are counted and skipped. TensorRT-LLM JSON is decoded
 // with json.Number and strconv.ParseUint, so 64-bit hashes stay exact.
 //
-// Only blocks on the media in Config.Media (default GPU) and, for hybrid
-// models, of the full-attention KV group are applied.
+// Blocks are applied with their tier (see mediumTier: GPU, or CPU for any
+// offloaded copy), optionally filtered by Config.Media; a medium nobody
+// documents is skipped and counted. For hybrid models only the
+// full-attention KV group is applied.
 //
 // TensorRT-LLM's own block_hash is a different contract from the one the
 // request side computes, so each stored block's tokens are rehashed with the

@@ -194,8 +194,11 @@ type Config struct {
 	// GapKeepWindow is the largest unrecoverable gap (in batches) after
 	// which the publisher's blocks are kept rather than cleared (default 64).
 	GapKeepWindow uint64
-	// Media lists the storage tiers whose blocks count as cached (default
-	// ["GPU"]). Events without a medium are always applied.
+	// Media, when set, lists the only media whose events are applied
+	// (exact names, e.g. ["GPU"] to ignore offloaded copies). Empty means
+	// every known medium: GPU copies at full weight and offloaded ones
+	// (CPU, LMCache, disk) on the CPU tier when the sink is a TierSink.
+	// Events without a medium are always applied, as GPU.
 	Media []string
 	// TRTPollMin and TRTPollMax bound the adaptive drain interval
 	// (LOXILB_KV_TRTLLM_POLL_MIN_MS / _MAX_MS; default 5ms and 20ms).
@@ -260,9 +263,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.GapKeepWindow == 0 {
 		c.GapKeepWindow = 64
-	}
-	if len(c.Media) == 0 {
-		c.Media = []string{"GPU"}
 	}
 	defInt := func(d *int, v int) {
 		if *d <= 0 {

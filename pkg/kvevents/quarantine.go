@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 )
 
 // Event-plane trust. Engines publish KV events without authentication:
@@ -62,7 +64,7 @@ func (q *quarantine) active() bool {
 
 // storeAttested stores one BlockStored event subject to attestation and
 // quarantine, and reports whether it was stored.
-func (s *subscription) storeAttested(rank int, e *Event) bool {
+func (s *subscription) storeAttested(rank int, e *Event, tier kvindex.Tier) bool {
 	q := &s.quar
 	res := s.parity.observe(e, q.active())
 	switch res {
@@ -80,7 +82,11 @@ func (s *subscription) storeAttested(rank int, e *Event) bool {
 	if q.on {
 		return false
 	}
-	s.m.sink.Store(s.spec.Service, s.spec.EPIdx, rank, e.Hashes)
+	if ts, ok := s.m.sink.(TierSink); ok {
+		ts.StoreTier(s.spec.Service, s.spec.EPIdx, rank, tier, e.Hashes)
+	} else {
+		s.m.sink.Store(s.spec.Service, s.spec.EPIdx, rank, e.Hashes)
+	}
 	return true
 }
 

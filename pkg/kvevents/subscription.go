@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/loxilb-llm/loxilb/pkg/blockhash"
+	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 )
 
 // RankStatus is the state of one publisher: one DP rank of a ZMQ engine, or
@@ -157,11 +158,13 @@ func newSubscription(m *Manager, spec Spec) *subscription {
 			Service: spec.Service, ServiceName: spec.ServiceName, EPIdx: spec.EPIdx, Engine: spec.Engine,
 			HashAlgo: string(spec.algo()), BlockSize: spec.BlockSize,
 		},
-		media:  make(map[string]bool),
 		logged: make(map[string]time.Time),
 	}
-	for _, md := range m.cfg.Media {
-		s.media[md] = true
+	if len(m.cfg.Media) > 0 {
+		s.media = make(map[string]bool, len(m.cfg.Media))
+		for _, md := range m.cfg.Media {
+			s.media[md] = true
+		}
 	}
 	s.parity = newParityTracker(spec, m.cfg.ParityMaxDigests, s.onVerdict)
 	for r := 0; r < spec.ranks(); r++ {
@@ -473,7 +476,13 @@ func (s *subscription) applyBatch(rs *rankState, b *Batch, c *applyCounts) {
 		e := &b.Events[i]
 		switch e.Kind {
 		case KindStored, KindRemoved:
-			if len(e.Medium) > 0 && !s.media[string(e.Medium)] {
+			tier, known := mediumTier(e.Medium)
+			if !known || (s.media != nil && len(e.Medium) > 0 && !s.media[string(e.Medium)]) {
+				c.skip(skipMedium, 1)
+				continue
+			}
+			ts, tiered := sink.(TierSink)
+			if tier != kvindex.TierGPU && !tiered {
 				c.skip(skipMedium, 1)
 				continue
 			}
@@ -489,13 +498,17 @@ func (s *subscription) applyBatch(rs *rankState, b *Batch, c *applyCounts) {
 				continue
 			}
 			if e.Kind == KindStored {
-				if !s.storeAttested(rank, e) {
+				if !s.storeAttested(rank, e, tier) {
 					c.skip(skipQuarantined, 1)
 					continue
 				}
 				c.stored += uint64(len(e.Hashes))
 			} else {
-				sink.Remove(svc, ep, rank, e.Hashes)
+				if tiered {
+					ts.RemoveTier(svc, ep, rank, tier, e.Hashes)
+				} else {
+					sink.Remove(svc, ep, rank, e.Hashes)
+				}
 				c.removed += uint64(len(e.Hashes))
 			}
 			c.events[e.Kind]++

@@ -97,6 +97,9 @@ type service struct {
 	// (live or not yet swept); specExp[{k,ep}] = expiry in UnixNano.
 	specMask map[uint64]uint64
 	specExp  map[specKey]int64
+
+	// tier records CPU copies; empty until the first CPU store.
+	tier tiers
 }
 
 type specKey struct {
@@ -347,12 +350,19 @@ func (e *endpoint) setRankMask(k uint64, m uint8) {
 // When the endpoint exceeds its cap, its oldest-inserted blocks are evicted
 // and counted.
 func (ix *Index) Store(service uint32, ep int, rank int, keys []uint64) {
+	ix.StoreTier(service, ep, rank, TierGPU, keys)
+}
+
+// StoreTier is Store for copies on tier. A CPU copy of a key the endpoint
+// holds on GPU only adds the CPU record (the block stays GPU-resident for
+// routing); a GPU copy of a CPU-only key makes it GPU-resident.
+func (ix *Index) StoreTier(service uint32, ep int, rank int, tier Tier, keys []uint64) {
 	if !ix.validEP(service, ep, rank) {
 		return
 	}
 	for len(keys) > 0 {
 		n := min(len(keys), writeChunk)
-		ix.store(service, ep, rank, keys[:n])
+		ix.store(service, ep, rank, tier, keys[:n])
 		keys = keys[n:]
 	}
 }
@@ -365,7 +375,7 @@ func (ix *Index) Store(service uint32, ep int, rank int, keys []uint64) {
 // of a large batch, which is as valid as any moment between events.
 const writeChunk = 128
 
-func (ix *Index) store(service uint32, ep int, rank int, keys []uint64) {
+func (ix *Index) store(service uint32, ep int, rank int, tier Tier, keys []uint64) {
 	s := ix.writerLocked(service)
 	defer s.wmu.Unlock()
 	e := s.eps[ep]
@@ -376,14 +386,28 @@ func (ix *Index) store(service uint32, ep int, rank int, keys []uint64) {
 	}
 	s.resizeTable(len(keys))
 	ranks := e.reserve(len(keys), rank)
+	cpuT, cpuOnlyT := s.reserveTiers(len(keys), tier == TierCPU)
 	s.lockQ()
 	if ranks != nil {
 		e.ranks = ranks
 	}
+	s.installTiers(cpuT, cpuOnlyT)
 	s.migrateStep(len(keys))
 	bit := uint64(1) << ep
 	rbit := uint8(1) << rank
 	for _, k := range keys {
+		if tier == TierCPU {
+			present := s.tab.get(k)&bit != 0
+			if !present || s.cpuOnlyAt(k, bit) {
+				s.tier.cpuOnly.put(k, s.tier.cpuOnly.get(k)|bit)
+			}
+			s.tier.cpu.put(k, s.tier.cpu.get(k)|bit)
+			if present {
+				continue
+			}
+		} else if s.cpuOnlyAt(k, bit) {
+			setMask(s.tier.cpuOnly, k, s.tier.cpuOnly.get(k)&^bit)
+		}
 		if i := s.tab.find(k); i >= 0 {
 			if s.tab.vals[i]&bit != 0 {
 				if rank != 0 || e.ranks != nil {
@@ -442,6 +466,7 @@ func (s *service) removeAt(e *endpoint, i int, k uint64, bit uint64) {
 	if e.ranks != nil {
 		e.ranks.del(k)
 	}
+	s.dropTiers(k, bit)
 	e.n--
 }
 
@@ -492,27 +517,39 @@ func (s *service) compact(e *endpoint, ep int) {
 // BlockRemoved event). A key leaves the endpoint when its last rank drops
 // it; keys the rank does not hold are ignored.
 func (ix *Index) Remove(service uint32, ep int, rank int, keys []uint64) {
+	ix.RemoveTier(service, ep, rank, TierGPU, keys)
+}
+
+// RemoveTier is Remove for the copies on tier: removing the GPU copy of a
+// block that also has a CPU copy leaves it CPU-only (vLLM publishes the
+// eviction of each medium separately); removing a copy the endpoint does
+// not hold on that tier changes nothing.
+func (ix *Index) RemoveTier(service uint32, ep int, rank int, tier Tier, keys []uint64) {
 	if !ix.validEP(service, ep, rank) {
 		return
 	}
 	for len(keys) > 0 {
 		n := min(len(keys), writeChunk)
-		ix.remove(service, ep, rank, keys[:n])
+		ix.remove(service, ep, rank, tier, keys[:n])
 		keys = keys[n:]
 	}
 }
 
-func (ix *Index) remove(service uint32, ep int, rank int, keys []uint64) {
-	s := ix.lockExisting(service)
+func (ix *Index) remove(service uint32, ep int, rank int, tier Tier, keys []uint64) {
+	s := ix.lookup(service)
 	if s == nil {
 		return
 	}
+	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	e := s.eps[ep]
-	if e == nil || e.n == 0 {
-		s.unlockQ()
+	if s.dropped || e == nil || e.n == 0 {
 		return
 	}
+	// A GPU removal can turn keys CPU-only: make room first, holding wmu.
+	cpuT, cpuOnlyT := s.reserveTiers(len(keys), tier == TierGPU && s.tier.cpu != nil && s.tier.cpu.n > 0)
+	s.lockQ()
+	s.installTiers(cpuT, cpuOnlyT)
 	s.migrateStep(len(keys))
 	bit := uint64(1) << ep
 	rbit := uint8(1) << rank
@@ -521,12 +558,32 @@ func (ix *Index) remove(service uint32, ep int, rank int, keys []uint64) {
 		if i < 0 || s.tab.vals[i]&bit == 0 {
 			continue
 		}
+		if tier == TierCPU {
+			if !s.hasCPUAt(k, bit) {
+				continue
+			}
+			if s.cpuOnlyAt(k, bit) {
+				s.removeAt(e, i, k, bit)
+			} else {
+				setMask(s.tier.cpu, k, s.tier.cpu.get(k)&^bit)
+			}
+			continue
+		}
+		if s.cpuOnlyAt(k, bit) {
+			continue // no GPU copy to remove
+		}
 		m := e.rankMask(k)
 		if m&rbit == 0 {
 			continue
 		}
 		if m &^= rbit; m != 0 {
 			e.setRankMask(k, m)
+			continue
+		}
+		if s.hasCPUAt(k, bit) {
+			// The last GPU copy went; the CPU copy stays.
+			e.setRankMask(k, 1)
+			s.tier.cpuOnly.put(k, s.tier.cpuOnly.get(k)|bit)
 			continue
 		}
 		s.removeAt(e, i, k, bit)
@@ -589,6 +646,7 @@ func (ix *Index) ClearRank(service uint32, ep int, rank int) {
 				} else {
 					s.tab.delAt(i)
 				}
+				s.dropTiers(k, bit)
 				e.n--
 				return 0
 			}
@@ -651,6 +709,7 @@ func (ix *Index) ClearEndpoint(service uint32, ep int) {
 			} else {
 				s.tab.delAt(i)
 			}
+			s.dropTiers(k, bit)
 		}
 	}
 	s.tab.maybeShrink()
@@ -692,7 +751,7 @@ func (ix *Index) DropService(service uint32) {
 	for _, reason := range []string{"ep_out_of_range", "rank_out_of_range"} {
 		ix.m.rejected.DeleteLabelValues(s.label, reason)
 	}
-	s.tab, s.eps, s.specMask, s.specExp = gtable{}, [MaxEndpoints]*endpoint{}, nil, nil
+	s.tab, s.eps, s.specMask, s.specExp, s.tier = gtable{}, [MaxEndpoints]*endpoint{}, nil, nil, tiers{}
 }
 
 // Len is the number of real blocks endpoint ep holds (speculative entries
@@ -719,17 +778,19 @@ func (ix *Index) Len(service uint32, ep int) int {
 // holds. Out-of-range endpoints get 0; if out is shorter than eps, only
 // the first len(out) candidates are evaluated.
 func (ix *Index) PrefixMatch(service uint32, keys []uint64, eps []int, out []int) {
-	ix.prefixMatch(service, keys, eps, out, true)
+	ix.prefixMatch(service, keys, eps, out, true, nil)
 }
 
 // PrefixMatchConfirmed is PrefixMatch over real (event-fed) entries only,
 // ignoring speculative ones. The zero-hit watchdog uses it: a match on the
 // gateway's own guesses says nothing about hash parity with the engine.
 func (ix *Index) PrefixMatchConfirmed(service uint32, keys []uint64, eps []int, out []int) {
-	ix.prefixMatch(service, keys, eps, out, false)
+	ix.prefixMatch(service, keys, eps, out, false, nil)
 }
 
-func (ix *Index) prefixMatch(service uint32, keys []uint64, eps []int, out []int, withSpec bool) {
+// prefixMatch is the shared query; cpu, when non-nil, receives the
+// CPU-only counts of PrefixMatchTiered and is zeroed by the caller.
+func (ix *Index) prefixMatch(service uint32, keys []uint64, eps []int, out []int, withSpec bool, cpu []int) {
 	if len(out) < len(eps) {
 		eps = eps[:len(out)]
 	}
@@ -757,21 +818,29 @@ func (ix *Index) prefixMatch(service uint32, keys []uint64, eps []int, out []int
 	if hasSpec {
 		now = ix.now().UnixNano()
 	}
+	cands := alive
 	var n int
 	if s.tab.moving() {
 		n, alive = s.walkMoving(keys, alive, &depth, hasSpec, now)
 	} else {
 		n, alive = s.walk(keys, alive, &depth, hasSpec, now)
 	}
-	s.mu.RUnlock()
 	for alive != 0 {
 		b := bits.TrailingZeros64(alive)
 		depth[b] = int32(n)
 		alive &= alive - 1
 	}
+	var cpuN [MaxEndpoints]int32
+	if cpu != nil {
+		s.countCPU(keys, cands, &depth, &cpuN)
+	}
+	s.mu.RUnlock()
 	for i, ep := range eps {
 		if ep >= 0 && ep < MaxEndpoints {
 			out[i] = int(depth[ep])
+			if cpu != nil {
+				cpu[i] = int(cpuN[ep])
+			}
 		}
 	}
 }

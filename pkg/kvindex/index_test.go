@@ -429,6 +429,22 @@ func checkInvariants(t *testing.T, ix *Index) {
 			}
 			return true
 		})
+		if s.tier.cpu != nil {
+			// Tier records name only endpoints holding the key, and a
+			// CPU-only endpoint has a CPU copy.
+			s.tier.cpu.each(func(k uint64, m uint64) bool {
+				if m&^s.tab.get(k) != 0 {
+					t.Fatalf("svc %d: cpu record %d=%b beyond holders %b", id, k, m, s.tab.get(k))
+				}
+				return true
+			})
+			s.tier.cpuOnly.each(func(k uint64, m uint64) bool {
+				if m&^s.tier.cpu.get(k) != 0 {
+					t.Fatalf("svc %d: cpu-only record %d=%b without cpu copy %b", id, k, m, s.tier.cpu.get(k))
+				}
+				return true
+			})
+		}
 		for i, e := range s.eps {
 			if e == nil {
 				if count[i] != 0 {

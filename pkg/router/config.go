@@ -24,6 +24,7 @@ const (
 	EnvZeroHitN       = "LOXILB_KV_ZERO_HIT_N"
 	EnvMeanLoadFactor = "LOXILB_KV_MEAN_LOAD_FACTOR"
 	EnvLoadPenalty    = "LOXILB_KV_LOAD_PENALTY"
+	EnvTierWeightCPU  = "LOXILB_KV_TIER_WEIGHT_CPU"
 )
 
 // Config tunes the Tier-1.5 decision. Build it with DefaultConfig or
@@ -70,7 +71,16 @@ type Config struct {
 	// LoadWeights convert engine metrics into load; zero means
 	// selector.DefaultLoadWeights.
 	LoadWeights selector.LoadWeights
+	// TierWeightCPU is what a cached block held only in host memory (a
+	// CPU-offloaded or LMCache copy) is worth against a GPU-resident one
+	// (weight 1): it saves the prefill but costs a host-to-device copy.
+	// Range 0..1, default 0.8 (llm-d's; Dynamo uses 0.75). It takes effect
+	// when the inventory reports tiers (TieredInventory).
+	TierWeightCPU float64
 }
+
+// DefaultTierWeightCPU is the default Config.TierWeightCPU.
+const DefaultTierWeightCPU = 0.8
 
 // LoadPenaltyAdaptive is the Config.LoadPenalty value that derives the
 // penalty from the service's recent uncached prompt tokens.
@@ -87,6 +97,7 @@ func DefaultConfig() Config {
 		MeanLoadFactor: 200,
 		LoadPenalty:    LoadPenaltyAdaptive,
 		LoadWeights:    selector.DefaultLoadWeights,
+		TierWeightCPU:  DefaultTierWeightCPU,
 	}
 }
 
@@ -107,6 +118,9 @@ func (c Config) Validate() error {
 		if r.v < r.lo || r.v > r.h {
 			return fmt.Errorf("%w: %s=%d outside %d..%d", ErrConfig, r.name, r.v, r.lo, r.h)
 		}
+	}
+	if !(c.TierWeightCPU >= 0 && c.TierWeightCPU <= 1) {
+		return fmt.Errorf("%w: %s=%v outside 0..1", ErrConfig, EnvTierWeightCPU, c.TierWeightCPU)
 	}
 	if c.LoadWeights.Queue < 0 || c.LoadWeights.KV < 0 {
 		return fmt.Errorf("%w: negative load weights %+v", ErrConfig, c.LoadWeights)
@@ -146,6 +160,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			return Config{}, fmt.Errorf("%w: %s=%q is not an integer", ErrConfig, v.name, s)
 		}
 		*v.dst = n
+	}
+	if s := strings.TrimSpace(getenv(EnvTierWeightCPU)); s != "" {
+		w, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return Config{}, fmt.Errorf("%w: %s=%q is not a number", ErrConfig, EnvTierWeightCPU, s)
+		}
+		c.TierWeightCPU = w
 	}
 	switch s := strings.ToLower(strings.TrimSpace(getenv(EnvSpillRelief))); s {
 	case "":

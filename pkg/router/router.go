@@ -28,6 +28,14 @@ type Inventory interface {
 	Len(service uint32, ep int) int
 }
 
+// TieredInventory is implemented by inventories that know which blocks an
+// endpoint holds only in host memory (*kvindex.Index). PrefixMatchTiered
+// is PrefixMatch that also sets cpu[i] to how many of the out[i] matched
+// blocks are CPU-only; the router weighs those by Config.TierWeightCPU.
+type TieredInventory interface {
+	PrefixMatchTiered(service uint32, keys []uint64, eps []int, out, cpu []int)
+}
+
 // ConfirmedInventory is implemented by inventories that also hold
 // short-lived speculative entries (blocks the gateway expects an endpoint to
 // have because it just routed the prefix there). PrefixMatchConfirmed
@@ -139,8 +147,11 @@ type Decision struct {
 	EP            int // endpoint index, -1 if none is healthy
 	Tier          string
 	MatchedBlocks int // consecutive prefix blocks cached on EP
-	TotalBlocks   int
-	BlockSize     int
+	// CPUBlocks is how many of MatchedBlocks EP holds only in host memory
+	// (offloaded or LMCache copies), weighed by Config.TierWeightCPU.
+	CPUBlocks   int
+	TotalBlocks int
+	BlockSize   int
 	// From is the endpoint the request was moved away from: the warmest
 	// one for a spill or load blend, the would-be target for a cold seed;
 	// -1 when the request went where the overlap pointed.
@@ -262,7 +273,9 @@ type scratch struct {
 	eps   []int
 	pos   []int
 	match []int
-	conf  []int // confirmed (non-speculative) matches, for the watchdog
+	cpu   []int     // of match, blocks held on CPU only
+	eff   []float64 // match weighted by tier, in blocks
+	conf  []int     // confirmed (non-speculative) matches, for the watchdog
 	load  []float64
 	tied  []selector.Candidate // misses: the candidates with the least outstanding prefill
 }
@@ -495,8 +508,8 @@ func (r *Router) leastWork(s *scratch, cands []selector.Candidate, fallback sele
 // evenMatch reports whether every healthy candidate holds the same prefix
 // of the request.
 func (r *Router) evenMatch(s *scratch) bool {
-	for _, m := range s.match[1:] {
-		if m != s.match[0] {
+	for i, m := range s.match[1:] {
+		if m != s.match[0] || s.eff[i+1] != s.eff[0] {
 			return false
 		}
 	}
@@ -509,7 +522,7 @@ func (r *Router) evenMatch(s *scratch) bool {
 // so it joins the shortest prefill queue, exactly as a miss does.
 func (r *Router) placeEven(st *serviceState, s *scratch, warm, warmUncached, total, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
 	ep, load, _ := r.leastWork(s, cands, fallback, freq)
-	d := Decision{EP: ep, Tier: TierKV, MatchedBlocks: s.match[warm], TotalBlocks: total, BlockSize: blockSize,
+	d := Decision{EP: ep, Tier: TierKV, MatchedBlocks: s.match[warm], CPUBlocks: min(max(s.cpu[warm], 0), s.match[warm]), TotalBlocks: total, BlockSize: blockSize,
 		From: -1, Load: load, Reason: ReasonLeastPrefill}
 	if r.cfg.LoadPenalty == LoadPenaltyAdaptive {
 		st.observeWork(warmUncached, blockSize)
@@ -530,7 +543,7 @@ func (r *Router) movePays(s *scratch, cands []selector.Candidate, win, alt, tota
 	wait := func(i int) float64 {
 		return max(float64(cands[s.pos[i]].PrefillTokens), penalty*s.load[i])
 	}
-	own := func(i int) float64 { return float64(max(total-s.match[i], 1) * blockSize) }
+	own := func(i int) float64 { return max(float64(total)-s.eff[i], 1) * float64(blockSize) }
 	return wait(alt)+own(alt) < wait(win)+own(win)
 }
 
@@ -674,18 +687,31 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 	}
 	s.match = s.match[:n]
 	clear(s.match)
-	r.inv.PrefixMatch(svc.ID, keys, s.eps, s.match)
+	if cap(s.cpu) < n {
+		s.cpu, s.eff = make([]int, n), make([]float64, n)
+	}
+	s.cpu, s.eff = s.cpu[:n], s.eff[:n]
+	clear(s.cpu)
+	if ti, ok := r.inv.(TieredInventory); ok {
+		ti.PrefixMatchTiered(svc.ID, keys, s.eps, s.match, s.cpu)
+	} else {
+		r.inv.PrefixMatch(svc.ID, keys, s.eps, s.match)
+	}
 
-	// 1. Overlap. warm is the endpoint with the most overlap (ties: lower
-	// load, then lower index); it is what a spill or seed displaces.
+	// 1. Overlap, weighed by tier: a block held only in host memory counts
+	// TierWeightCPU of a GPU-resident one. warm is the endpoint with the
+	// most weighted overlap (ties: lower load, then lower index); it is
+	// what a spill or seed displaces.
 	warm := -1
 	for i := 0; i < n; i++ {
 		s.match[i] = min(max(s.match[i], 0), total)
+		c := min(max(s.cpu[i], 0), s.match[i])
+		s.eff[i] = float64(s.match[i]-c) + r.cfg.TierWeightCPU*float64(c)
 		if s.match[i] == 0 {
 			continue
 		}
-		if warm < 0 || s.match[i] > s.match[warm] ||
-			(s.match[i] == s.match[warm] && (s.load[i] < s.load[warm] || (s.load[i] == s.load[warm] && s.eps[i] < s.eps[warm]))) {
+		if warm < 0 || s.eff[i] > s.eff[warm] ||
+			(s.eff[i] == s.eff[warm] && (s.load[i] < s.load[warm] || (s.load[i] == s.load[warm] && s.eps[i] < s.eps[warm]))) {
 			warm = i
 		}
 	}
@@ -724,15 +750,15 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 	// 2. Blend.
 	penalty := r.penalty(st, warmUncached, blockSize)
 	score := func(i int) float64 {
-		m := s.match[i]
-		if m < minBlocks {
+		m := s.eff[i]
+		if s.match[i] < minBlocks {
 			m = 0
 		}
 		p := penalty
 		if svc.ShortestFirst {
 			p = min(p, float64(max((total-s.match[i])*blockSize, blockSize)))
 		}
-		return float64(m*blockSize) - p*s.load[i]
+		return m*float64(blockSize) - p*s.load[i]
 	}
 	better := func(i, j int) bool { // is i preferred over j?
 		si, sj := score(i), score(j)
@@ -742,8 +768,8 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		if s.load[i] != s.load[j] {
 			return s.load[i] < s.load[j]
 		}
-		if s.match[i] != s.match[j] {
-			return s.match[i] > s.match[j]
+		if s.eff[i] != s.eff[j] {
+			return s.eff[i] > s.eff[j]
 		}
 		return s.eps[i] < s.eps[j]
 	}
@@ -795,7 +821,7 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 	if r.cfg.ColdSeedN > 0 && st.tick.Add(1)%uint64(r.cfg.ColdSeedN) == 0 {
 		st.seedDue.Store(true)
 	}
-	if st.seedDue.Load() && float64(s.match[win]*blockSize) <= r.seedLossLimit(penalty, blockSize) {
+	if st.seedDue.Load() && s.eff[win]*float64(blockSize) <= r.seedLossLimit(penalty, blockSize) {
 		floor := max(r.cfg.ColdMinBlocks, 1)
 		cold := -1
 		for i := 0; i < n; i++ {
@@ -816,6 +842,7 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		EP:            s.eps[win],
 		Tier:          tier,
 		MatchedBlocks: s.match[win],
+		CPUBlocks:     min(max(s.cpu[win], 0), s.match[win]),
 		TotalBlocks:   total,
 		BlockSize:     blockSize,
 		From:          -1,

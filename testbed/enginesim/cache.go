@@ -16,6 +16,7 @@ type cachedBlock struct {
 	refs         int
 	elem         *list.Element // in lru while refs == 0
 	dead         bool          // removed by eviction or a clear; late releases ignore it
+	tokens       []uint32      // kept only with a CPU tier, for its stored events
 }
 
 // blockCache is one rank's prefix cache: a fixed pool of blocks with LRU
@@ -30,6 +31,12 @@ type blockCache struct {
 
 	evictions uint64
 	dropped   uint64 // blocks that could not be cached because the pool was pinned
+
+	// The host-memory tier (cpuCap > 0): blocks evicted from the pool,
+	// front = most recently offloaded.
+	cpuCap int
+	cpu    map[uint64]*list.Element
+	cpuLRU *list.List
 }
 
 func newBlockCache(capacity, blockSize int, perBlock bool) *blockCache {
@@ -82,6 +89,7 @@ func (c *blockCache) acquire(hbs []hashedBlock, n int) []*cachedBlock {
 // engine that cannot allocate.
 func (c *blockCache) insert(hbs []hashedBlock, held []*cachedBlock) ([]*cachedBlock, []kvEvent) {
 	var removed []uint64
+	var offloaded []*cachedBlock
 	type run struct{ from, to int }
 	var runs []run
 	have := make(map[*cachedBlock]bool, len(held))
@@ -111,8 +119,14 @@ func (c *blockCache) insert(hbs []hashedBlock, held []*cachedBlock) ([]*cachedBl
 			delete(c.blocks, victim.key)
 			c.evictions++
 			removed = append(removed, victim.key)
+			if c.cpuCap > 0 {
+				offloaded = append(offloaded, victim)
+			}
 		}
 		b := &cachedBlock{key: hb.key, digest: hb.digest, refs: 1}
+		if c.cpuCap > 0 {
+			b.tokens = hb.tokens
+		}
 		if i > 0 {
 			b.hasParent = true
 			b.parent = hbs[i-1].key
@@ -127,7 +141,9 @@ func (c *blockCache) insert(hbs []hashedBlock, held []*cachedBlock) ([]*cachedBl
 			runs = append(runs, run{i, i + 1})
 		}
 	}
-	var evs []kvEvent
+	// Offloaded copies are published before the GPU removals, so the
+	// block is never absent from the engine's inventory in between.
+	evs := c.offload(offloaded)
 	if len(removed) > 0 {
 		if c.perBlock {
 			for _, k := range removed {
@@ -193,7 +209,43 @@ func (c *blockCache) clear() {
 	}
 	c.blocks = make(map[uint64]*cachedBlock)
 	c.lru.Init()
+	c.cpu, c.cpuLRU = nil, nil
 }
+
+// offload moves blocks evicted from the pool to the CPU tier, returning
+// its events in order: one BlockStored "CPU" per offloaded block, chained
+// to its parent, each after the BlockRemoved "CPU" of the tier eviction
+// that made room for it.
+func (c *blockCache) offload(bs []*cachedBlock) []kvEvent {
+	if len(bs) == 0 {
+		return nil
+	}
+	if c.cpu == nil {
+		c.cpu, c.cpuLRU = make(map[uint64]*list.Element), list.New()
+	}
+	var evs []kvEvent
+	for _, b := range bs {
+		if el, ok := c.cpu[b.key]; ok {
+			c.cpuLRU.MoveToFront(el)
+			continue
+		}
+		if len(c.cpu) >= c.cpuCap {
+			back := c.cpuLRU.Back()
+			k := c.cpuLRU.Remove(back).(uint64)
+			delete(c.cpu, k)
+			evs = append(evs, kvEvent{kind: evRemoved, cpu: true, keys: []uint64{k}})
+		}
+		c.cpu[b.key] = c.cpuLRU.PushFront(b.key)
+		e := kvEvent{kind: evStored, cpu: true, blockSize: c.blockSize, keys: []uint64{b.key},
+			digests: [][]byte{b.digest}, tokens: b.tokens, extras: [][]string{nil},
+			hasParent: b.hasParent, parent: b.parent, parentDigest: b.parentDigest}
+		evs = append(evs, e)
+	}
+	return evs
+}
+
+// cpuLen is the number of blocks in the CPU tier.
+func (c *blockCache) cpuLen() int { return len(c.cpu) }
 
 // BlockInfo describes one resident block in /sim/cache.
 type BlockInfo struct {
@@ -213,5 +265,17 @@ func (c *blockCache) snapshot() []BlockInfo {
 		out = append(out, bi)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Hash < out[j].Hash })
+	return out
+}
+
+// cpuKeys lists the CPU tier's keys, most recently offloaded first.
+func (c *blockCache) cpuKeys() []uint64 {
+	if c.cpuLRU == nil {
+		return nil
+	}
+	out := make([]uint64, 0, len(c.cpu))
+	for el := c.cpuLRU.Front(); el != nil; el = el.Next() {
+		out = append(out, el.Value.(uint64))
+	}
 	return out
 }

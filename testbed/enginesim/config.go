@@ -49,6 +49,13 @@ type Config struct {
 
 	BlockSize      int // tokens per block/page; default 16 (TensorRT-LLM: 32)
 	CapacityBlocks int // KV pool size in blocks per rank; default 4096
+	// CPUOffloadBlocks is a host-memory tier per rank, in blocks (0, the
+	// default, has none). A block evicted from the GPU pool moves there
+	// and is published as BlockRemoved "GPU" then BlockStored "CPU", as
+	// vLLM's CPU offloading connector does; the tier's own LRU evictions
+	// are BlockRemoved "CPU". The emulator publishes the tier but serves
+	// prefix hits from the GPU pool only.
+	CPUOffloadBlocks int
 
 	// ZMQBind is the host the PUB and ROUTER sockets bind, default 127.0.0.1.
 	ZMQBind string
@@ -190,6 +197,9 @@ func (c Config) Validate() error {
 	}
 	if c.BlockSize <= 0 || c.BlockSize > 4096 {
 		return fmt.Errorf("block size %d: must be within 1..4096", c.BlockSize)
+	}
+	if c.CPUOffloadBlocks < 0 {
+		return fmt.Errorf("cpu offload %d blocks: must not be negative", c.CPUOffloadBlocks)
 	}
 	if c.CapacityBlocks <= 0 {
 		return fmt.Errorf("capacity %d blocks: must be positive", c.CapacityBlocks)

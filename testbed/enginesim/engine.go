@@ -144,6 +144,7 @@ func New(cfg Config, deps Deps) (*Engine, error) {
 	zmqOn := (cfg.Engine == EngineVLLM || cfg.Engine == EngineSGLang) && cfg.ZMQPort >= 0
 	for i := 0; i < cfg.DPRanks; i++ {
 		r := &rank{id: i, cache: newBlockCache(cfg.CapacityBlocks, cfg.BlockSize, perBlock)}
+		r.cache.cpuCap = cfg.CPUOffloadBlocks
 		e.ranks = append(e.ranks, r)
 		if !zmqOn {
 			continue
@@ -381,6 +382,7 @@ type RankStats struct {
 	Rank        int    `json:"rank"`
 	BlocksUsed  int    `json:"blocks_used"`
 	Evictions   uint64 `json:"evictions"`
+	CPUBlocks   int    `json:"cpu_blocks"` // blocks in the CPU offload tier
 	Uncacheable uint64 `json:"uncacheable_blocks"`
 	NextSeq     uint64 `json:"next_seq"`
 	Enqueued    uint64 `json:"batches_enqueued"`
@@ -438,7 +440,7 @@ func (e *Engine) Stats() Stats {
 	}
 	for _, r := range e.ranks {
 		r.mu.Lock()
-		rs := RankStats{Rank: r.id, BlocksUsed: len(r.cache.blocks), Evictions: r.cache.evictions, Uncacheable: r.cache.dropped,
+		rs := RankStats{Rank: r.id, BlocksUsed: len(r.cache.blocks), Evictions: r.cache.evictions, CPUBlocks: r.cache.cpuLen(), Uncacheable: r.cache.dropped,
 			Served: r.served.Load(), Targeted: r.targeted.Load()}
 		r.mu.Unlock()
 		if r.pub != nil {
@@ -469,6 +471,9 @@ func (e *Engine) Stats() Stats {
 type RankCache struct {
 	Rank   int         `json:"rank"`
 	Blocks []BlockInfo `json:"blocks"`
+	// CPU lists the keys in the CPU offload tier, most recently offloaded
+	// first (only with CPUOffloadBlocks).
+	CPU []uint64 `json:"cpu,omitempty"`
 }
 
 // CacheSnapshot is the body of GET /sim/cache: the ground-truth block keys
@@ -486,7 +491,7 @@ func (e *Engine) Cache() CacheSnapshot {
 	cs := CacheSnapshot{Engine: e.cfg.Engine, BlockSize: e.cfg.BlockSize, HashAlgo: e.hasher.algo()}
 	for _, r := range e.ranks {
 		r.mu.Lock()
-		cs.Ranks = append(cs.Ranks, RankCache{Rank: r.id, Blocks: r.cache.snapshot()})
+		cs.Ranks = append(cs.Ranks, RankCache{Rank: r.id, Blocks: r.cache.snapshot(), CPU: r.cache.cpuKeys()})
 		r.mu.Unlock()
 	}
 	return cs

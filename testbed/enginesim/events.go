@@ -30,6 +30,17 @@ type kvEvent struct {
 	blockSize    int
 	extras       [][]string // vLLM extra_keys per block (nil entries for none)
 	lora         *loraRef
+	// cpu marks an event about the host-memory (offloaded) copies: it is
+	// published with medium "CPU", as vLLM's offloading connector does.
+	cpu bool
+}
+
+// medium is the event's medium string.
+func (e *kvEvent) medium() string {
+	if e.cpu {
+		return "CPU"
+	}
+	return "GPU"
 }
 
 // zmqEncoder renders a batch of events into the msgpack payload of one ZMQ
@@ -104,13 +115,13 @@ func (z zmqEncoder) vllmEvent(b []byte, e *kvEvent) []byte {
 			b = mpTokens(b, e.tokens)
 			b = mpUint(b, uint64(e.blockSize))
 			b = loraID(b, e)
-			b = mpStr(b, "GPU")
+			b = mpStr(b, e.medium())
 			return loraName(b, e)
 		case evRemoved:
 			b = mpArray(b, 3)
 			b = mpStr(b, "BlockRemoved")
 			b = z.vllmHashes(b, e)
-			return mpStr(b, "GPU")
+			return mpStr(b, e.medium())
 		default:
 			b = mpArray(b, 1)
 			return mpStr(b, "AllBlocksCleared")
@@ -132,7 +143,7 @@ func (z zmqEncoder) vllmEvent(b []byte, e *kvEvent) []byte {
 		b = mpStr(b, "lora_id")
 		b = loraID(b, e)
 		b = mpStr(b, "medium")
-		b = mpStr(b, "GPU")
+		b = mpStr(b, e.medium())
 		b = mpStr(b, "lora_name")
 		b = loraName(b, e)
 		b = mpStr(b, "extra_keys")
@@ -162,7 +173,7 @@ func (z zmqEncoder) vllmEvent(b []byte, e *kvEvent) []byte {
 		b = mpStr(b, "block_hashes")
 		b = z.vllmHashes(b, e)
 		b = mpStr(b, "medium")
-		b = mpStr(b, "GPU")
+		b = mpStr(b, e.medium())
 		b = mpStr(b, "group_idx")
 		return mpUint(b, 0)
 	default:
@@ -224,7 +235,7 @@ func (z zmqEncoder) sglangEvent(b []byte, e *kvEvent) []byte {
 			b = mpStr(b, "lora_id")
 			b = mpNil(b)
 			b = mpStr(b, "medium")
-			return mpStr(b, "GPU")
+			return mpStr(b, e.medium())
 		case evRemoved:
 			b = mpMap(b, 3)
 			b = mpStr(b, "type")
@@ -232,7 +243,7 @@ func (z zmqEncoder) sglangEvent(b []byte, e *kvEvent) []byte {
 			b = mpStr(b, "block_hashes")
 			b = sglangKeys(b, e.keys)
 			b = mpStr(b, "medium")
-			return mpStr(b, "GPU")
+			return mpStr(b, e.medium())
 		default:
 			b = mpMap(b, 1)
 			b = mpStr(b, "type")
@@ -248,12 +259,12 @@ func (z zmqEncoder) sglangEvent(b []byte, e *kvEvent) []byte {
 		b = mpTokens(b, e.tokens)
 		b = mpUint(b, uint64(e.blockSize))
 		b = mpNil(b)
-		return mpStr(b, "GPU")
+		return mpStr(b, e.medium())
 	case evRemoved:
 		b = mpArray(b, 3)
 		b = mpStr(b, "BlockRemoved")
 		b = sglangKeys(b, e.keys)
-		return mpStr(b, "GPU")
+		return mpStr(b, e.medium())
 	default:
 		b = mpArray(b, 1)
 		return mpStr(b, "AllBlocksCleared")

@@ -57,6 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&c.MaxModelLen, "max-model-len", 32768, "maximum prompt+output tokens")
 	fs.IntVar(&c.BlockSize, "block-size", 0, "tokens per KV block/page (default 16; trtllm 32)")
 	fs.IntVar(&c.CapacityBlocks, "capacity-blocks", 4096, "KV pool size in blocks, per DP rank")
+	fs.IntVar(&c.CPUOffloadBlocks, "cpu-offload-blocks", 0, "CPU offload tier in blocks, per DP rank; evicted GPU blocks move there and are published with medium CPU (0: none)")
 	fs.StringVar(&c.ZMQBind, "zmq-bind", "127.0.0.1", "host the ZMQ PUB/ROUTER sockets bind")
 	fs.IntVar(&c.ZMQPort, "zmq-port", 5557, "ZMQ PUB port of rank 0 (rank r: +r); 0 picks free ports, -1 disables")
 	fs.IntVar(&c.ReplayPort, "replay-port", 0, "ZMQ replay ROUTER port of rank 0; 0 means zmq-port+1000, -1 disables")
