@@ -531,32 +531,6 @@ func (r *Router) placeEven(st *serviceState, s *scratch, warm, warmUncached, tot
 	return d
 }
 
-// movePays reports whether moving a request from healthy candidate win to
-// alt (positions in the scratch slices) saves more prefill waiting than
-// the cached tokens it throws away: the move must beat its recompute cost.
-// The wait at an endpoint, in tokens, is the larger of its outstanding
-// prefill work and its load priced at penalty tokens per request.
-func (r *Router) movePays(s *scratch, cands []selector.Candidate, win, alt, total, blockSize int, penalty float64) bool {
-	if alt == win {
-		return true
-	}
-	wait := func(i int) float64 {
-		return max(float64(cands[s.pos[i]].PrefillTokens), penalty*s.load[i])
-	}
-	own := func(i int) float64 { return max(float64(total)-s.eff[i], 1) * float64(blockSize) }
-	return wait(alt)+own(alt) < wait(win)+own(win)
-}
-
-// seedLossLimit is the most cached prefix, in tokens, a cold seed may throw
-// away: the prefill work one request of load is worth (the penalty) or
-// ColdMinBlocks blocks, whichever is more. That is enough to give a cold
-// endpoint its first blocks, and a session with a long cached history is
-// never moved mid-conversation to prime one: the seed waits for a request
-// whose loss is small.
-func (r *Router) seedLossLimit(penalty float64, blockSize int) float64 {
-	return max(penalty, float64(max(r.cfg.ColdMinBlocks, 1)*blockSize))
-}
-
 // spillRelief reports whether relief applies to the service.
 func (r *Router) spillRelief(svc ServiceView) bool {
 	if r.cfg.SpillRelief != nil {
@@ -620,16 +594,12 @@ func (r *Router) spillRelief(svc ServiceView) bool {
 //  3. Spill relief (when enabled). cap = ceil(MeanLoadFactor/100·(L+1)/n),
 //     L the summed load of the n healthy candidates. If the winner has at
 //     least SpillMinLoad load and load+1 > cap, the request moves to the
-//     best-scoring candidate with load+1 <= cap whose move pays (movePays:
-//     the prefill waiting it avoids exceeds the cached tokens it throws
-//     away); since the score includes overlap, a second warm endpoint is
-//     preferred over a cold one.
+//     best-scoring candidate with load+1 <= cap; since the score includes
+//     overlap, a second warm endpoint is preferred over a cold one.
 //
-//  4. Cold seeding. Every ColdSeedN-th hit of the service makes a seed due;
-//     the next hit whose cached prefix is at most seedLossLimit tokens is
-//     diverted to the lowest-index healthy candidate whose inventory is
-//     below ColdMinBlocks, so a restarted endpoint re-enters a warm fleet
-//     without moving a long session off its history.
+//  4. Cold seeding. Every ColdSeedN-th hit of the service is diverted to the
+//     lowest-index healthy candidate whose inventory is below ColdMinBlocks,
+//     so a restarted endpoint re-enters a warm fleet.
 //
 // Zero-hit watchdog: every lookup where all healthy inventories miss
 // although one is non-empty extends a per-service run; a hit resets it. When
@@ -804,7 +774,7 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		if s.load[win]+1 > capLoad {
 			alt := -1
 			for i := 0; i < n; i++ {
-				if s.load[i]+1 <= capLoad && (alt < 0 || better(i, alt)) && r.movePays(s, cands, win, i, total, blockSize, penalty) {
+				if s.load[i]+1 <= capLoad && (alt < 0 || better(i, alt)) {
 					alt = i
 				}
 			}
@@ -821,7 +791,7 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 	if r.cfg.ColdSeedN > 0 && st.tick.Add(1)%uint64(r.cfg.ColdSeedN) == 0 {
 		st.seedDue.Store(true)
 	}
-	if st.seedDue.Load() && s.eff[win]*float64(blockSize) <= r.seedLossLimit(penalty, blockSize) {
+	if st.seedDue.Load() {
 		floor := max(r.cfg.ColdMinBlocks, 1)
 		cold := -1
 		for i := 0; i < n; i++ {

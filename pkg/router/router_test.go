@@ -277,9 +277,6 @@ func TestSpillUnderHotPrefix(t *testing.T) {
 		{"mode 1 default off", ServiceView{ID: 7, KVExactMode: 1}, nil, 4096, 0, TierKV},
 		{"forced off", mode3, boolp(false), 4096, 0, TierKV},
 		{"forced on in mode 1", ServiceView{ID: 7, KVExactMode: 1}, boolp(true), 4096, 2, TierSpill},
-		// The ten requests are past their prefill (decoding): waiting
-		// behind them costs less than recomputing 1k tokens elsewhere.
-		{"move does not beat the recompute", mode3, nil, 0, 0, TierKV},
 	} {
 		cs[0].PrefillTokens = c.prefill
 		cfg := DefaultConfig()
@@ -874,34 +871,6 @@ func TestMissGoesToLeastPrefillWork(t *testing.T) {
 	cs[0].InFlight, cs[1].InFlight, cs[2].InFlight, cs[3].InFlight = 0, 3, 3, 3
 	if d := r.Fallback(mode3, ReasonNoTokenizer, cs, lc, selector.Request{}); d.EP != 0 {
 		t.Fatalf("untokenized request should follow the rule's selector: %+v", d)
-	}
-}
-
-// A session step with a long cached history is never moved to prime a cold
-// endpoint: the seed waits for a request whose cached prefix is short.
-func TestColdSeedSparesLongSessions(t *testing.T) {
-	session := chain(1, 136) // a ~2k-token history + a new turn
-	inv := newFakeInv()
-	inv.add(7, 0, session[:128]...)
-	short := chain(2, 20)
-	inv.add(7, 1, short[:4]...)
-	inv.add(7, 1, chain(9, 100)...)
-	// endpoint 2 is empty (cold); endpoint 3 warm with other prefixes.
-	inv.add(7, 3, chain(8, 100)...)
-	cfg := DefaultConfig()
-	cfg.ColdSeedN = 1
-	r, _ := newRouter(t, cfg, inv)
-	cs := cands(4)
-	for i := 0; i < 3; i++ {
-		d := r.Decide(mode3, session, 16, cs, rr(t), selector.Request{})
-		if d.EP != 0 || d.Tier != TierKV || d.MatchedBlocks != 128 {
-			t.Fatalf("session step %d moved off its 2k-token history: %+v", i, d)
-		}
-	}
-	// The seed is still due: a request that loses 64 tokens takes it.
-	d := r.Decide(mode3, short, 16, cs, rr(t), selector.Request{})
-	if d.EP != 2 || d.Tier != TierColdSeed || d.From != 1 {
-		t.Fatalf("short request should seed cold endpoint 2: %+v", d)
 	}
 }
 
