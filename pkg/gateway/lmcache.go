@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"math"
 	"strconv"
-	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -28,31 +27,11 @@ func lmcacheHitTokens(text []byte) (float64, bool) {
 	sc := bufio.NewScanner(bytes.NewReader(text))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		line := sc.Bytes()
-		if len(line) == 0 || line[0] == '#' {
+		name, val, ok := sampleLine(sc.Bytes())
+		if !ok || (name != lmcacheHitNames[0] && name != lmcacheHitNames[1]) {
 			continue
 		}
-		end := bytes.IndexAny(line, "{ ")
-		if end <= 0 {
-			continue
-		}
-		name := string(line[:end])
-		if name != lmcacheHitNames[0] && name != lmcacheHitNames[1] {
-			continue
-		}
-		rest := line[end:]
-		if rest[0] == '{' {
-			c := bytes.LastIndexByte(rest, '}')
-			if c < 0 {
-				continue
-			}
-			rest = rest[c+1:]
-		}
-		fields := strings.Fields(string(rest))
-		if len(fields) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(fields[0], 64)
+		v, err := strconv.ParseFloat(val, 64)
 		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 			return 0, false
 		}

@@ -277,31 +277,11 @@ func ParseEngineMetrics(engine string, text []byte) (selector.EngineMetrics, err
 	sc := bufio.NewScanner(bytes.NewReader(text))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		line := sc.Bytes()
-		if len(line) == 0 || line[0] == '#' {
+		name, val, ok := sampleLine(sc.Bytes())
+		if !ok || !wanted[name] {
 			continue
 		}
-		end := bytes.IndexAny(line, "{ ")
-		if end <= 0 {
-			continue
-		}
-		name := string(line[:end])
-		if !wanted[name] {
-			continue
-		}
-		rest := line[end:]
-		if rest[0] == '{' {
-			close := bytes.LastIndexByte(rest, '}')
-			if close < 0 {
-				continue
-			}
-			rest = rest[close+1:]
-		}
-		fields := strings.Fields(string(rest))
-		if len(fields) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(fields[0], 64)
+		v, err := strconv.ParseFloat(val, 64)
 		if err != nil {
 			continue
 		}
@@ -336,4 +316,30 @@ func ParseEngineMetrics(engine string, text []byte) (selector.EngineMetrics, err
 		return selector.EngineMetrics{}, fmt.Errorf("engine %s: %w", engine, badErr)
 	}
 	return selector.EngineMetrics{Running: int(run), Waiting: int(wait), KVUsage: kv, Valid: true}, nil
+}
+
+// sampleLine splits one sample line of the Prometheus text format into the
+// metric name and the value's text (labels and timestamp dropped); ok is
+// false for a comment, a blank or a malformed line.
+func sampleLine(line []byte) (name, value string, ok bool) {
+	if len(line) == 0 || line[0] == '#' {
+		return "", "", false
+	}
+	end := bytes.IndexAny(line, "{ ")
+	if end <= 0 {
+		return "", "", false
+	}
+	rest := line[end:]
+	if rest[0] == '{' {
+		c := bytes.LastIndexByte(rest, '}')
+		if c < 0 {
+			return "", "", false
+		}
+		rest = rest[c+1:]
+	}
+	fields := strings.Fields(string(rest))
+	if len(fields) == 0 {
+		return "", "", false
+	}
+	return string(line[:end]), fields[0], true
 }
