@@ -156,8 +156,13 @@ func BenchmarkVIPThroughput(b *testing.B) {
 				b.Fatal(err)
 			}
 			l, err := link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: cebpf.AttachTCXIngress})
-			if err != nil {
-				b.Fatal(err)
+			if err != nil { // a kernel before TCX (6.6): the data plane falls back, the floor is left out
+				fmt.Fprintf(os.Stderr, "  floor not measured: %v\n", err)
+				rps, err := wrk(lab, url, connClose, dur)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return rps, 0
 			}
 			defer l.Close()
 		}
