@@ -81,23 +81,40 @@ func TestSeveralNodes(t *testing.T) {
 
 	etcd := etcdtest.StartOn(t, HAStoreAddr().String())
 	tokDir := filepath.Join(daemontest.RepoRoot(), "testdata", "tokenizers")
+	tok, err := enginesim.LoadTokenizer(filepath.Join(tokDir, "Qwen__Qwen3-0.6B"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var engines []*enginesim.Engine
 	var eps []string
 	for i := range 3 {
 		host := HAEngineAddr(i).String()
-		engines = append(engines, startHAEngine(t, tokDir, enginesim.Config{Engine: "sglang", Model: haModel,
+		engines = append(engines, startHAEngine(t, tok, enginesim.Config{Engine: "sglang", Model: haModel,
 			Listen: net.JoinHostPort(host, fmt.Sprint(haEnginePt)), ZMQBind: host, ZMQPort: haZMQPort,
 			TimeScale: 0, TimeScaleSet: true}))
 		eps = append(eps, fmt.Sprintf(`{"endpointIP":%q,"targetPort":%d,"weight":1}`, host, haEnginePt))
 	}
+	t.Logf("etcd and 3 engines up after %v", time.Since(start).Round(time.Millisecond))
 	nodes := make([]*haNode, len(lab.Nodes))
 	for i, ns := range lab.Nodes {
-		nodes[i] = startHANode(t, bins, ns, "--store", "etcd://"+etcd.Endpoint, "--store-timeout", "500ms",
+		nodes[i] = launchHANode(t, bins, ns, "--store", "etcd://"+etcd.Endpoint, "--store-timeout", "500ms",
 			"--interfaces", "n0", "--tokenizer-dir", tokDir)
 	}
-	t.Logf("etcd, 3 engines and 3 nodes up after %v", time.Since(start).Round(time.Millisecond))
+	// The nodes load their data planes concurrently, as separate hosts would.
+	errs := make(chan error, len(nodes))
+	for _, n := range nodes {
+		go func() { errs <- n.waitUp(30 * time.Second) }()
+	}
+	for range nodes {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("3 nodes up after %v", time.Since(start).Round(time.Millisecond))
 
-	// A rule created on node 1 is applied by every node.
+	// A KV-exact rule created on node 1 is applied by every node. The
+	// first such rule loads its model's tokenizer on each node, which takes
+	// seconds on a loaded machine, so its convergence is not timed.
 	vip := net.JoinHostPort(HAVIP().String(), fmt.Sprint(haVIPPort))
 	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%d,"protocol":"tcp","mode":4,"sel":0,"name":"ha",
 		"kvExactMode":3,"kvEngineType":"sglang","kvZmqPort":%d,"kvBlockSize":16,"model_name":%q},"endpoints":[%s]}`,
@@ -105,11 +122,19 @@ func TestSeveralNodes(t *testing.T) {
 	if code, body := nodes[0].post(t, "/config/loadbalancer", rule); code != http.StatusOK {
 		t.Fatalf("create on node 1: %d %s\n%s", code, body, nodes[0].Logs())
 	}
-	created := time.Now()
-	for i, n := range nodes {
-		waitFor(t, fmt.Sprintf("rule applied on node %d", i+1), 5*time.Second, func() bool { return n.ruleState(t, vip) == "applied" })
-		t.Logf("rule created on node 1 applied on node %d after %v", i+1, time.Since(created).Round(time.Millisecond))
+	converged(t, nodes, vip, time.Now(), 30*time.Second)
+	// A plain mode-4 rule on node 2 shows how fast a change reaches the others.
+	plain := func(port int, name string) string {
+		return fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%d,"protocol":"tcp","mode":4,"sel":0,"name":%q},"endpoints":[%s]}`,
+			HAVIP(), port, name, strings.Join(eps, ","))
 	}
+	vipPlain := net.JoinHostPort(HAVIP().String(), fmt.Sprint(haVIPPort+1))
+	created := time.Now()
+	if code, body := nodes[1].post(t, "/config/loadbalancer", plain(haVIPPort+1, "plain")); code != http.StatusOK {
+		t.Fatalf("create on node 2: %d %s", code, body)
+	}
+	t.Logf("plain rule created on node 2 applied on nodes 1 and 3 after %v (polled together)",
+		converged(t, []*haNode{nodes[0], nodes[2]}, vipPlain, created, 5*time.Second))
 	for i, n := range nodes {
 		if out, err := Exec(n.ns, "ip", "-4", "route", "show", "table", "local", HAVIP().String()); err != nil || !strings.Contains(out, "local "+HAVIP().String()) {
 			t.Fatalf("node %d: VIP not made local by its data plane: %q %v\n%s", i+1, out, err, n.Logs())
@@ -229,8 +254,7 @@ func TestSeveralNodes(t *testing.T) {
 			t.Fatalf("request %d with etcd down: %v", i, err)
 		}
 	}
-	second := strings.Replace(rule, `"name":"ha"`, `"name":"ha2"`, 1)
-	second = strings.Replace(second, fmt.Sprintf(`"port":%d`, haVIPPort), fmt.Sprintf(`"port":%d`, haVIPPort+1), 1)
+	second := plain(haVIPPort+2, "after")
 	if code, body := live[1].post(t, "/config/loadbalancer", second); code != http.StatusServiceUnavailable || !strings.Contains(string(body), "STORE_UNAVAILABLE") {
 		t.Fatalf("create with etcd down: %d %s, want 503 STORE_UNAVAILABLE", code, body)
 	}
@@ -241,11 +265,12 @@ func TestSeveralNodes(t *testing.T) {
 			t.Fatalf("after the etcd restart live node %d lists the rule as %q", i+1, s)
 		}
 	}
+	created = time.Now()
 	if code, body := live[1].post(t, "/config/loadbalancer", second); code != http.StatusOK {
 		t.Fatalf("create after etcd came back: %d %s", code, body)
 	}
-	vip2 := net.JoinHostPort(HAVIP().String(), fmt.Sprint(haVIPPort+1))
-	waitFor(t, "rule created after the restart applied on node 1", 5*time.Second, func() bool { return live[0].ruleState(t, vip2) == "applied" })
+	vip2 := net.JoinHostPort(HAVIP().String(), fmt.Sprint(haVIPPort+2))
+	t.Logf("rule created on node 3 after the etcd restart applied on node 1 after %v", converged(t, live[:1], vip2, created, 5*time.Second))
 	for i := range 10 {
 		if err := complete(client, vip2, haPrompt(6000+i)); err != nil {
 			t.Fatalf("request %d to the rule created after the etcd restart: %v", i, err)
@@ -279,12 +304,8 @@ func complete(c *http.Client, vip, prompt string) error {
 	return nil
 }
 
-func startHAEngine(t *testing.T, tokDir string, cfg enginesim.Config) *enginesim.Engine {
+func startHAEngine(t *testing.T, tok enginesim.Tokenizer, cfg enginesim.Config) *enginesim.Engine {
 	t.Helper()
-	tok, err := enginesim.LoadTokenizer(filepath.Join(tokDir, "Qwen__Qwen3-0.6B"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	e, err := enginesim.New(cfg, enginesim.Deps{Tokenizer: tok})
 	if err != nil {
 		t.Fatal(err)
@@ -322,7 +343,9 @@ func (n *haNode) Logs() string {
 
 const haAPI = "127.0.0.1:11111"
 
-func startHANode(t *testing.T, b *daemontest.Binaries, ns string, args ...string) *haNode {
+// launchHANode starts a daemon in namespace ns; it is stopped when the
+// test ends.
+func launchHANode(t *testing.T, b *daemontest.Binaries, ns string, args ...string) *haNode {
 	t.Helper()
 	n := &haNode{ns: ns, http: nsClient(ns), done: make(chan struct{})}
 	a := append([]string{"--net=/run/netns/" + ns, b.Loxilb, "--api-addr", haAPI, "--state-dir", t.TempDir(),
@@ -348,20 +371,24 @@ func startHANode(t *testing.T, b *daemontest.Binaries, ns string, args ...string
 			<-n.done
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
+	return n
+}
+
+// waitUp waits until the daemon's API answers.
+func (n *haNode) waitUp(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		if resp, err := n.http.Get("http://" + haAPI + "/netlox/v1/version"); err == nil {
 			resp.Body.Close()
-			return n
+			return nil
 		}
 		select {
 		case <-n.done:
-			t.Fatalf("daemon in %s exited:\n%s", ns, n.Logs())
+			return fmt.Errorf("daemon in %s exited:\n%s", n.ns, n.Logs())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	t.Fatalf("daemon in %s did not come up:\n%s", ns, n.Logs())
-	return nil
+	return fmt.Errorf("daemon in %s did not come up in %v:\n%s", n.ns, timeout, n.Logs())
 }
 
 func (n *haNode) get(t *testing.T, path string) []byte {
@@ -397,6 +424,14 @@ func (n *haNode) metrics(t *testing.T) string {
 // ruleState is the listed state of the rule on vip ("" when not listed).
 func (n *haNode) ruleState(t *testing.T, vip string) string {
 	t.Helper()
+	st, err := n.ruleStateErr(vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func (n *haNode) ruleStateErr(vip string) (string, error) {
 	var list struct {
 		LBAttr []struct {
 			Service struct {
@@ -408,15 +443,20 @@ func (n *haNode) ruleState(t *testing.T, vip string) string {
 			} `json:"ruleStatus"`
 		} `json:"lbAttr"`
 	}
-	if err := json.Unmarshal(n.get(t, "/netlox/v1/config/loadbalancer/all"), &list); err != nil {
-		t.Fatal(err)
+	resp, err := n.http.Get("http://" + haAPI + "/netlox/v1/config/loadbalancer/all")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		return "", fmt.Errorf("%s: rule list: %w", n.ns, err)
 	}
 	for _, r := range list.LBAttr {
 		if net.JoinHostPort(r.Service.ExternalIP, fmt.Sprint(r.Service.Port)) == vip && r.Status != nil {
-			return r.Status.State
+			return r.Status.State, nil
 		}
 	}
-	return ""
+	return "", nil
 }
 
 func (n *haNode) storeReady(t *testing.T) bool {
@@ -539,6 +579,36 @@ func connectionsByNode(t *testing.T, nodes []*haNode, held []*kept) []int {
 		on[i] = node
 	}
 	return on
+}
+
+// converged polls nodes together until each lists the rule on vip as
+// applied, and returns each one's time since created; it fails the test
+// after limit.
+func converged(t *testing.T, nodes []*haNode, vip string, created time.Time, limit time.Duration) []time.Duration {
+	t.Helper()
+	out := make([]time.Duration, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = -1
+			for time.Since(created) < limit {
+				if st, err := n.ruleStateErr(vip); err == nil && st == "applied" {
+					out[i] = time.Since(created).Round(time.Millisecond)
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, d := range out {
+		if d < 0 {
+			t.Fatalf("rule on %s not applied by %s within %v:\n%s", vip, nodes[i].ns, limit, nodes[i].Logs())
+		}
+	}
+	return out
 }
 
 func countByNode(on []int, nodes int) []int {

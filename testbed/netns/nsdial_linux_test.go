@@ -48,7 +48,7 @@ func dialIn(ctx context.Context, ns, addr string) (net.Conn, error) {
 // nsClient is an HTTP client whose every request is a new connection made
 // from inside ns.
 func nsClient(ns string) *http.Client {
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			return dialIn(ctx, ns, addr)
