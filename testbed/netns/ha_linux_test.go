@@ -43,7 +43,8 @@ const (
 // every engine; killing a node loses only the connections it held, and
 // once the router withdraws its next hop (what BGP does when the node's
 // session drops) every new connection succeeds; an etcd restart loses
-// nothing and writes work again after it.
+// nothing and writes work again after it; the killed node, started again,
+// reads every rule from etcd and serves its share once announced.
 //
 // Follow-up, not yet here: the drift check (a node started with another
 // kvBlockSize or hash seed flagged by GET /netlox/v1/cluster and degraded
@@ -276,6 +277,30 @@ func TestSeveralNodes(t *testing.T) {
 			t.Fatalf("request %d to the rule created after the etcd restart: %v", i, err)
 		}
 	}
+
+	// The killed node comes back: it reads the rules from etcd (including
+	// the one created while it was down), the router announces it again,
+	// and it takes its share of new connections.
+	restarted := time.Now()
+	nodes[dead].start(t)
+	if err := nodes[dead].waitUp(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	converged(t, nodes[dead:dead+1], vip2, restarted, 30*time.Second)
+	t.Logf("killed node restarted and serving all rules after %v", time.Since(restarted).Round(time.Millisecond))
+	if err := lab.RouteVIP(0, 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	before = requestsPerNode(t, nodes)
+	for i := range 30 {
+		if err := complete(client, vip2, haPrompt(7000+i)); err != nil {
+			t.Fatalf("request %d after the node came back: %v", i, err)
+		}
+	}
+	per = requestsPerNode(t, nodes)
+	if d := per[dead] - before[dead]; d == 0 {
+		t.Fatalf("the restarted node served none of 30 new connections: %v before, %v after", before, per)
+	}
 	t.Logf("whole lab run %v", time.Since(start).Round(time.Millisecond))
 }
 
@@ -321,6 +346,7 @@ func startHAEngine(t *testing.T, tok enginesim.Tokenizer, cfg enginesim.Config) 
 // listens on 127.0.0.1 there and is reached through dialIn.
 type haNode struct {
 	ns   string
+	args []string // of nsenter, which runs the daemon
 	cmd  *exec.Cmd
 	http *http.Client
 	done chan struct{}
@@ -347,16 +373,10 @@ const haAPI = "127.0.0.1:11111"
 // test ends.
 func launchHANode(t *testing.T, b *daemontest.Binaries, ns string, args ...string) *haNode {
 	t.Helper()
-	n := &haNode{ns: ns, http: nsClient(ns), done: make(chan struct{})}
-	a := append([]string{"--net=/run/netns/" + ns, b.Loxilb, "--api-addr", haAPI, "--state-dir", t.TempDir(),
+	n := &haNode{ns: ns, http: nsClient(ns)}
+	n.args = append([]string{"--net=/run/netns/" + ns, b.Loxilb, "--api-addr", haAPI, "--state-dir", t.TempDir(),
 		"--no-dataplane=false", "--bpf-pin-path", daemonPin(t), "--metrics"}, args...)
-	// nsenter execs the daemon, so the process is the daemon itself.
-	n.cmd = exec.Command("nsenter", a...)
-	n.cmd.Stdout, n.cmd.Stderr = n, n
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = n.cmd.Wait(); close(n.done) }()
+	n.start(t)
 	t.Cleanup(func() {
 		select {
 		case <-n.done:
@@ -372,6 +392,21 @@ func launchHANode(t *testing.T, b *daemontest.Binaries, ns string, args ...strin
 		}
 	})
 	return n
+}
+
+// start runs the daemon process; after a kill it starts it again on the
+// same state directory and pin path, as a rebooted node would.
+func (n *haNode) start(t *testing.T) {
+	t.Helper()
+	n.done = make(chan struct{})
+	// nsenter execs the daemon, so the process is the daemon itself.
+	n.cmd = exec.Command("nsenter", n.args...)
+	n.cmd.Stdout, n.cmd.Stderr = n, n
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cmd, done := n.cmd, n.done
+	go func() { _ = cmd.Wait(); close(done) }()
 }
 
 // waitUp waits until the daemon's API answers.
