@@ -74,6 +74,7 @@ type pconn struct {
 	// probeAfterIdle), so an endpoint close may have crossed the request.
 	unprobed bool
 	stopCanc func() bool // detaches the request context's cancellation
+	watched  *reqCtx     // or this holds pc.cancel in its upstream slot
 	cancelFn func()      // pc.cancel, bound once per connection
 	probe    *peekProbe  // liveness probe state, built on first reuse
 	// dmu orders deadline changes against the request context firing: once
@@ -368,7 +369,7 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 	if pc.cancelFn == nil {
 		pc.cancelFn = pc.cancel
 	}
-	pc.stopCanc = context.AfterFunc(ctx, pc.cancelFn)
+	pc.watch(ctx)
 	if err := w.writeRequest(pc.bw); err != nil {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}
@@ -416,11 +417,10 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 // release puts the connection back into the pool, unless the request
 // context fired (its deadline is poisoned) or the pool is full.
 func (pc *pconn) release() {
-	if pc.stopCanc != nil && !pc.stopCanc() {
-		pc.close()
+	if !pc.unwatch() {
+		_ = pc.conn.Close()
 		return
 	}
-	pc.stopCanc = nil
 	if pc.u.streamIdle > 0 || pc.u.headerTimeout > 0 {
 		// An expired deadline would fail the liveness probe before reuse.
 		_ = pc.conn.SetReadDeadline(time.Time{})
@@ -451,11 +451,35 @@ func (pc *pconn) release() {
 }
 
 func (pc *pconn) close() {
-	if pc.stopCanc != nil {
-		pc.stopCanc()
-		pc.stopCanc = nil
-	}
+	pc.unwatch()
 	_ = pc.conn.Close()
+}
+
+// watch wires the request context's cancellation to pc.cancel: through
+// the proxy's own request context's slot when it is one (no allocation),
+// otherwise with context.AfterFunc.
+func (pc *pconn) watch(ctx context.Context) {
+	if rc, ok := ctx.(*reqCtx); ok && rc.watchUpstream(pc.cancelFn) {
+		pc.watched = rc
+		return
+	}
+	pc.stopCanc = context.AfterFunc(ctx, pc.cancelFn)
+}
+
+// unwatch undoes watch. It reports false if the cancellation already
+// fired: the connection's deadlines are poisoned and it must not be
+// reused.
+func (pc *pconn) unwatch() bool {
+	ok := true
+	if rc := pc.watched; rc != nil {
+		pc.watched = nil
+		ok = rc.unwatchUpstream()
+	}
+	if stop := pc.stopCanc; stop != nil {
+		pc.stopCanc = nil
+		ok = stop()
+	}
+	return ok
 }
 
 // closeIdle closes every pooled connection; with final set, connections
