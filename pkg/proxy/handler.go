@@ -50,9 +50,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			defer endRequest(tc, rc)
 		}
 	}
-	ex := exchange{s: s, w: w, r: r, ctx: ctx, start: time.Now(), t: s.table.Load()}
+	ex := exchangePool.Get().(*exchange)
+	*ex = exchange{s: s, w: w, r: r, ctx: ctx, start: time.Now(), t: s.table.Load()}
 	ex.res.Endpoint = -1
-	defer func() { s.budget.release(ex.reserved) }()
+	defer ex.recycle()
 	ex.run()
 	ex.finish()
 	if ex.abort || !ex.wrote {
@@ -67,6 +68,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// exchangePool recycles exchange structs: one escapes to the heap per
+// request (the request writer inside it goes to the upstream as an
+// interface), and nothing holds it once ServeHTTP returns.
+var exchangePool = sync.Pool{New: func() any { return new(exchange) }}
+
+// recycle returns the request's body budget and the exchange to its pool.
+func (ex *exchange) recycle() {
+	ex.s.budget.release(ex.reserved)
+	*ex = exchange{}
+	exchangePool.Put(ex)
 }
 
 // exchange is one request's state, so the steps can be separate methods

@@ -379,11 +379,27 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 	if pc.u.headerTimeout > 0 {
 		pc.setReadDeadline(time.Now().Add(pc.u.headerTimeout))
 	}
-	var resp *http.Response
+	var (
+		resp *http.Response
+		body *bodyReader
+	)
 	if pc.u.headerLimit > 0 {
 		pc.lr.armed, pc.lr.left = true, pc.u.headerLimit
 	}
 	for {
+		if _, err := pc.br.Peek(1); err != nil {
+			if pc.lr.armed && pc.lr.left <= 0 {
+				return nil, fmt.Errorf("%w: endpoint sent more than %d bytes without ending its headers", ErrUpstreamHeaderTooLarge, pc.u.headerLimit)
+			}
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF // as http.ReadResponse says
+			}
+			return nil, err
+		}
+		if ur := readResponseFast(pc.br, req); ur != nil {
+			resp, body = &ur.resp, &ur.body
+			break
+		}
 		r, err := http.ReadResponse(pc.br, req)
 		if err != nil {
 			if pc.lr.armed && pc.lr.left <= 0 {
@@ -400,7 +416,7 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 		if r.StatusCode >= 100 && r.StatusCode < 200 && r.StatusCode != http.StatusSwitchingProtocols {
 			continue
 		}
-		resp = r
+		resp, body = r, &bodyReader{}
 		break
 	}
 	pc.lr.armed = false
@@ -410,7 +426,8 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil, errors.New("endpoint switched protocols, which the proxy does not relay")
 	}
-	resp.Body = &bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !closeAfter}
+	*body = bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !closeAfter}
+	resp.Body = body
 	return resp, nil
 }
 
