@@ -59,7 +59,11 @@ func Binary(t testing.TB) string {
 }
 
 // Start runs etcd and waits until it serves clients.
-func Start(t testing.TB) *Server { t.Helper(); return start(t, nil) }
+func Start(t testing.TB) *Server { t.Helper(); return start(t, "127.0.0.1", nil) }
+
+// StartOn is Start with etcd listening on host (an address of this
+// network namespace) instead of 127.0.0.1, so that other namespaces reach it.
+func StartOn(t testing.TB, host string) *Server { t.Helper(); return start(t, host, nil) }
 
 // StartTLS runs etcd serving clients over TLS only, with a certificate of
 // a fresh CA, and requiring a client certificate of that CA.
@@ -69,19 +73,19 @@ func StartTLS(t testing.TB) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return start(t, f)
+	return start(t, "127.0.0.1", f)
 }
 
-func start(t testing.TB, tf *TLSFiles) *Server {
+func start(t testing.TB, host string, tf *TLSFiles) *Server {
 	t.Helper()
 	bin := Binary(t)
-	client, peer := freePort(t), freePort(t)
-	s := &Server{Endpoint: fmt.Sprintf("127.0.0.1:%d", client), TLS: tf, t: t, done: make(chan struct{})}
+	client, peer := freePort(t, host), freePort(t, host)
+	s := &Server{Endpoint: net.JoinHostPort(host, fmt.Sprint(client)), TLS: tf, t: t, done: make(chan struct{})}
 	scheme := "http://"
 	if tf != nil {
 		scheme = "https://"
 	}
-	cu, pu := scheme+s.Endpoint, fmt.Sprintf("http://127.0.0.1:%d", peer)
+	cu, pu := scheme+s.Endpoint, "http://"+net.JoinHostPort(host, fmt.Sprint(peer))
 	args := []string{"--name", "test", "--data-dir", t.TempDir(),
 		"--listen-client-urls", cu, "--advertise-client-urls", cu,
 		"--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
@@ -148,9 +152,9 @@ func (s *Server) Stop() {
 	<-s.done
 }
 
-func freePort(t testing.TB) int {
+func freePort(t testing.TB, host string) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
