@@ -91,13 +91,14 @@ static __always_inline __u32 fib_gen(void)
 
 /* fib_cached reports whether ct holds a FIB result valid for this packet:
  * same generation, fresh, same ingress device and TOS, and a length the
- * FIB's MTU check already passed. GSO packets always ask the FIB (their
- * check depends on the segment size); they are few and large. */
-static __always_inline int fib_cached(const struct ct_val *ct, const struct pkt *p, __u32 gen, __u32 stamp, __u32 iif,
-				      int gso)
+ * FIB's MTU check already passed. The length test needs no GSO test
+ * before it (whose skb_shared_info read is a cache miss of its own): a
+ * GSO packet whose total length passes has segments that pass too, and
+ * larger ones ask the FIB, which skips the MTU check for GSO. */
+static __always_inline int fib_cached(const struct ct_val *ct, const struct pkt *p, __u32 gen, __u32 stamp, __u32 iif)
 {
 	return gen && ct->fib_gen == gen && stamp - ct->fib_stamp < FIB_TTL && ct->fib_iif == iif &&
-	       ct->fib_tos == p->tos && !gso && p->tot_len <= ct->fib_len;
+	       ct->fib_tos == p->tos && p->tot_len <= ct->fib_len;
 }
 
 /* fib_store caches a successful lookup in ct. It is written by whichever CPU
@@ -140,8 +141,7 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 	__u32 iif = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
 	__u32 gen = fib_gen(); /* read before the lookup: a change after it invalidates */
 	__u32 stamp = (__u32)(now >> FIB_TTL_SHIFT);
-	int gso = skb->gso_size != 0;
-	if (ct && p->ttl > 1 && fib_cached(ct, p, gen, stamp, iif, gso)) {
+	if (ct && p->ttl > 1 && fib_cached(ct, p, gen, stamp, iif)) {
 		if (dec_ttl(skb, p, ct->fib_dmac)) {
 			count(CNT_DROP_REWRITE);
 			return TC_ACT_SHOT;
@@ -151,6 +151,7 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 		return bpf_redirect(ct->fib_ifindex, 0);
 	}
 
+	int gso = skb->gso_size != 0;
 	struct bpf_fib_lookup fib = {};
 	fib.family = AF_INET;
 	fib.tos = p->tos;

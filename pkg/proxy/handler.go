@@ -43,14 +43,17 @@ var copyBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 // rule, so it is not meant to be mounted elsewhere.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer s.dr.begin()()
-	ctx, release := r.Context(), func() {}
+	ctx := r.Context()
 	if !s.abortOnClose {
-		ctx, release = requestContext(ctx)
+		if tc, rc := requestContext(ctx); rc != nil {
+			ctx = rc
+			defer endRequest(tc, rc)
+		}
 	}
-	defer release()
-	ex := exchange{s: s, w: w, r: r, ctx: ctx, start: time.Now(), t: s.table.Load()}
+	ex := exchangePool.Get().(*exchange)
+	*ex = exchange{s: s, w: w, r: r, ctx: ctx, start: time.Now(), t: s.table.Load()}
 	ex.res.Endpoint = -1
-	defer func() { s.budget.release(ex.reserved) }()
+	defer ex.recycle()
 	ex.run()
 	ex.finish()
 	if ex.abort || !ex.wrote {
@@ -65,6 +68,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// exchangePool recycles exchange structs: one escapes to the heap per
+// request (the request writer inside it goes to the upstream as an
+// interface), and nothing holds it once ServeHTTP returns.
+var exchangePool = sync.Pool{New: func() any { return new(exchange) }}
+
+// recycle returns the request's body budget and the exchange to its pool.
+func (ex *exchange) recycle() {
+	ex.s.budget.release(ex.reserved)
+	*ex = exchange{}
+	exchangePool.Put(ex)
 }
 
 // exchange is one request's state, so the steps can be separate methods
@@ -506,6 +521,9 @@ func (ex *exchange) readBody() (_ []byte, err error) {
 		if r.ContentLength < 0 && int64(len(b)) > limit {
 			return nil, fmt.Errorf("%w: body exceeds the %d byte limit", ErrBodyTooLarge, limit)
 		}
+		// Read to its end: closed now, net/http need not look for (and
+		// allocate a reader to discard) a rest after the handler.
+		_ = r.Body.Close()
 		return b, nil
 	case errors.Is(err, ErrOverloaded):
 		// The rest of the body is not wanted: stop waiting for it, so the

@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -45,9 +44,14 @@ type trackedConn struct {
 	slots  *connSlots
 	closed atomic.Bool
 
-	mu     sync.Mutex
-	gone   bool
-	cancel context.CancelCauseFunc // of the request being served
+	// vals is the connection's context without its cancellation: every
+	// request on the connection carries the same values, so the first
+	// request's serve them all.
+	vals context.Context
+
+	mu   sync.Mutex
+	gone bool
+	req  *reqCtx // of the request being served
 }
 
 func (c *trackedConn) Read(p []byte) (int, error) {
@@ -88,35 +92,31 @@ func (c *trackedConn) CloseWrite() error {
 func (c *trackedConn) markGone() {
 	c.mu.Lock()
 	c.gone = true
-	cancel := c.cancel
-	c.cancel = nil
+	req := c.req
+	c.req = nil
 	c.mu.Unlock()
-	if cancel != nil {
-		cancel(errClientGone)
+	if req != nil {
+		req.cancel()
 	}
 }
 
-// watch registers the current request's cancel function; it reports false
-// (and registers nothing) if the client is already gone.
-func (c *trackedConn) watch(cancel context.CancelCauseFunc) bool {
+// watch registers the current request's context; it reports false (and
+// registers nothing) if the client is already gone.
+func (c *trackedConn) watch(req *reqCtx) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.gone {
 		return false
 	}
-	c.cancel = cancel
+	c.req = req
 	return true
 }
 
 func (c *trackedConn) unwatch() {
 	c.mu.Lock()
-	c.cancel = nil
+	c.req = nil
 	c.mu.Unlock()
 }
-
-// errClientGone is the cancel cause of a request whose client connection
-// closed or failed.
-var errClientGone = fmt.Errorf("%w: connection closed or reset", ErrClientCanceled)
 
 type connKey struct{}
 
@@ -132,24 +132,32 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 	return ctx
 }
 
-// requestContext returns the context upstream work runs under, and its
-// release function. It carries the request's values but is cancelled only
-// when the client connection is gone (see trackedConn), not when the
-// client merely half-closed.
-func requestContext(r context.Context) (context.Context, func()) {
+// requestContext returns the context upstream work runs under, or nil
+// when r did not arrive on a trackedConn. It carries the request's values
+// but is cancelled only when the client connection is gone (see
+// trackedConn), not when the client merely half-closed. endRequest ends
+// it.
+func requestContext(r context.Context) (*trackedConn, *reqCtx) {
 	tc, _ := r.Value(connKey{}).(*trackedConn)
 	if tc == nil {
-		return r, func() {}
+		return nil, nil
 	}
-	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r))
-	if !tc.watch(cancel) {
-		cancel(errClientGone)
-		return ctx, func() {}
+	if tc.vals == nil {
+		// Requests on one connection are served one after the other.
+		tc.vals = context.WithoutCancel(r)
 	}
-	return ctx, func() {
-		tc.unwatch()
-		cancel(nil)
+	rc := &reqCtx{vals: tc.vals}
+	if !tc.watch(rc) {
+		rc.cancel()
 	}
+	return tc, rc
+}
+
+// endRequest detaches rc from the connection and cancels it, so work
+// derived from it stops with the request.
+func endRequest(tc *trackedConn, rc *reqCtx) {
+	tc.unwatch()
+	rc.cancel()
 }
 
 // bodyBudget bounds the bytes all request body buffers hold together

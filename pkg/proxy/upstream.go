@@ -74,6 +74,7 @@ type pconn struct {
 	// probeAfterIdle), so an endpoint close may have crossed the request.
 	unprobed bool
 	stopCanc func() bool // detaches the request context's cancellation
+	watched  *reqCtx     // or this holds pc.cancel in its upstream slot
 	cancelFn func()      // pc.cancel, bound once per connection
 	probe    *peekProbe  // liveness probe state, built on first reuse
 	// dmu orders deadline changes against the request context firing: once
@@ -368,7 +369,7 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 	if pc.cancelFn == nil {
 		pc.cancelFn = pc.cancel
 	}
-	pc.stopCanc = context.AfterFunc(ctx, pc.cancelFn)
+	pc.watch(ctx)
 	if err := w.writeRequest(pc.bw); err != nil {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}
@@ -378,11 +379,27 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 	if pc.u.headerTimeout > 0 {
 		pc.setReadDeadline(time.Now().Add(pc.u.headerTimeout))
 	}
-	var resp *http.Response
+	var (
+		resp *http.Response
+		body *bodyReader
+	)
 	if pc.u.headerLimit > 0 {
 		pc.lr.armed, pc.lr.left = true, pc.u.headerLimit
 	}
 	for {
+		if _, err := pc.br.Peek(1); err != nil {
+			if pc.lr.armed && pc.lr.left <= 0 {
+				return nil, fmt.Errorf("%w: endpoint sent more than %d bytes without ending its headers", ErrUpstreamHeaderTooLarge, pc.u.headerLimit)
+			}
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF // as http.ReadResponse says
+			}
+			return nil, err
+		}
+		if ur := readResponseFast(pc.br, req); ur != nil {
+			resp, body = &ur.resp, &ur.body
+			break
+		}
 		r, err := http.ReadResponse(pc.br, req)
 		if err != nil {
 			if pc.lr.armed && pc.lr.left <= 0 {
@@ -399,7 +416,7 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 		if r.StatusCode >= 100 && r.StatusCode < 200 && r.StatusCode != http.StatusSwitchingProtocols {
 			continue
 		}
-		resp = r
+		resp, body = r, &bodyReader{}
 		break
 	}
 	pc.lr.armed = false
@@ -409,18 +426,18 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil, errors.New("endpoint switched protocols, which the proxy does not relay")
 	}
-	resp.Body = &bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !closeAfter}
+	*body = bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !closeAfter}
+	resp.Body = body
 	return resp, nil
 }
 
 // release puts the connection back into the pool, unless the request
 // context fired (its deadline is poisoned) or the pool is full.
 func (pc *pconn) release() {
-	if pc.stopCanc != nil && !pc.stopCanc() {
-		pc.close()
+	if !pc.unwatch() {
+		_ = pc.conn.Close()
 		return
 	}
-	pc.stopCanc = nil
 	if pc.u.streamIdle > 0 || pc.u.headerTimeout > 0 {
 		// An expired deadline would fail the liveness probe before reuse.
 		_ = pc.conn.SetReadDeadline(time.Time{})
@@ -451,11 +468,35 @@ func (pc *pconn) release() {
 }
 
 func (pc *pconn) close() {
-	if pc.stopCanc != nil {
-		pc.stopCanc()
-		pc.stopCanc = nil
-	}
+	pc.unwatch()
 	_ = pc.conn.Close()
+}
+
+// watch wires the request context's cancellation to pc.cancel: through
+// the proxy's own request context's slot when it is one (no allocation),
+// otherwise with context.AfterFunc.
+func (pc *pconn) watch(ctx context.Context) {
+	if rc, ok := ctx.(*reqCtx); ok && rc.watchUpstream(pc.cancelFn) {
+		pc.watched = rc
+		return
+	}
+	pc.stopCanc = context.AfterFunc(ctx, pc.cancelFn)
+}
+
+// unwatch undoes watch. It reports false if the cancellation already
+// fired: the connection's deadlines are poisoned and it must not be
+// reused.
+func (pc *pconn) unwatch() bool {
+	ok := true
+	if rc := pc.watched; rc != nil {
+		pc.watched = nil
+		ok = rc.unwatchUpstream()
+	}
+	if stop := pc.stopCanc; stop != nil {
+		pc.stopCanc = nil
+		ok = stop()
+	}
+	return ok
 }
 
 // closeIdle closes every pooled connection; with final set, connections

@@ -22,9 +22,14 @@
 // floor, and labels every metric by service and endpoint so two rules never
 // share a series.
 //
+// Spill relief and cold seeding price the cached tokens a move throws away
+// against the queue it avoids (movecost.go), so a hot prefix still spreads
+// and a restarted engine is still seeded, but a long session is not moved
+// off its history next to a mildly loaded holder.
+//
 // The router is pure logic: no HTTP, no goroutines. Its only state is per
-// service (cold-seed tick, zero-hit run, the adaptive penalty's work
-// estimate) and is dropped by Forget.
+// service (cold-seed tick, zero-hit run, the running medians of a hit's
+// uncached work, prompt length and cached prefix) and is dropped by Forget.
 //
 // Settings come from the process environment (ConfigFromEnv):
 //

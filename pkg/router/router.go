@@ -192,11 +192,14 @@ type serviceState struct {
 	// warned holds a bit per watchdog reason already logged in the
 	// current zero-hit episode (warnNotCached, warnSuspect).
 	warned atomic.Uint32
-	// work estimates (math.Float64bits) the median of the prompt tokens a
-	// Tier-1.5 hit of the service leaves uncached on its warmest endpoint:
-	// the prefill work one more request of load typically represents. 0
-	// until the first sample.
-	work atomic.Uint64
+	// work estimates the median of the prompt tokens a Tier-1.5 hit of
+	// the service leaves uncached on its warmest endpoint: the prefill work
+	// one more request of load typically represents in the blend.
+	work streamMedian
+	// prompt and cached estimate the medians of a hit's prompt length and
+	// of the prefix its warmest endpoint holds, in tokens: the recompute
+	// gates' prices (movecost.go).
+	prompt, cached streamMedian
 	// seedDue is set by every ColdSeedN-th hit and cleared by the hit that
 	// takes the seed: a hit whose move would throw away a long cached
 	// prefix leaves it for a later, shorter one.
@@ -216,28 +219,11 @@ const (
 )
 
 // observeWork folds one request's uncached prompt tokens into the
-// estimate. A compare-and-swap loop rather than a lock: Decide stays
-// lock-free, and a retry only happens when two decisions of one service
-// race.
+// blend's work estimate.
 func (st *serviceState) observeWork(tokens, blockSize int) {
 	// At least one block: the engine always recomputes the last prompt
 	// token, and a zero would read as "no sample yet".
-	x := float64(max(tokens, blockSize, 1))
-	for {
-		old := st.work.Load()
-		w := math.Float64frombits(old)
-		switch {
-		case w == 0:
-			w = x
-		case x > w:
-			w = min(w*(1+workStep), x)
-		case x < w:
-			w = max(w/(1+workStep), x)
-		}
-		if st.work.CompareAndSwap(old, math.Float64bits(w)) {
-			return
-		}
-	}
+	st.work.observe(float64(max(tokens, blockSize, 1)))
 }
 
 // penalty returns the tokens one request-equivalent of load is worth for
@@ -249,11 +235,7 @@ func (r *Router) penalty(st *serviceState, uncached, blockSize int) float64 {
 	if r.cfg.LoadPenalty != LoadPenaltyAdaptive {
 		return float64(r.cfg.LoadPenalty)
 	}
-	w := math.Float64frombits(st.work.Load())
-	if w == 0 {
-		w = float64(uncached)
-	}
-	return max(w, float64(blockSize))
+	return max(st.work.value(float64(uncached)), float64(blockSize))
 }
 
 // LoadPenalty reports the tokens one request-equivalent of load is
@@ -266,7 +248,7 @@ func (r *Router) LoadPenalty(service uint32) float64 {
 	if r.cfg.LoadPenalty != LoadPenaltyAdaptive {
 		return float64(r.cfg.LoadPenalty)
 	}
-	return math.Float64frombits(r.service(service).work.Load())
+	return r.service(service).work.value(0)
 }
 
 type scratch struct {
@@ -527,6 +509,7 @@ func (r *Router) placeEven(st *serviceState, s *scratch, warm, warmUncached, tot
 	if r.cfg.LoadPenalty == LoadPenaltyAdaptive {
 		st.observeWork(warmUncached, blockSize)
 	}
+	st.observeHit(total, s.match[warm], blockSize)
 	r.m.hits.WithLabelValues(st.label, strconv.Itoa(ep)).Inc()
 	return d
 }
@@ -594,12 +577,19 @@ func (r *Router) spillRelief(svc ServiceView) bool {
 //  3. Spill relief (when enabled). cap = ceil(MeanLoadFactor/100·(L+1)/n),
 //     L the summed load of the n healthy candidates. If the winner has at
 //     least SpillMinLoad load and load+1 > cap, the request moves to the
-//     best-scoring candidate with load+1 <= cap; since the score includes
-//     overlap, a second warm endpoint is preferred over a cold one.
+//     best-scoring candidate with load+1 <= cap whose move pays: its queue
+//     plus the tokens it would recompute cost less than the winner's queue
+//     (movePays; queues are prefill tokens outstanding or load priced at
+//     the service's median prompt length, see movecost.go). Since the
+//     score includes overlap, a second warm endpoint is preferred over a
+//     cold one.
 //
-//  4. Cold seeding. Every ColdSeedN-th hit of the service is diverted to the
-//     lowest-index healthy candidate whose inventory is below ColdMinBlocks,
-//     so a restarted endpoint re-enters a warm fleet.
+//  4. Cold seeding. Every ColdSeedN-th hit of the service makes a seed due;
+//     the next hit whose move is cheap (it throws away no more cached
+//     tokens than the service's median cached prefix) or pays is diverted
+//     to the lowest-index healthy candidate whose inventory is below
+//     ColdMinBlocks, so a restarted endpoint re-enters a warm fleet without
+//     a long session being moved off its history to prime it.
 //
 // Zero-hit watchdog: every lookup where all healthy inventories miss
 // although one is non-empty extends a per-service run; a hit resets it. When
@@ -764,7 +754,8 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		from = warm
 	}
 
-	// 3. Spill relief.
+	// 3. Spill relief, priced: a move must cost less than staying.
+	mc := newMoveCost(st, s, cands, total, blockSize)
 	if r.spillRelief(svc) && s.load[win] >= float64(r.cfg.SpillMinLoad) {
 		sum := 0.0
 		for _, l := range s.load {
@@ -774,7 +765,7 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		if s.load[win]+1 > capLoad {
 			alt := -1
 			for i := 0; i < n; i++ {
-				if s.load[i]+1 <= capLoad && (alt < 0 || better(i, alt)) {
+				if s.load[i]+1 <= capLoad && (alt < 0 || better(i, alt)) && mc.movePays(win, i) {
 					alt = i
 				}
 			}
@@ -792,6 +783,8 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		st.seedDue.Store(true)
 	}
 	if st.seedDue.Load() {
+		// The seed goes to the lowest-index cold endpoint, and only if this
+		// request's move is cheap or pays (otherwise a later hit takes it).
 		floor := max(r.cfg.ColdMinBlocks, 1)
 		cold := -1
 		for i := 0; i < n; i++ {
@@ -802,6 +795,8 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		switch {
 		case cold < 0:
 			st.seedDue.Store(false) // nothing to seed
+		case !mc.seedCheap(st, win, cold) && !mc.movePays(win, cold):
+			// a long history stays; the seed waits for a cheaper request
 		case st.seedDue.CompareAndSwap(true, false):
 			from = win
 			win, tier, reason = cold, TierColdSeed, ReasonColdSeed
@@ -828,6 +823,7 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 		// moves away from the cache cannot feed back into the penalty.
 		st.observeWork(warmUncached, blockSize)
 	}
+	st.observeHit(total, s.match[warm], blockSize)
 	ep := strconv.Itoa(d.EP)
 	r.m.hits.WithLabelValues(st.label, ep).Inc()
 	switch tier {

@@ -894,3 +894,61 @@ func TestSharedSystemPromptPlacedByPrefillWork(t *testing.T) {
 		t.Fatalf("got %+v, want endpoint 2 (no prefill queued) by least_prefill", d)
 	}
 }
+
+// A session step with a ~2k-token cached history stays on its holder while
+// the holder is only mildly loaded: neither a due cold seed nor spill
+// relief throws the history away to prime or relieve an endpoint that
+// holds nothing of it. Under real load the move pays and happens, and the
+// due seed goes to a request whose cached prefix is short.
+func TestLongSessionStaysOnItsHistory(t *testing.T) {
+	session := chain(1, 136) // a 2k-token history + a new turn
+	short := chain(2, 20)
+	inv := newFakeInv()
+	inv.add(7, 0, session[:128]...)
+	inv.add(7, 1, short[:4]...)
+	inv.add(7, 1, chain(9, 100)...)
+	// endpoint 2 is empty (cold); endpoint 3 is warm with other prefixes.
+	inv.add(7, 3, chain(8, 100)...)
+	var r *Router
+	cs := cands(4)
+	// seedN 0: spill relief alone; 1: a seed is due at every hit.
+	for seedN := range 2 {
+		cfg := DefaultConfig()
+		cfg.ColdSeedN = seedN
+		r, _ = newRouter(t, cfg, inv)
+		cs = cands(4)
+		// The service's typical hit: a 320-token prompt, 64 tokens cached.
+		for i := 0; i < 20; i++ {
+			r.Decide(mode3, short, 16, cs, rr(t), selector.Request{})
+		}
+		for _, c := range []struct {
+			name     string
+			inFlight int
+			prefill  int64
+		}{
+			{"idle holder, seed due", 0, 0},
+			{"mildly loaded holder", 2, 256},
+			{"mildly loaded holder, engine queueing", 1, 256},
+		} {
+			cs[0].InFlight, cs[0].PrefillTokens = c.inFlight, c.prefill
+			if c.name == "mildly loaded holder, engine queueing" {
+				cs[0].Metrics = selector.EngineMetrics{Running: 2, Waiting: 1, Valid: true}
+			}
+			d := r.Decide(mode3, session, 16, cs, rr(t), selector.Request{})
+			if d.EP != 0 || d.Tier != TierKV || d.MatchedBlocks != 128 {
+				t.Fatalf("seedN %d, %s: session step moved off its 2k-token history: %+v", seedN, c.name, d)
+			}
+		}
+	}
+	// The seed is still due: a request that loses 64 tokens takes it.
+	d := r.Decide(mode3, short, 16, cs, rr(t), selector.Request{})
+	if d.EP != 2 || d.Tier != TierColdSeed || d.From != 1 {
+		t.Fatalf("short request should seed cold endpoint 2: %+v", d)
+	}
+	// Eight requests ahead on the holder: waiting costs more than the
+	// recompute, so relief moves the step.
+	cs[0].InFlight, cs[0].Metrics = 8, selector.EngineMetrics{}
+	if d := r.Decide(mode3, session, 16, cs, rr(t), selector.Request{}); d.EP == 0 || d.Tier == TierKV {
+		t.Fatalf("session step should leave a holder with 8 requests ahead: %+v", d)
+	}
+}

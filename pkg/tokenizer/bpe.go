@@ -3,7 +3,6 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
-	"hash/maphash"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -14,7 +13,7 @@ import (
 // never materialises the byte-level alphabet.
 type bpeModel struct {
 	vocab        map[string]uint32 // raw bytes (byte-level) or plain strings
-	merges       map[uint64]merge  // (left id << 32 | right id) -> merge
+	merges       mergeTable        // (left id, right id) -> merge
 	byteIDs      [256]int64        // byte-level initial symbols, -1 if absent
 	byteLevel    bool
 	ignoreMerges bool
@@ -95,7 +94,7 @@ func newBPEModel(raw json.RawMessage, byteLevel bool, alpha *byteLevelAlphabet) 
 	}
 	m := &bpeModel{
 		vocab:        make(map[string]uint32, len(r.Vocab)),
-		merges:       make(map[uint64]merge, len(pairs)),
+		merges:       newMergeTable(len(pairs)),
 		byteLevel:    byteLevel,
 		ignoreMerges: r.IgnoreMerges,
 		byteFallback: r.ByteFallback,
@@ -143,7 +142,9 @@ func newBPEModel(raw json.RawMessage, byteLevel bool, alpha *byteLevelAlphabet) 
 			return nil, nil, fmt.Errorf("model: merges[%d] %q %q: token not in vocab", i, p[0], p[1])
 		}
 		// A repeated pair keeps its last rank, as the Rust HashMap collect does.
-		m.merges[uint64(a)<<32|uint64(b)] = merge{rank: uint32(i), newID: n}
+		if err := m.merges.set(uint64(a)<<32|uint64(b), merge{rank: uint32(i), newID: n}); err != nil {
+			return nil, nil, fmt.Errorf("model: merges[%d]: %w", i, err)
+		}
 	}
 	return m, idToToken, nil
 }
@@ -182,8 +183,8 @@ func (m *bpeModel) encodeWord(dst []uint32, word string) []uint32 {
 	if word == "" {
 		return dst
 	}
-	if ids, ok := m.cache.get(word); ok {
-		return append(dst, ids...)
+	if out, ok := m.cache.appendCached(dst, word); ok {
+		return out
 	}
 	if m.ignoreMerges {
 		if id, ok := m.vocab[word]; ok {
@@ -296,7 +297,7 @@ func (m *bpeModel) merge(dst []uint32, word string) []uint32 {
 		return top
 	}
 	for i := 0; i+1 < len(syms); i++ {
-		if mg, ok := m.merges[uint64(syms[i].id)<<32|uint64(syms[i+1].id)]; ok {
+		if mg, ok := m.merges.get(syms[i].id, syms[i+1].id); ok {
 			push(cand{rank: mg.rank, pos: int32(i), newID: mg.newID})
 		}
 	}
@@ -308,7 +309,7 @@ func (m *bpeModel) merge(dst []uint32, word string) []uint32 {
 		}
 		right := &syms[s.next]
 		// Stale entry: one side was merged since this candidate was pushed.
-		if mg, ok := m.merges[uint64(s.id)<<32|uint64(right.id)]; !ok || mg.newID != c.newID {
+		if mg, ok := m.merges.get(s.id, right.id); !ok || mg.newID != c.newID {
 			continue
 		}
 		s.id = c.newID
@@ -319,12 +320,12 @@ func (m *bpeModel) merge(dst []uint32, word string) []uint32 {
 		}
 		if s.prev >= 0 {
 			p := syms[s.prev]
-			if mg, ok := m.merges[uint64(p.id)<<32|uint64(s.id)]; ok {
+			if mg, ok := m.merges.get(p.id, s.id); ok {
 				push(cand{rank: mg.rank, pos: s.prev, newID: mg.newID})
 			}
 		}
 		if s.next >= 0 {
-			if mg, ok := m.merges[uint64(s.id)<<32|uint64(syms[s.next].id)]; ok {
+			if mg, ok := m.merges.get(s.id, syms[s.next].id); ok {
 				push(cand{rank: mg.rank, pos: c.pos, newID: mg.newID})
 			}
 		}
@@ -340,71 +341,4 @@ var hexDigits = "0123456789ABCDEF"
 
 func byteFallbackToken(b byte) string {
 	return string([]byte{'<', '0', 'x', hexDigits[b>>4], hexDigits[b&15], '>'})
-}
-
-// wordCache memoises BPE results per pre-tokenized piece, as HuggingFace's
-// BPE cache does. It is sharded to keep lock hold times short under
-// concurrent requests, and bounded: a full shard is simply cleared, which
-// keeps memory fixed without LRU bookkeeping on the hot path.
-type wordCache struct {
-	seed   maphash.Seed
-	shards [cacheShards]cacheShard
-}
-
-const (
-	cacheShards        = 16
-	cacheShardCapacity = 4096
-	cacheMaxWordLen    = 256
-)
-
-type cacheShard struct {
-	mu sync.RWMutex
-	m  map[string][]uint32
-}
-
-func (c *wordCache) init() {
-	c.seed = maphash.MakeSeed()
-	for i := range c.shards {
-		c.shards[i].m = make(map[string][]uint32)
-	}
-}
-
-func (c *wordCache) shard(w string) *cacheShard {
-	return &c.shards[maphash.String(c.seed, w)%cacheShards]
-}
-
-func (c *wordCache) get(w string) ([]uint32, bool) {
-	if len(w) > cacheMaxWordLen {
-		return nil, false
-	}
-	s := c.shard(w)
-	s.mu.RLock()
-	ids, ok := s.m[w]
-	s.mu.RUnlock()
-	return ids, ok
-}
-
-func (c *wordCache) put(w string, ids []uint32) {
-	if len(w) > cacheMaxWordLen {
-		return
-	}
-	s := c.shard(w)
-	cp := append([]uint32(nil), ids...)
-	key := strings.Clone(w)
-	s.mu.Lock()
-	if len(s.m) >= cacheShardCapacity {
-		clear(s.m)
-	}
-	s.m[key] = cp
-	s.mu.Unlock()
-}
-
-// reset empties the cache (benchmarks).
-func (c *wordCache) reset() {
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.Lock()
-		clear(s.m)
-		s.mu.Unlock()
-	}
 }

@@ -253,23 +253,30 @@ func checkIDs(ids []int64) ([]uint32, error) {
 
 func (e *Engine) handleGenerate(chat bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		e.requests.Add(1)
-		tw := &trackingWriter{ResponseWriter: w}
-		if err := e.generate(tw, r, chat); err != nil {
-			e.failed.Add(1)
-			if errors.Is(err, errAbortConn) {
-				// Closing the connection without a complete response is
-				// the fault being emulated.
-				panic(http.ErrAbortHandler)
-			}
-			e.log.Debug("request failed", "path", r.URL.Path, "err", err)
-			if !tw.written {
-				writeError(w, e.cfg.Engine, err)
-			}
-			return
-		}
-		e.completed.Add(1)
+		e.settle(w, r, func(tw *trackingWriter) error { return e.generate(tw, r, chat) })
 	}
+}
+
+// settle runs one generation handler and settles its outcome the same way
+// for every endpoint: counters, the emulated connection abort, and an
+// error response only when nothing was written yet.
+func (e *Engine) settle(w http.ResponseWriter, r *http.Request, run func(*trackingWriter) error) {
+	e.requests.Add(1)
+	tw := &trackingWriter{ResponseWriter: w}
+	if err := run(tw); err != nil {
+		e.failed.Add(1)
+		if errors.Is(err, errAbortConn) {
+			// Closing the connection without a complete response is
+			// the fault being emulated.
+			panic(http.ErrAbortHandler)
+		}
+		e.log.Debug("request failed", "path", r.URL.Path, "err", err)
+		if !tw.written {
+			writeError(w, e.cfg.Engine, err)
+		}
+		return
+	}
+	e.completed.Add(1)
 }
 
 // trackingWriter remembers whether a response has started, so an error

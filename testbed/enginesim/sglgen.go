@@ -3,7 +3,6 @@ package enginesim
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -42,20 +41,7 @@ type sglGenerateRequest struct {
 }
 
 func (e *Engine) handleSGLGenerate(w http.ResponseWriter, r *http.Request) {
-	e.requests.Add(1)
-	tw := &trackingWriter{ResponseWriter: w}
-	if err := e.sglGenerate(tw, r); err != nil {
-		e.failed.Add(1)
-		if errors.Is(err, errAbortConn) {
-			panic(http.ErrAbortHandler)
-		}
-		e.log.Debug("request failed", "path", r.URL.Path, "err", err)
-		if !tw.written {
-			writeError(w, e.cfg.Engine, err)
-		}
-		return
-	}
-	e.completed.Add(1)
+	e.settle(w, r, func(tw *trackingWriter) error { return e.sglGenerate(tw, r) })
 }
 
 func (e *Engine) sglGenerate(w *trackingWriter, r *http.Request) error {

@@ -5,6 +5,7 @@ package netns
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	cebpf "github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/loxilb-llm/loxilb/pkg/dataplane"
@@ -44,9 +47,11 @@ func wrk(lab *Lab, url string, connClose bool, dur time.Duration) (float64, erro
 // BenchmarkVIPThroughput compares requests/s through a mode-0 VIP with
 // plain routing to the backend and with nftables DNAT, interleaving the
 // scenarios so slow phases of the shared machine hit all of them, and reads
-// tc_lb's per-packet cost from the kernel's BPF run-time statistics.
+// tc_lb's per-packet cost from the kernel's BPF run-time statistics, next
+// to an empty TC program's (the floor those statistics cannot go under).
 // Run: go test -run '^$' -bench VIPThroughput ./testbed/netns/ (root, wrk, nft);
-// LOXILB_BENCH_ROUNDS sets the rounds per scenario (default 2).
+// LOXILB_BENCH_ROUNDS sets the rounds per scenario (default 2),
+// LOXILB_BENCH_KEEPALIVE_ONLY=1 skips the connection-per-request half.
 func BenchmarkVIPThroughput(b *testing.B) {
 	dataplanetest.RequirePrivileged(b)
 	for _, tool := range []string{"wrk", "nft", "curl"} {
@@ -132,6 +137,41 @@ func BenchmarkVIPThroughput(b *testing.B) {
 		}
 		return rps, float64(t1-t0) / float64(max(runs1-runs0, 1))
 	}
+	// floor runs wrk with an empty TC program (return TC_ACT_OK) attached
+	// where tc_lb would be: its ns per packet is what entering a TC program
+	// and the run-time statistics themselves cost on this machine, the
+	// floor under every tc_lb figure of the same run.
+	floor := func(url string, connClose bool) (float64, float64) {
+		prog, err := cebpf.NewProgram(&cebpf.ProgramSpec{
+			Name: "tc_empty", Type: cebpf.SchedCLS, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer prog.Close()
+		for _, name := range lab.LBIfaces {
+			iface, err := net.InterfaceByName(name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			l, err := link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: cebpf.AttachTCXIngress})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+		}
+		st0, _ := prog.Stats()
+		rps, err := wrk(lab, url, connClose, dur)
+		if err != nil {
+			b.Fatal(err)
+		}
+		st1, _ := prog.Stats()
+		if st0 == nil || st1 == nil {
+			return rps, 0
+		}
+		return rps, float64(st1.Runtime-st0.Runtime) / float64(max(st1.RunCount-st0.RunCount, 1))
+	}
 	nft := func(url string, connClose bool) float64 {
 		rules := fmt.Sprintf("table ip lbbench { chain pre { type nat hook prerouting priority dstnat; ip daddr %s tcp dport 80 dnat to %s:8080; }; }", vip, backend)
 		if err := dataplanetest.Run("nft", rules); err != nil {
@@ -149,7 +189,11 @@ func BenchmarkVIPThroughput(b *testing.B) {
 	if n, err := strconv.Atoi(os.Getenv("LOXILB_BENCH_ROUNDS")); err == nil && n > 0 {
 		rounds = n
 	}
-	for _, cc := range []bool{false, true} {
+	modes := []bool{false, true}
+	if os.Getenv("LOXILB_BENCH_KEEPALIVE_ONLY") != "" {
+		modes = modes[:1]
+	}
+	for _, cc := range modes {
 		suffix := "keepalive"
 		if cc {
 			suffix = "connclose"
@@ -160,7 +204,9 @@ func BenchmarkVIPThroughput(b *testing.B) {
 				b.Fatal(err)
 			}
 			add("direct/"+suffix, rps, 0)
-			rps, ns := withDP(ebpf.Config{}, false, direct, cc)
+			rps, ns := floor(direct, cc)
+			add("direct+empty(floor)/"+suffix, rps, ns)
+			rps, ns = withDP(ebpf.Config{}, false, direct, cc)
 			add("direct+tc_lb(miss)/"+suffix, rps, ns)
 			rps, ns = withDP(ebpf.Config{}, true, viaVIP, cc)
 			add("mode0-fib/"+suffix, rps, ns)
@@ -185,9 +231,12 @@ func BenchmarkVIPThroughput(b *testing.B) {
 		return s[len(s)/2]
 	}
 	var report strings.Builder
-	for _, name := range []string{"direct", "direct+tc_lb(miss)", "mode0-fib", "mode0-stack", "nft-dnat"} {
+	for _, name := range []string{"direct", "direct+empty(floor)", "direct+tc_lb(miss)", "mode0-fib", "mode0-stack", "nft-dnat"} {
 		for _, suffix := range []string{"keepalive", "connclose"} {
 			r := results[name+"/"+suffix]
+			if r == nil {
+				continue
+			}
 			fmt.Fprintf(&report, "%-22s %-9s rps %v mean %.0f", name, suffix, r.rps, mean(r.rps))
 			if len(r.nsPerPkt) > 0 {
 				fmt.Fprintf(&report, " tc_lb ns/pkt %.0f median %.0f", r.nsPerPkt, median(r.nsPerPkt))
@@ -196,6 +245,9 @@ func BenchmarkVIPThroughput(b *testing.B) {
 		}
 	}
 	for _, suffix := range []string{"keepalive", "connclose"} {
+		if results["mode0-fib/"+suffix] == nil {
+			continue
+		}
 		m := mean(results["mode0-fib/"+suffix].rps)
 		fmt.Fprintf(&report, "%s: mode0-fib/direct %.3f  mode0-fib/nft-dnat %.3f  mode0-stack/direct %.3f\n", suffix,
 			m/mean(results["direct/"+suffix].rps), m/mean(results["nft-dnat/"+suffix].rps),
@@ -206,4 +258,5 @@ func BenchmarkVIPThroughput(b *testing.B) {
 	b.ReportMetric(mean(results["mode0-fib/keepalive"].rps)/mean(results["nft-dnat/keepalive"].rps), "vip/nft")
 	b.ReportMetric(median(results["mode0-fib/keepalive"].nsPerPkt), "ns/pkt-hit")
 	b.ReportMetric(median(results["direct+tc_lb(miss)/keepalive"].nsPerPkt), "ns/pkt-miss")
+	b.ReportMetric(median(results["direct+empty(floor)/keepalive"].nsPerPkt), "ns/pkt-floor")
 }

@@ -1,0 +1,206 @@
+package tokenizer
+
+import (
+	"errors"
+	"hash/maphash"
+	"math/bits"
+	"sync"
+)
+
+// The BPE hot path does two lookups per piece and per merge step: the word
+// cache and the merge ranks. Go maps spend most of such a lookup on group
+// probing and hashing the key through an interface-sized hasher; these
+// flat open-addressing tables (linear probing, at most half full, keys and
+// values inline) make a lookup one multiply and usually one cache line.
+// The KV index (pkg/kvindex) uses the same layout for its block table.
+
+// emptyPair marks a free merge slot: no pair of uint32 ids other than
+// (MaxUint32, MaxUint32) maps to it, and newMergeTable refuses that one.
+const emptyPair = ^uint64(0)
+
+var errPairRange = errors.New("merge pair of token ids 4294967295 is out of range")
+
+type mergeSlot struct {
+	pair uint64 // left id << 32 | right id; emptyPair when free
+	merge
+}
+
+// mergeTable maps an adjacent id pair to its merge rank and the merged id.
+// It is built once and only read afterwards, so readers need no lock.
+type mergeTable struct {
+	slots []mergeSlot
+	shift uint8 // 64 - log2(len(slots))
+}
+
+// newMergeTable sizes a table for n pairs.
+func newMergeTable(n int) mergeTable {
+	size := 1 << max(bits.Len(uint(2*n)), 4)
+	t := mergeTable{slots: make([]mergeSlot, size), shift: uint8(64 - bits.TrailingZeros(uint(size)))}
+	for i := range t.slots {
+		t.slots[i].pair = emptyPair
+	}
+	return t
+}
+
+// slot is Fibonacci hashing: the multiply spreads consecutive ids, which
+// pairs of small ids are, across the whole table.
+func (t *mergeTable) slot(pair uint64) uint64 {
+	return (pair * 0x9E3779B97F4A7C15) >> t.shift
+}
+
+// set stores pair -> m, replacing an earlier rank for the same pair (a
+// repeated pair keeps its last rank, as the Rust HashMap collect does).
+func (t *mergeTable) set(pair uint64, m merge) error {
+	if pair == emptyPair {
+		return errPairRange
+	}
+	mask := uint64(len(t.slots) - 1)
+	for i := t.slot(pair); ; i = (i + 1) & mask {
+		s := &t.slots[i]
+		if s.pair == pair || s.pair == emptyPair {
+			s.pair, s.merge = pair, m
+			return nil
+		}
+	}
+}
+
+func (t *mergeTable) get(left, right uint32) (merge, bool) {
+	pair := uint64(left)<<32 | uint64(right)
+	mask := uint64(len(t.slots) - 1)
+	for i := t.slot(pair); ; i = (i + 1) & mask {
+		s := &t.slots[i]
+		if s.pair == pair {
+			return s.merge, true
+		}
+		if s.pair == emptyPair {
+			return merge{}, false
+		}
+	}
+}
+
+// wordCache memoises BPE results per pre-tokenized piece, as HuggingFace's
+// BPE cache does. It is sharded to keep lock hold times short under
+// concurrent requests, and bounded: a full shard is simply cleared, which
+// keeps memory fixed without LRU bookkeeping on the hot path. Each shard is
+// a flat table whose slots point into two arenas (word bytes, ids), so an
+// entry costs no allocation of its own and a lookup no pointer chase
+// beyond the arenas.
+type wordCache struct {
+	seed   maphash.Seed
+	shards [cacheShards]cacheShard
+}
+
+const (
+	cacheShards        = 16
+	cacheShardCapacity = 4096 // entries per shard before it is cleared
+	cacheMaxWordLen    = 256
+	// cacheSlots keeps a shard at most half full.
+	cacheSlots = 2 * cacheShardCapacity
+	// Arena bounds per shard: room for the capacity at typical piece
+	// lengths; a shard of unusually long pieces is cleared sooner.
+	cacheWordBytes = cacheShardCapacity * 16
+	cacheIDs       = cacheShardCapacity * 8
+)
+
+type cacheShard struct {
+	mu    sync.RWMutex
+	n     int
+	slots []wordSlot
+	words []byte
+	ids   []uint32
+}
+
+// wordSlot is one entry; hash 0 marks a free slot.
+type wordSlot struct {
+	hash       uint64
+	word, nw   uint32 // offset and length in words
+	idOff, nID uint32 // offset and length in ids
+}
+
+func (c *wordCache) init() {
+	c.seed = maphash.MakeSeed()
+}
+
+// hash returns the word's hash, never 0; its low bits pick the shard and
+// its high bits the slot.
+func (c *wordCache) hash(w string) uint64 {
+	return maphash.String(c.seed, w) | 1<<63
+}
+
+// appendCached appends the cached ids of w to dst. The copy happens under
+// the shard's read lock: a put may clear and reuse the arenas right after.
+func (c *wordCache) appendCached(dst []uint32, w string) ([]uint32, bool) {
+	if len(w) > cacheMaxWordLen {
+		return dst, false
+	}
+	h := c.hash(w)
+	s := &c.shards[h%cacheShards]
+	s.mu.RLock()
+	if i, ok := s.find(h, w); ok {
+		e := &s.slots[i]
+		dst = append(dst, s.ids[e.idOff:e.idOff+e.nID]...)
+		s.mu.RUnlock()
+		return dst, true
+	}
+	s.mu.RUnlock()
+	return dst, false
+}
+
+func (c *wordCache) put(w string, ids []uint32) {
+	if len(w) > cacheMaxWordLen || len(ids) > cacheIDs {
+		return
+	}
+	h := c.hash(w)
+	s := &c.shards[h%cacheShards]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slots == nil {
+		s.slots = make([]wordSlot, cacheSlots)
+	}
+	i, found := s.find(h, w)
+	if found {
+		return // another request put it first: same word, same ids
+	}
+	if s.n >= cacheShardCapacity || len(s.words)+len(w) > cacheWordBytes || len(s.ids)+len(ids) > cacheIDs {
+		s.clear()
+		i, _ = s.find(h, w)
+	}
+	s.slots[i] = wordSlot{hash: h, word: uint32(len(s.words)), nw: uint32(len(w)), idOff: uint32(len(s.ids)), nID: uint32(len(ids))}
+	s.words = append(s.words, w...)
+	s.ids = append(s.ids, ids...)
+	s.n++
+}
+
+// find returns the slot holding w, or the free slot where it belongs.
+func (s *cacheShard) find(h uint64, w string) (int, bool) {
+	if s.slots == nil {
+		return 0, false
+	}
+	const mask = cacheSlots - 1
+	for i := int(h>>32) & mask; ; i = (i + 1) & mask {
+		e := &s.slots[i]
+		if e.hash == 0 {
+			return i, false
+		}
+		if e.hash == h && int(e.nw) == len(w) && string(s.words[e.word:e.word+e.nw]) == w {
+			return i, true
+		}
+	}
+}
+
+func (s *cacheShard) clear() {
+	clear(s.slots)
+	s.n, s.words, s.ids = 0, s.words[:0], s.ids[:0]
+}
+
+// reset empties the cache (benchmarks).
+func (c *wordCache) reset() {
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		if s.slots != nil {
+			s.clear()
+		}
+		s.mu.Unlock()
+	}
+}
