@@ -172,6 +172,7 @@ func TestSeveralNodes(t *testing.T) {
 	// Connections spread over the nodes, counted by each node's proxy.
 	client := nsClient(lab.Client)
 	before := requestsPerNode(t, nodes)
+	steeredBefore := steeredPerNode(t, nodes)
 	const spread = 60
 	for i := range spread {
 		if err := complete(client, vip, haPrompt(i)); err != nil {
@@ -187,6 +188,13 @@ func TestSeveralNodes(t *testing.T) {
 	t.Logf("%d connections through the VIP served per node: %v", spread, per)
 	if total != spread || per[0] == 0 || per[1] == 0 || per[2] == 0 {
 		t.Fatalf("%d connections counted %v per node: want all served, by every node", spread, per)
+	}
+	// Each node's sk_lookup program handed its connections to the proxy:
+	// the data plane steers mode 4 in every node namespace.
+	for i, s := range steeredPerNode(t, nodes) {
+		if s-steeredBefore[i] < per[i] {
+			t.Fatalf("node %d: %v connections steered by sk_lookup, %v served", i+1, s-steeredBefore[i], per[i])
+		}
 	}
 	// No KV state is synchronised between nodes, yet each node's inventory
 	// of each engine matches the engine: every node reads every publisher.
@@ -543,6 +551,17 @@ func requestsPerNode(t *testing.T, nodes []*haNode) []float64 {
 	out := make([]float64, len(nodes))
 	for i, n := range nodes {
 		out[i] = max(0, metricValue(n.metrics(t), "loxilb_ai_requests_total"))
+	}
+	return out
+}
+
+// steeredPerNode is each node's count of connections its sk_lookup
+// program handed to the mode-4 proxy.
+func steeredPerNode(t *testing.T, nodes []*haNode) []float64 {
+	t.Helper()
+	out := make([]float64, len(nodes))
+	for i, n := range nodes {
+		out[i] = max(0, metricValue(n.metrics(t), "loxilb_dataplane_packets_total", `reason="proxy_steered"`))
 	}
 	return out
 }
