@@ -396,20 +396,7 @@ func launchHANode(t *testing.T, b *daemontest.Binaries, ns string, args ...strin
 	n.args = append([]string{"--net=/run/netns/" + ns, b.Loxilb, "--api-addr", haAPI, "--state-dir", t.TempDir(),
 		"--no-dataplane=false", "--bpf-pin-path", daemonPin(t), "--metrics"}, args...)
 	n.start(t)
-	t.Cleanup(func() {
-		select {
-		case <-n.done:
-			return
-		default:
-		}
-		_ = n.cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-n.done:
-		case <-time.After(10 * time.Second):
-			_ = n.cmd.Process.Kill()
-			<-n.done
-		}
-	})
+	t.Cleanup(func() { daemontest.StopProcess(n.cmd.Process, n.done) })
 	return n
 }
 
