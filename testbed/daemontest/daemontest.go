@@ -178,18 +178,23 @@ func (d *Daemon) Wait(timeout time.Duration) (code int, ok bool) {
 }
 
 // Stop interrupts the daemon and waits for it (killing it after 10s).
-func (d *Daemon) Stop() {
+func (d *Daemon) Stop() { StopProcess(d.cmd.Process, d.done) }
+
+// StopProcess interrupts p, unless done (closed when p has been waited
+// for) says it has ended, and waits for it, killing it after 10s: how a
+// test stops a daemon it started by other means than Start.
+func StopProcess(p *os.Process, done <-chan struct{}) {
 	select {
-	case <-d.done:
+	case <-done:
 		return
 	default:
 	}
-	_ = d.cmd.Process.Signal(os.Interrupt)
+	_ = p.Signal(os.Interrupt)
 	select {
-	case <-d.done:
+	case <-done:
 	case <-time.After(10 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-d.done
+		_ = p.Kill()
+		<-done
 	}
 }
 

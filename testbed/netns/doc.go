@@ -13,6 +13,10 @@
 // in 172.30.100.0/24 and are not assigned anywhere (mode 3 backends hold
 // theirs on lo; mode 4 VIPs are made local on the LB by the data plane).
 //
-// lab.sh builds the same topology by hand for exploration; the Go tests build
+// A second lab (ha.go, TestSeveralNodes) puts three gateway nodes, each a
+// real daemon with its data plane, on one etcd behind a router that
+// spreads a VIP over them with an ECMP multipath route; see HALab.
+//
+// lab.sh builds the first topology by hand for exploration; the Go tests build
 // their own with unique names and always delete it.
 package netns

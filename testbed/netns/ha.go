@@ -78,15 +78,8 @@ func (l *HALab) build(engines int) error {
 	// Hash flows on the 5-tuple, so connections of one client spread.
 	sysctl(l.Router, "net.ipv4.fib_multipath_hash_policy=1")
 
-	// Each veth is created in the router and its peer moved out, so host
-	// interface names are never used.
 	link := func(rIf, peerNS, peerIf string, rIP, peerIP netip.Addr) {
-		add("ip", "-n", l.Router, "link", "add", rIf, "type", "veth", "peer", "name", peerIf, "netns", peerNS)
-		add("ip", "-n", l.Router, "addr", "add", rIP.String()+"/24", "dev", rIf)
-		add("ip", "-n", peerNS, "addr", "add", peerIP.String()+"/24", "dev", peerIf)
-		add("ip", "-n", l.Router, "link", "set", rIf, "up")
-		add("ip", "-n", peerNS, "link", "set", peerIf, "up")
-		add("ip", "-n", peerNS, "route", "add", "default", "via", rIP.String())
+		cmds = append(cmds, vethCmds(l.Router, rIf, peerNS, peerIf, rIP, peerIP)...)
 	}
 	link("r0", l.Client, "c0", netip.AddrFrom4([4]byte{172, 28, 1, 1}), HAClientAddr())
 	link("rs", l.Services, "s0", netip.AddrFrom4([4]byte{172, 28, 2, 1}), HAStoreAddr())

@@ -24,6 +24,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/store/etcdtest"
 	"github.com/loxilb-llm/loxilb/testbed/daemontest"
 	"github.com/loxilb-llm/loxilb/testbed/enginesim"
+	"github.com/loxilb-llm/loxilb/testbed/fleet"
 )
 
 const (
@@ -72,30 +73,53 @@ func TestSeveralNodes(t *testing.T) {
 	if err := json.Unmarshal([]byte(os.Getenv(haLabEnv)), &lab); err != nil {
 		t.Fatal(err)
 	}
+	// The binaries build while etcd and the engines start.
 	start := time.Now()
-	bins, err := daemontest.Build()
-	if err != nil {
-		t.Fatal(err)
+	type built struct {
+		b   *daemontest.Binaries
+		err error
 	}
-	defer os.RemoveAll(bins.Dir)
-	t.Logf("binaries built in %v", time.Since(start).Round(time.Millisecond))
-
-	etcd := etcdtest.StartOn(t, HAStoreAddr().String())
+	building := make(chan built, 1)
+	go func() { b, err := daemontest.Build(); building <- built{b, err} }()
+	defer func() {
+		if r := <-building; r.b != nil {
+			os.RemoveAll(r.b.Dir)
+		}
+	}()
 	tokDir := filepath.Join(daemontest.RepoRoot(), "testdata", "tokenizers")
-	tok, err := enginesim.LoadTokenizer(filepath.Join(tokDir, "Qwen__Qwen3-0.6B"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var engines []*enginesim.Engine
+	var cfgs []enginesim.Config
 	var eps []string
 	for i := range 3 {
 		host := HAEngineAddr(i).String()
-		engines = append(engines, startHAEngine(t, tok, enginesim.Config{Engine: "sglang", Model: haModel,
-			Listen: net.JoinHostPort(host, fmt.Sprint(haEnginePt)), ZMQBind: host, ZMQPort: haZMQPort,
-			TimeScale: 0, TimeScaleSet: true}))
+		cfgs = append(cfgs, enginesim.Config{Engine: "sglang", Model: haModel, Listen: net.JoinHostPort(host, fmt.Sprint(haEnginePt)),
+			ZMQBind: host, ZMQPort: haZMQPort, TimeScale: 0, TimeScaleSet: true})
 		eps = append(eps, fmt.Sprintf(`{"endpointIP":%q,"targetPort":%d,"weight":1}`, host, haEnginePt))
 	}
-	t.Logf("etcd and 3 engines up after %v", time.Since(start).Round(time.Millisecond))
+	type fleetUp struct {
+		f   *fleet.Fleet
+		err error
+	}
+	starting := make(chan fleetUp, 1)
+	go func() {
+		f, err := fleet.Start(context.Background(), cfgs, fleet.Options{TokenizerDir: filepath.Join(tokDir, "Qwen__Qwen3-0.6B")})
+		starting <- fleetUp{f, err}
+	}()
+	etcd := etcdtest.StartOn(t, HAStoreAddr().String())
+	t.Logf("etcd up after %v", time.Since(start).Round(time.Millisecond))
+	up := <-starting
+	if up.err != nil {
+		t.Fatal(up.err)
+	}
+	engines := up.f
+	t.Cleanup(func() { engines.Stop() })
+	t.Logf("3 engines up after %v", time.Since(start).Round(time.Millisecond))
+	r := <-building
+	building <- r // for the deferred removal
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	bins := r.b
+	t.Logf("binaries built after %v", time.Since(start).Round(time.Millisecond))
 	nodes := make([]*haNode, len(lab.Nodes))
 	for i, ns := range lab.Nodes {
 		nodes[i] = launchHANode(t, bins, ns, "--store", "etcd://"+etcd.Endpoint, "--store-timeout", "500ms",
@@ -141,13 +165,14 @@ func TestSeveralNodes(t *testing.T) {
 			t.Fatalf("node %d: VIP not made local by its data plane: %q %v\n%s", i+1, out, err, n.Logs())
 		}
 		waitFor(t, fmt.Sprintf("node %d subscribed to every engine", i+1), 15*time.Second, func() bool {
-			return metricValue(n.metrics(t), "loxilb_kv_subscriber_connected") == float64(len(engines))
+			return metricValue(n.metrics(t), "loxilb_kv_subscriber_connected") == float64(len(engines.Members))
 		})
 	}
 
 	// Connections spread over the nodes, counted by each node's proxy.
 	client := nsClient(lab.Client)
 	before := requestsPerNode(t, nodes)
+	steeredBefore := steeredPerNode(t, nodes)
 	const spread = 60
 	for i := range spread {
 		if err := complete(client, vip, haPrompt(i)); err != nil {
@@ -164,12 +189,19 @@ func TestSeveralNodes(t *testing.T) {
 	if total != spread || per[0] == 0 || per[1] == 0 || per[2] == 0 {
 		t.Fatalf("%d connections counted %v per node: want all served, by every node", spread, per)
 	}
+	// Each node's sk_lookup program handed its connections to the proxy:
+	// the data plane steers mode 4 in every node namespace.
+	for i, s := range steeredPerNode(t, nodes) {
+		if s-steeredBefore[i] < per[i] {
+			t.Fatalf("node %d: %v connections steered by sk_lookup, %v served", i+1, s-steeredBefore[i], per[i])
+		}
+	}
 	// No KV state is synchronised between nodes, yet each node's inventory
 	// of each engine matches the engine: every node reads every publisher.
 	for i, n := range nodes {
 		waitFor(t, fmt.Sprintf("node %d's inventories match the engines", i+1), 10*time.Second, func() bool {
-			for ep, e := range engines {
-				if n.inventory(t, ep) != e.Stats().BlocksUsed {
+			for ep, e := range engines.Members {
+				if n.inventory(t, ep) != e.Sim.Stats().BlocksUsed {
 					return false
 				}
 			}
@@ -329,19 +361,6 @@ func complete(c *http.Client, vip, prompt string) error {
 	return nil
 }
 
-func startHAEngine(t *testing.T, tok enginesim.Tokenizer, cfg enginesim.Config) *enginesim.Engine {
-	t.Helper()
-	e, err := enginesim.New(cfg, enginesim.Deps{Tokenizer: tok})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = e.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return e
-}
-
 // haNode is one daemon process running in a node namespace; its API
 // listens on 127.0.0.1 there and is reached through dialIn.
 type haNode struct {
@@ -377,20 +396,7 @@ func launchHANode(t *testing.T, b *daemontest.Binaries, ns string, args ...strin
 	n.args = append([]string{"--net=/run/netns/" + ns, b.Loxilb, "--api-addr", haAPI, "--state-dir", t.TempDir(),
 		"--no-dataplane=false", "--bpf-pin-path", daemonPin(t), "--metrics"}, args...)
 	n.start(t)
-	t.Cleanup(func() {
-		select {
-		case <-n.done:
-			return
-		default:
-		}
-		_ = n.cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-n.done:
-		case <-time.After(10 * time.Second):
-			_ = n.cmd.Process.Kill()
-			<-n.done
-		}
-	})
+	t.Cleanup(func() { daemontest.StopProcess(n.cmd.Process, n.done) })
 	return n
 }
 
@@ -532,6 +538,17 @@ func requestsPerNode(t *testing.T, nodes []*haNode) []float64 {
 	out := make([]float64, len(nodes))
 	for i, n := range nodes {
 		out[i] = max(0, metricValue(n.metrics(t), "loxilb_ai_requests_total"))
+	}
+	return out
+}
+
+// steeredPerNode is each node's count of connections its sk_lookup
+// program handed to the mode-4 proxy.
+func steeredPerNode(t *testing.T, nodes []*haNode) []float64 {
+	t.Helper()
+	out := make([]float64, len(nodes))
+	for i, n := range nodes {
+		out[i] = max(0, metricValue(n.metrics(t), "loxilb_dataplane_packets_total", `reason="proxy_steered"`))
 	}
 	return out
 }

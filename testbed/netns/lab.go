@@ -70,15 +70,8 @@ func (l *Lab) build() error {
 	sysctl(l.LB, "net.ipv4.conf.all.rp_filter=0")
 	sysctl(l.LB, "net.ipv4.conf.default.rp_filter=0")
 
-	// The veth is created in the LB namespace and its peer moved out, so
-	// host interface names are never used.
 	link := func(lbIf, peerNS, peerIf string, lbIP, peerIP netip.Addr) {
-		add("ip", "-n", l.LB, "link", "add", lbIf, "type", "veth", "peer", "name", peerIf, "netns", peerNS)
-		add("ip", "-n", l.LB, "addr", "add", lbIP.String()+"/24", "dev", lbIf)
-		add("ip", "-n", peerNS, "addr", "add", peerIP.String()+"/24", "dev", peerIf)
-		add("ip", "-n", l.LB, "link", "set", lbIf, "up")
-		add("ip", "-n", peerNS, "link", "set", peerIf, "up")
-		add("ip", "-n", peerNS, "route", "add", "default", "via", lbIP.String())
+		cmds = append(cmds, vethCmds(l.LB, lbIf, peerNS, peerIf, lbIP, peerIP)...)
 		l.LBIfaces = append(l.LBIfaces, lbIf)
 	}
 	link("l0", l.Client, "c0", LBClientIP(), ClientAddr())
@@ -98,6 +91,20 @@ func (l *Lab) build() error {
 		}
 	}
 	return nil
+}
+
+// vethCmds are the commands linking namespace hub to peerNS with a /24
+// veth pair, the peer routing everything via hub. The pair is created in
+// hub and its peer end moved out, so host interface names are never used.
+func vethCmds(hub, hubIf, peerNS, peerIf string, hubIP, peerIP netip.Addr) [][]string {
+	return [][]string{
+		{"ip", "-n", hub, "link", "add", hubIf, "type", "veth", "peer", "name", peerIf, "netns", peerNS},
+		{"ip", "-n", hub, "addr", "add", hubIP.String() + "/24", "dev", hubIf},
+		{"ip", "-n", peerNS, "addr", "add", peerIP.String() + "/24", "dev", peerIf},
+		{"ip", "-n", hub, "link", "set", hubIf, "up"},
+		{"ip", "-n", peerNS, "link", "set", peerIf, "up"},
+		{"ip", "-n", peerNS, "route", "add", "default", "via", hubIP.String()},
+	}
 }
 
 // AddVIPToBackends puts vip on lo of every backend, as DSR requires.
