@@ -34,25 +34,32 @@ func newRankTargeting(engineName string, ranks int) *rankTargeting {
 	return &rankTargeting{ranks: ranks, target: spec.Rank}
 }
 
-// chooseRank returns the rank of endpoint ep that holds the longest
-// prefix of keys. Among ranks holding equally long prefixes it takes the
-// one the first block none of them holds hashes to: requests that extend
-// the same prefix (a session's next step sent before the engine's events
-// for the previous one arrived, siblings of a shared prompt) meet on one
-// rank, while different continuations of a shared system prompt spread
-// over the ranks.
+// chooseRank returns the rank of endpoint ep to send keys to: the one
+// holding the longest prefix, unless a shallower rank would cost the
+// request no more extra prefill than it needs anyway. Ranks whose prefix
+// falls short of the longest by at most the request's uncached blocks on
+// the deepest rank count as tied, and among tied ranks the one the first
+// block the deepest rank does not hold hashes to is taken. So requests
+// that extend the same prefix (a session's next step sent before the
+// engine's events for the previous one arrived, siblings of a shared
+// prompt) meet on one rank; a session whose history is long against its
+// new turn stays on its rank; and new documents or conversations after a
+// shared system prompt spread over the ranks. Preferring the deepest rank
+// outright sent every request sharing a system prompt to the rank that
+// cached it first: that rank's cache churned while its sibling's stayed
+// empty (an endpoint of two ranks cached like one).
 func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uint64) int {
 	var depth [engine.MaxDPRanks]int
 	inv.RankPrefixMatch(service, ep, keys, depth[:ranks])
 	best := 0
-	for r := 1; r < ranks; r++ {
+	for r := 0; r < ranks; r++ {
 		best = max(best, depth[r])
 	}
-	best = max(best, depth[0])
+	slack := len(keys) - best // the request's uncached blocks on the deepest rank
 	var tied [engine.MaxDPRanks]int
 	n := 0
 	for r := 0; r < ranks; r++ {
-		if depth[r] == best {
+		if best-depth[r] <= slack {
 			tied[n] = r
 			n++
 		}

@@ -52,7 +52,8 @@ func TestChooseRank(t *testing.T) {
 			t.Fatalf("cold rank changed: %d then %d", r0, r)
 		}
 	}
-	// The rank holding the longer prefix wins.
+	// The rank holding the longer prefix wins when the other would
+	// recompute more than the request's own uncached block.
 	ix.Store(1, 0, 1, keys[:3])
 	ix.Store(1, 0, 0, keys[:1])
 	if r := chooseRank(ix, 1, 0, 2, keys); r != 1 {
@@ -73,6 +74,45 @@ func TestChooseRank(t *testing.T) {
 	}
 	if len(seen) != 2 {
 		t.Fatalf("64 continuations of one cached prefix all went to rank(s) %v", seen)
+	}
+}
+
+// A system prompt cached on one rank only does not pin every new document
+// after it to that rank (the sibling rank's cache would stay empty), while
+// a session whose history is long against its new turn stays on its rank.
+func TestChooseRankSpreadsPastSharedPrompt(t *testing.T) {
+	ix, err := kvindex.New(kvindex.Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+	ix.Store(1, 0, 0, sys) // only rank 0 has seen the system prompt
+	doc := func(d int) []uint64 {
+		k := append([]uint64(nil), sys...)
+		for b := range 90 {
+			k = append(k, uint64(1_000_000*(d+1)+b))
+		}
+		return k
+	}
+	per := [2]int{}
+	for d := range 64 {
+		r := chooseRank(ix, 1, 0, 2, doc(d))
+		per[r]++
+		if again := chooseRank(ix, 1, 0, 2, doc(d)); again != r {
+			t.Fatalf("document %d went to rank %d, then %d", d, r, again)
+		}
+	}
+	if per[0] == 0 || per[1] == 0 {
+		t.Fatalf("64 new documents after a system prompt cached on rank 0 only: per rank %v", per)
+	}
+	// A session on rank 1: 98 cached blocks, 4 new ones.
+	session := doc(99)[:98] // 98 blocks
+	session = append(session, 7, 7, 7, 7)
+	ix.Store(1, 0, 1, session[:98])
+	for range 8 {
+		if r := chooseRank(ix, 1, 0, 2, session); r != 1 {
+			t.Fatalf("session left its 98-block history for rank %d", r)
+		}
 	}
 }
 
