@@ -61,7 +61,8 @@ bench: ## hot-path micro-benchmarks (tokenize, hash, inventory, routing, proxy) 
 
 # Not part of `make test`: it needs wrk and haproxy (apt-get install wrk haproxy)
 # and runs for ~3 minutes. ARGS='-compare /path/to/other/loxilb' measures a
-# second daemon build in the same run; ARGS='-syscalls' adds strace counts.
+# second daemon build in the same run; ARGS='-syscalls' adds strace counts;
+# ARGS='-sse 32' streams every answer as 32 paced events (CPU per chunk).
 bench-proxy: build ## wrk side by side: the daemon's mode-4 proxy vs HAProxy vs direct at 8, 64, 256 connections
 	$(GO) run ./testbed/bench/cmd/proxybench -bin $(BIN)/loxilb $(ARGS)
 

@@ -11,7 +11,9 @@
 // rule, so one listener may carry many rules.
 //
 // Out: requests to endpoints over one pool of HTTP/1.1 keep-alive
-// connections per rule (upstream.go);
+// connections per rule (upstream.go; the request is written by wire.go,
+// plain response heads are parsed by response.go and every other one by
+// net/http);
 // per-request outcomes (status, bytes, usage.prompt_tokens_details.
 // cached_tokens) back to the Picker through Plan.Done, so the router can
 // compare predicted with actual cache hits; in-flight counts per endpoint

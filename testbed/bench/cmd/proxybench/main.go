@@ -9,7 +9,9 @@
 // alike; the table gives the median of the repetitions. Per contender and
 // concurrency it reports requests/s, wrk's p99 latency, the proxy
 // process's CPU time per request (/proc/PID/stat) and the ratio of its
-// requests/s to HAProxy's. -syscalls adds one run per proxy under
+// requests/s to HAProxy's. -sse N makes every answer an event stream of
+// N events, each flushed on its own, and adds CPU time per event (chunk).
+// -syscalls adds one run per proxy under
 // `strace -c` and reports system calls per request. -compare BIN runs a
 // second daemon build as a fourth contender in the same run, to measure a
 // change against its base.
@@ -43,6 +45,8 @@ type options struct {
 	conns    []int
 	threads  int
 	syscalls bool
+	sse      int           // events per streamed response; 0: small JSON answers
+	sseGap   time.Duration // pause before each event, as an engine decoding
 	out      string
 }
 
@@ -71,6 +75,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.reps, "reps", 3, "interleaved repetitions (the table gives the median)")
 	fs.IntVar(&o.threads, "threads", 2, "wrk threads (at most the connection count)")
 	fs.BoolVar(&o.syscalls, "syscalls", false, "also count system calls per request of each proxy with strace -c")
+	fs.IntVar(&o.sse, "sse", 0, "answer every request with an event stream of this many events, each flushed (CPU per chunk is reported)")
+	fs.DurationVar(&o.sseGap, "sse-gap", time.Millisecond, "with -sse, the pause before each event, so each crosses the proxy on its own as decoded tokens do")
 	fs.StringVar(&o.out, "out", "", "also write the table (markdown) to this file")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -82,8 +88,8 @@ func parseFlags(args []string) (options, error) {
 		}
 		o.conns = append(o.conns, n)
 	}
-	if o.reps < 1 || o.duration < time.Second || o.threads < 1 {
-		return o, fmt.Errorf("-reps >= 1, -duration >= 1s and -threads >= 1 please")
+	if o.reps < 1 || o.duration < time.Second || o.threads < 1 || o.sse < 0 {
+		return o, fmt.Errorf("-reps >= 1, -duration >= 1s, -threads >= 1 and -sse >= 0 please")
 	}
 	return o, nil
 }
@@ -109,7 +115,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
-	backend, err := startBackend()
+	backend, err := startBackend(o.sse, o.sseGap)
 	if err != nil {
 		return err
 	}

@@ -18,17 +18,36 @@ import (
 // respBody is the backend's answer: a short non-streaming completion.
 var respBody = []byte(`{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
 
+// sseEvent is one event of a streamed answer: a token delta as vLLM
+// sends it.
+var sseEvent = []byte(`data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":null}]}` + "\n\n")
+
 // startBackend serves respBody to every request on a loopback port, in
-// this process: it is the same for every contender.
-func startBackend() (net.Listener, error) {
+// this process: it is the same for every contender. With sse > 0 it
+// answers with an event stream of sse events instead, each flushed on its
+// own (a chunk on the wire) after a pause of gap, then "data: [DONE]".
+func startBackend(sse int, gap time.Duration) (net.Listener, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(respBody)
+		if sse == 0 {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(respBody)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		f := w.(http.Flusher)
+		for range sse {
+			if gap > 0 {
+				time.Sleep(gap)
+			}
+			_, _ = w.Write(sseEvent)
+			f.Flush()
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	return ln, nil

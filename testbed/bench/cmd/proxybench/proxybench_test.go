@@ -1,6 +1,8 @@
 package main
 
 import (
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -76,5 +78,23 @@ func TestParseFlags(t *testing.T) {
 	}
 	if _, err := parseFlags([]string{"-conns", "0"}); err == nil {
 		t.Error("-conns 0 accepted")
+	}
+}
+
+func TestBackendStreamsEvents(t *testing.T) {
+	ln, err := startBackend(3, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	resp, err := http.Post("http://"+ln.Addr().String()+"/v1/completions", "application/json", strings.NewReader(reqBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" || strings.Count(string(b), "data: ") != 4 ||
+		!strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+		t.Errorf("answer %q (%s), want 3 events and [DONE]", b, ct)
 	}
 }

@@ -27,16 +27,28 @@ func render(o options, cs []*contender, res map[key][]sample, sys map[string]flo
 	var b strings.Builder
 	fmt.Fprintf(&b, "proxybench: %s wrk runs, %d threads, %d interleaved repetitions (medians), %d CPUs, %s\n\n",
 		o.duration, o.threads, o.reps, runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339))
-	b.WriteString("| conns | contender | req/s | p99 ms | CPU µs/req | req/s vs haproxy |\n|---:|---|---:|---:|---:|---:|\n")
+	if o.sse > 0 {
+		fmt.Fprintf(&b, "Every answer is an event stream of %d events (chunks).\n\n", o.sse)
+		b.WriteString("| conns | contender | req/s | p99 ms | CPU µs/req | CPU µs/chunk | req/s vs haproxy |\n|---:|---|---:|---:|---:|---:|---:|\n")
+	} else {
+		b.WriteString("| conns | contender | req/s | p99 ms | CPU µs/req | req/s vs haproxy |\n|---:|---|---:|---:|---:|---:|\n")
+	}
 	for _, n := range o.conns {
 		hap := medianOf(res[key{"haproxy", n}], func(s sample) float64 { return s.wrk.rps })
 		for _, c := range cs {
 			ss := res[key{c.name, n}]
 			rps := medianOf(ss, func(s sample) float64 { return s.wrk.rps })
 			p99 := medianOf(ss, func(s sample) float64 { return s.wrk.p99.Seconds() * 1e3 })
-			cpu := "-"
+			cpu, chunk := "-", "-"
 			if c.pid != 0 {
-				cpu = fmt.Sprintf("%.1f", medianOf(ss, func(s sample) float64 { return s.cpuPerReq }))
+				perReq := medianOf(ss, func(s sample) float64 { return s.cpuPerReq })
+				cpu = fmt.Sprintf("%.1f", perReq)
+				if o.sse > 0 {
+					chunk = fmt.Sprintf("%.2f", perReq/float64(o.sse+1))
+				}
+			}
+			if o.sse > 0 {
+				cpu += " | " + chunk
 			}
 			ratio := "-"
 			if hap > 0 && c.name != "haproxy" {
