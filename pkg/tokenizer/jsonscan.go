@@ -463,3 +463,66 @@ func fieldName(key string) string {
 	}
 	return ""
 }
+
+// MessageSpan is one chat message as the routing key reads it: its role
+// and its raw content (a span of the body).
+type MessageSpan struct {
+	Role    string
+	Content json.RawMessage
+}
+
+// MessageSpans lists the request's messages without decoding their
+// content, as json.Unmarshal into []struct{Role string; Content
+// json.RawMessage} would: ok is false where that fails (messages not an
+// array, a message neither an object nor null, a role not a string).
+func (r *Request) MessageSpans() ([]MessageSpan, bool) {
+	raw := r.Fields.Messages
+	if len(raw) == 0 || raw[0] == 'n' {
+		return nil, true
+	}
+	if raw[0] != '[' {
+		return nil, false
+	}
+	s := jsonScan{b: raw}
+	out := []MessageSpan{}
+	ok := true
+	err := s.container('[', func(string) error {
+		var m MessageSpan
+		switch s.peek() {
+		case 'n':
+			out = append(out, m)
+			return s.literal("null")
+		case '{':
+		default:
+			ok = false
+			return s.skip(1)
+		}
+		err := s.container('{', func(k string) error {
+			s.ws()
+			start := s.i
+			if err := s.skip(1); err != nil {
+				return err
+			}
+			v := raw[start:s.i]
+			switch {
+			case strings.EqualFold(k, "role"):
+				switch v[0] {
+				case '"':
+					sc := jsonScan{b: v}
+					role, err := sc.str()
+					m.Role = role
+					return err
+				case 'n':
+				default:
+					ok = false
+				}
+			case strings.EqualFold(k, "content"):
+				m.Content = v
+			}
+			return nil
+		})
+		out = append(out, m)
+		return err
+	})
+	return out, ok && err == nil
+}

@@ -228,3 +228,42 @@ func TestFirstNonTextPart(t *testing.T) {
 		}
 	}
 }
+
+func FuzzMessageSpans(f *testing.F) {
+	for _, s := range append(requestSeeds,
+		`{"messages":[{"role":"user","content":[{"type":"text"}]},null,{"ROLE":"a","Role":null,"content":null}]}`,
+		`{"messages":[{"role":1}]}`, `{"messages":["x"]}`, `{"messages":{}}`, `{"messages":[]}`, `{"messages":null}`) {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var want struct {
+			Messages []struct {
+				Role    string
+				Content json.RawMessage
+			}
+		}
+		werr := json.Unmarshal(b, &want)
+		r, err := ParseRequest(b)
+		if err != nil {
+			if werr == nil && len(bytes.TrimSpace(b)) > 0 && bytes.TrimSpace(b)[0] == '{' {
+				t.Fatalf("%q: ParseRequest: %v", b, err)
+			}
+			return
+		}
+		got, ok := r.MessageSpans()
+		if ok != (werr == nil) {
+			t.Fatalf("%q: spans ok %v, encoding/json err %v", b, ok, werr)
+		}
+		if !ok {
+			return
+		}
+		if (got == nil) != (want.Messages == nil) || len(got) != len(want.Messages) {
+			t.Fatalf("%q: got %+v, want %+v", b, got, want.Messages)
+		}
+		for i, m := range want.Messages {
+			if got[i].Role != m.Role || !bytes.Equal(got[i].Content, m.Content) {
+				t.Fatalf("%q: [%d] got %+v, want %+v", b, i, got[i], m)
+			}
+		}
+	})
+}
