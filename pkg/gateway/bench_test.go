@@ -19,18 +19,29 @@ import (
 
 // chatBody returns a chat request of roughly n tokens (system prompt, a few
 // turns, a long user message) for the Qwen3 tokenizer.
-func chatBody(n int) []byte {
+func chatBody(n int) []byte { return chatBodyVariant(n, "", "") }
+
+// chatBodyVariant is chatBody with suffix appended to the long message
+// (a new prompt sharing the conversation's start) and, when next is set,
+// one more exchange after it (the conversation's next turn).
+func chatBodyVariant(n int, suffix, next string) []byte {
 	var long strings.Builder
 	for i := 0; long.Len() < n*5; i++ {
 		fmt.Fprintf(&long, "Paragraph %d: the service routes each request to the worker that already holds its prefix, ", i)
 		long.WriteString("so prefill is skipped and time to first token drops. Ünïcödé, 中文, emoji 🚀 and code `x := y[i]`. ")
 	}
-	b, _ := json.Marshal(map[string]any{"model": "Qwen/Qwen3-0.6B", "messages": []map[string]string{
+	long.WriteString(suffix)
+	msgs := []map[string]string{
 		{"role": "system", "content": "You are a precise assistant for platform engineers."},
 		{"role": "user", "content": "Summarise the design."},
 		{"role": "assistant", "content": "It is a KV-cache-aware load balancer."},
 		{"role": "user", "content": long.String()},
-	}})
+	}
+	if next != "" {
+		msgs = append(msgs, map[string]string{"role": "assistant", "content": "Understood: routing follows the cached prefix."},
+			map[string]string{"role": "user", "content": next})
+	}
+	b, _ := json.Marshal(map[string]any{"model": "Qwen/Qwen3-0.6B", "messages": msgs})
 	return b
 }
 
@@ -38,14 +49,34 @@ func chatBody(n int) []byte {
 // ~2k-token chat request: render the chat template, tokenize, hash every
 // full block, look up 8 endpoints' inventories (one warm) and score. It
 // reports p50 and p99 per decision.
-func BenchmarkRoutingDecisionChat2k(b *testing.B) { benchmarkRoutingDecisionChat2k(b, false) }
+//
+// Every iteration sends the same body (a client retrying, or many clients
+// sending one prompt): caches keyed by the prompt's text all hit.
+func BenchmarkRoutingDecisionChat2k(b *testing.B) { benchmarkRoutingDecisionChat2k(b, false, nil) }
+
+// BenchmarkRoutingDecisionChat2kNew sends a new prompt every iteration:
+// the long message ends differently each time, so its text was never seen
+// (the word cache is warm, as it is in a running gateway).
+func BenchmarkRoutingDecisionChat2kNew(b *testing.B) {
+	benchmarkRoutingDecisionChat2k(b, false, func(i int) []byte { return chatBodyVariant(2000, fmt.Sprintf(" Request %d.", i), "") })
+}
+
+// BenchmarkRoutingDecisionChat2kNextTurn sends the next turn of one
+// conversation every iteration: the ~2k-token history and a new question.
+func BenchmarkRoutingDecisionChat2kNextTurn(b *testing.B) {
+	benchmarkRoutingDecisionChat2k(b, false, func(i int) []byte {
+		return chatBodyVariant(2000, "", fmt.Sprintf("Follow-up %d: how does the gateway pick an endpoint when two hold the same prefix?", i))
+	})
+}
 
 // BenchmarkRoutingDecisionChat2kStrict is the same decision with strict
 // attestation on (every verdict ok): its cost is one verdict read per
 // healthy candidate.
-func BenchmarkRoutingDecisionChat2kStrict(b *testing.B) { benchmarkRoutingDecisionChat2k(b, true) }
+func BenchmarkRoutingDecisionChat2kStrict(b *testing.B) { benchmarkRoutingDecisionChat2k(b, true, nil) }
 
-func benchmarkRoutingDecisionChat2k(b *testing.B, strict bool) {
+// benchmarkRoutingDecisionChat2k times Pick on chatBody(2000), or on
+// vary(i) in iteration i when vary is set (bodies built before timing).
+func benchmarkRoutingDecisionChat2k(b *testing.B, strict bool, vary func(i int) []byte) {
 	r := rule(3, "Qwen/Qwen3-0.6B")
 	r.Endpoints = nil
 	for i := 0; i < 8; i++ {
@@ -76,6 +107,13 @@ func benchmarkRoutingDecisionChat2k(b *testing.B, strict bool) {
 		f.g.cfg.KVParityStrict, f.g.cfg.Parity = true, verdicts{}
 	}
 	ctx := context.Background()
+	bodies := make([][]byte, b.N)
+	for i := range bodies {
+		bodies[i] = body
+		if vary != nil {
+			bodies[i] = vary(i)
+		}
+	}
 	lat := make([]time.Duration, 0, b.N)
 	cpu := make([]time.Duration, 0, b.N)
 	// The thread's CPU clock counts what one decision costs even when a
@@ -86,6 +124,7 @@ func benchmarkRoutingDecisionChat2k(b *testing.B, strict bool) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
+		rq.Body = bodies[i]
 		t0, c0 := time.Now(), threadCPU(b)
 		p, err := f.g.Pick(ctx, rq)
 		cpu = append(cpu, threadCPU(b)-c0)

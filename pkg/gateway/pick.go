@@ -64,7 +64,8 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 			freq.Key = []byte(v)
 		}
 	}
-	kr, err := g.keyRequest(st, req)
+	body := &parsedBody{raw: req.Body}
+	kr, err := g.keyRequest(st, req, body)
 	if err != nil {
 		return proxy.Plan{}, err
 	}
@@ -89,7 +90,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		g.m.missed(st.label, ReasonNoModel)
 		d = g.router.Fallback(view, ReasonNoModel, cands, st.sel, freq)
 	default:
-		ids, rendered, reason, err := g.promptTokensRendered(ctx, st, model, req)
+		ids, rendered, reason, err := g.promptTokensRendered(ctx, st, model, req, body)
 		if err != nil {
 			return proxy.Plan{}, err
 		}
@@ -289,13 +290,13 @@ func (g *Gateway) logReject(st *service, reason string, err error) {
 // the request itself is malformed, too long, or its client went away
 // while it waited for a tokenization slot.
 func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, req *proxy.Request) ([]uint32, string, error) {
-	ids, _, reason, err := g.promptTokensRendered(ctx, st, model, req)
+	ids, _, reason, err := g.promptTokensRendered(ctx, st, model, req, &parsedBody{raw: req.Body})
 	return ids, reason, err
 }
 
 // promptTokensRendered is promptTokens that also returns the rendered chat
-// prompt (empty for completions).
-func (g *Gateway) promptTokensRendered(ctx context.Context, st *service, model string, req *proxy.Request) ([]uint32, string, string, error) {
+// prompt (empty for completions); body is req.Body, read at most once.
+func (g *Gateway) promptTokensRendered(ctx context.Context, st *service, model string, req *proxy.Request, body *parsedBody) ([]uint32, string, string, error) {
 	tok, err := g.tok.Get(model)
 	if err != nil {
 		label := model
@@ -327,7 +328,11 @@ func (g *Gateway) promptTokensRendered(ctx context.Context, st *service, model s
 		g.m.tokWaiting.Dec()
 		return nil, "", "", fmt.Errorf("%w: client went away while waiting to be tokenized", proxy.ErrClientCanceled)
 	}
-	rt, err := tok.EncodeRequestWith(st.rule.Engine(), req.Path, req.Body, opts)
+	var rt tokenizer.RequestTokens
+	parsed, err := body.get()
+	if err == nil {
+		rt, err = tok.EncodeParsed(st.rule.Engine(), req.Path, parsed, opts)
+	}
 	<-g.tokSlots
 	if err != nil {
 		switch {
@@ -418,11 +423,11 @@ const rejectCacheSalt = "cache_salt_missing"
 // keyRequest parses what the routing key reads from an inference request,
 // when the rule's selector hashes a key or the rule requires cache_salt;
 // nil otherwise, or when the body is not a JSON object.
-func (g *Gateway) keyRequest(st *service, req *proxy.Request) (*keyRequest, error) {
+func (g *Gateway) keyRequest(st *service, req *proxy.Request, body *parsedBody) (*keyRequest, error) {
 	if !isInference(req.Method, req.Path) || !usesKey(st.rule.Service.Sel) && !st.key.requireSalt {
 		return nil, nil
 	}
-	kr, ok := parseKeyRequest(req.Body)
+	kr, ok := keyRequestOf(body)
 	if err := st.key.checkCacheSalt(kr); err != nil {
 		g.m.rejected(st.label, rejectCacheSalt)
 		g.logReject(st, rejectCacheSalt, err)
@@ -432,6 +437,24 @@ func (g *Gateway) keyRequest(st *service, req *proxy.Request) (*keyRequest, erro
 		return nil, nil
 	}
 	return &kr, nil
+}
+
+// parsedBody reads an inference request's body once, the first time a
+// stage needs it (the routing key, the tokenizer), and hands every later
+// stage the same fields.
+type parsedBody struct {
+	raw  []byte
+	done bool
+	req  *tokenizer.Request
+	err  error
+}
+
+func (b *parsedBody) get() (*tokenizer.Request, error) {
+	if !b.done {
+		b.req, b.err = tokenizer.ParseRequest(b.raw)
+		b.done = true
+	}
+	return b.req, b.err
 }
 
 // fillKey keys the hashing selectors when the prompt is not tokenized: on

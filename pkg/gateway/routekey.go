@@ -67,23 +67,22 @@ var (
 	completionDepthTokens = [...]int{0, 128, 1024, 4096}
 )
 
-// keyRequest is what a key may read from an OpenAI-style body.
+// keyRequest is what a key may read from an OpenAI-style body (raw
+// fields are spans of the body, from tokenizer.ParseRequest).
 type keyRequest struct {
-	Messages           []keyMessage    `json:"messages"`
-	Prompt             json.RawMessage `json:"prompt"`
-	CacheSalt          json.RawMessage `json:"cache_salt"`
-	Tools              json.RawMessage `json:"tools"`
-	Documents          json.RawMessage `json:"documents"`
-	ChatTemplate       json.RawMessage `json:"chat_template"`
-	ChatTemplateKwargs json.RawMessage `json:"chat_template_kwargs"`
-	LoraPath           json.RawMessage `json:"lora_path"`
-	LoraRequest        json.RawMessage `json:"lora_request"`
+	Messages           []keyMessage
+	Prompt             json.RawMessage
+	CacheSalt          json.RawMessage
+	Tools              json.RawMessage
+	Documents          json.RawMessage
+	ChatTemplate       json.RawMessage
+	ChatTemplateKwargs json.RawMessage
+	LoraPath           json.RawMessage
+	LoraRequest        json.RawMessage
 }
 
-type keyMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
+// keyMessage is a message's role and raw content.
+type keyMessage = tokenizer.MessageSpan
 
 // keyHasher feeds length-prefixed fields, so field boundaries cannot be
 // forged by content.
@@ -121,13 +120,21 @@ func (k keyHasher) sum() []byte {
 	return s[:]
 }
 
-// parseKeyRequest decodes what the key needs; ok is false when the body is
-// not a JSON object.
-func parseKeyRequest(body []byte) (keyRequest, bool) {
-	var kr keyRequest
-	if len(body) == 0 || json.Unmarshal(body, &kr) != nil {
-		return kr, false
+// keyRequestOf takes what the key needs from the parsed body; ok is false
+// when the body is not a JSON object or its messages are malformed.
+func keyRequestOf(body *parsedBody) (keyRequest, bool) {
+	r, err := body.get()
+	if err != nil {
+		return keyRequest{}, false
 	}
+	f := &r.Fields
+	kr := keyRequest{Prompt: f.Prompt, CacheSalt: f.CacheSalt, Tools: f.Tools, Documents: f.Documents,
+		ChatTemplate: f.ChatTemplate, ChatTemplateKwargs: f.ChatTemplateKwargs, LoraPath: f.LoRAPath, LoraRequest: f.LoRARequest}
+	msgs, ok := r.MessageSpans()
+	if !ok {
+		return keyRequest{}, false
+	}
+	kr.Messages = msgs
 	return kr, true
 }
 

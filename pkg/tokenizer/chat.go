@@ -1,11 +1,9 @@
 package tokenizer
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"regexp"
 	"strings"
 
@@ -85,6 +83,16 @@ func (t *Tokenizer) RenderChat(messages []Message, opts ChatOptions) (string, er
 // filters such as tojson print keys exactly as the request did, which is
 // what Python dicts do in the engines.
 func (t *Tokenizer) RenderChatJSON(messages json.RawMessage, opts ChatOptions) (string, error) {
+	msgs, err := decodeOrdered(messages)
+	if err != nil {
+		return "", fmt.Errorf("messages: %w", err)
+	}
+	return t.renderChatValue(msgs, opts)
+}
+
+// renderChatValue renders decoded messages (it rewrites their content
+// lists and tool-call arguments in place).
+func (t *Tokenizer) renderChatValue(msgs jinja.Value, opts ChatOptions) (string, error) {
 	ct := t.chat
 	if name := opts.TemplateName; name != "" || (len(opts.Tools) > 0 && t.cfg.ChatTemplates["tool_use"] != "") {
 		if name == "" {
@@ -101,10 +109,6 @@ func (t *Tokenizer) RenderChatJSON(messages json.RawMessage, opts ChatOptions) (
 	}
 	if ct == nil {
 		return "", ErrNoChatTemplate
-	}
-	msgs, err := decodeOrdered(messages)
-	if err != nil {
-		return "", fmt.Errorf("messages: %w", err)
 	}
 	if !msgs.IsList() {
 		return "", fmt.Errorf("messages: want a JSON array")
@@ -278,75 +282,4 @@ func cutAfterFinalMessage(out string, msgs *jinja.List) (string, error) {
 	return "", fmt.Errorf("continue_final_message: final message content not found in the render")
 }
 
-// decodeOrdered converts JSON to a jinja value keeping object key order
-// (jinja.FromGoValue on a map would sort keys). Integers stay integers.
-func decodeOrdered(raw []byte) (jinja.Value, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	v, err := decodeValue(dec, 0)
-	if err != nil {
-		return jinja.Value{}, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return jinja.Value{}, fmt.Errorf("trailing data after JSON value")
-	}
-	return v, nil
-}
-
 const maxJSONDepth = 128
-
-func decodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
-	if depth > maxJSONDepth {
-		return jinja.Value{}, fmt.Errorf("JSON nested deeper than %d", maxJSONDepth)
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return jinja.Value{}, fmt.Errorf("invalid JSON: %w", err)
-	}
-	switch v := tok.(type) {
-	case json.Delim:
-		switch v {
-		case '[':
-			var items []jinja.Value
-			for dec.More() {
-				it, err := decodeValue(dec, depth+1)
-				if err != nil {
-					return jinja.Value{}, err
-				}
-				items = append(items, it)
-			}
-			if _, err := dec.Token(); err != nil {
-				return jinja.Value{}, fmt.Errorf("invalid JSON: %w", err)
-			}
-			if items == nil {
-				items = []jinja.Value{}
-			}
-			return jinja.NewList(items), nil
-		case '{':
-			d := jinja.NewDict()
-			dict := d.AsDict()
-			for dec.More() {
-				kt, err := dec.Token()
-				if err != nil {
-					return jinja.Value{}, fmt.Errorf("invalid JSON: %w", err)
-				}
-				k, ok := kt.(string)
-				if !ok {
-					return jinja.Value{}, fmt.Errorf("invalid JSON object key %v", kt)
-				}
-				val, err := decodeValue(dec, depth+1)
-				if err != nil {
-					return jinja.Value{}, err
-				}
-				dict.Set(k, val)
-			}
-			if _, err := dec.Token(); err != nil {
-				return jinja.Value{}, fmt.Errorf("invalid JSON: %w", err)
-			}
-			return d, nil
-		}
-		return jinja.Value{}, fmt.Errorf("invalid JSON delimiter %v", v)
-	default:
-		return jinja.FromGoValue(v), nil
-	}
-}

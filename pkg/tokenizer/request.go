@@ -8,6 +8,8 @@ import (
 	"math"
 	"strings"
 
+	"github.com/ardanlabs/jinja"
+
 	"github.com/loxilb-llm/loxilb/pkg/engine"
 )
 
@@ -102,8 +104,10 @@ func (t *Tokenizer) EncodeRequest(engine, path string, body []byte) (RequestToke
 	return t.EncodeRequestWith(engine, path, body, RequestOptions{})
 }
 
-// chatRequest holds the fields of both request kinds that affect the prompt.
-type promptRequest struct {
+// RequestFields are the fields of both request kinds that affect the
+// prompt or the routing key. Raw fields are spans of the body they were
+// read from (ParseRequest).
+type RequestFields struct {
 	Model                string          `json:"model"`
 	Prompt               json.RawMessage `json:"prompt"`
 	Messages             json.RawMessage `json:"messages"`
@@ -124,12 +128,55 @@ type promptRequest struct {
 	TruncatePromptTokens *int64          `json:"truncate_prompt_tokens"`
 }
 
+// Request is an OpenAI-style request body read once (ParseRequest). The
+// gateway keys its hashing selectors on its fields and encodes the prompt
+// from it (EncodeParsed), so no stage decodes the body again.
+type Request struct {
+	// Fields hold what both stages read; they alias the parsed body.
+	Fields RequestFields
+	// typeErr is a prompt field of the wrong type (say a numeric
+	// "model"): EncodeParsed refuses such a request, while the routing key,
+	// which never read those fields, still may use the others.
+	typeErr error
+}
+
+// ParseRequest reads a request body once. It fails, wrapping ErrBadRequest,
+// when the body is not one JSON object. The body must not change while the
+// Request is used.
+func ParseRequest(body []byte) (*Request, error) {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return nil, fmt.Errorf("%w: body is not a JSON object", ErrBadRequest)
+	}
+	r := &Request{}
+	typeErr, err := scanRequestFields(trimmed, &r.Fields)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	if typeErr != nil {
+		r.typeErr = fmt.Errorf("%w: %v", ErrBadRequest, typeErr)
+	}
+	return r, nil
+}
+
 // EncodeRequestWith is EncodeRequest with deployment quirks.
 func (t *Tokenizer) EncodeRequestWith(engine, path string, body []byte, opts RequestOptions) (RequestTokens, error) {
+	if _, err := requestKind(engine, path); err != nil {
+		return RequestTokens{}, err
+	}
+	req, err := ParseRequest(body)
+	if err != nil {
+		return RequestTokens{}, err
+	}
+	return t.EncodeParsed(engine, path, req, opts)
+}
+
+// requestKind checks the engine and names the request kind of path.
+func requestKind(engine, path string) (string, error) {
 	switch engine {
 	case EngineVLLM, EngineSGLang, EngineTRTLLM, EngineLlamaCPP:
 	default:
-		return RequestTokens{}, fmt.Errorf("%w %q (want vllm, sglang, trtllm or llamacpp)", ErrUnknownEngine, engine)
+		return "", fmt.Errorf("%w %q (want vllm, sglang, trtllm or llamacpp)", ErrUnknownEngine, engine)
 	}
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
@@ -141,22 +188,26 @@ func (t *Tokenizer) EncodeRequestWith(engine, path string, body []byte, opts Req
 	case PathChatCompletions:
 		kind = KindChat
 	default:
-		return RequestTokens{}, fmt.Errorf("%w %q (want %s or %s)", ErrUnsupportedPath, path, PathCompletions, PathChatCompletions)
+		return "", fmt.Errorf("%w %q (want %s or %s)", ErrUnsupportedPath, path, PathCompletions, PathChatCompletions)
 	}
-	trimmed := bytes.TrimSpace(body)
-	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return RequestTokens{}, fmt.Errorf("%w: body is not a JSON object", ErrBadRequest)
+	return kind, nil
+}
+
+// EncodeParsed is EncodeRequestWith on a body already read by ParseRequest.
+func (t *Tokenizer) EncodeParsed(engine, path string, r *Request, opts RequestOptions) (RequestTokens, error) {
+	kind, err := requestKind(engine, path)
+	if err != nil {
+		return RequestTokens{}, err
 	}
-	var req promptRequest
-	if err := json.Unmarshal(trimmed, &req); err != nil {
-		return RequestTokens{}, fmt.Errorf("%w: %v", ErrBadRequest, err)
+	if r.typeErr != nil {
+		return RequestTokens{}, r.typeErr
 	}
-	out := RequestTokens{Model: req.Model, Kind: kind, Unhashable: unhashableReason(&req)}
-	var err error
+	req := &r.Fields
+	out := RequestTokens{Model: req.Model, Kind: kind, Unhashable: unhashableReason(req, kind == KindCompletions)}
 	if kind == KindCompletions {
-		err = t.encodeCompletions(&out, engine, &req, opts)
+		err = t.encodeCompletions(&out, engine, req, opts)
 	} else {
-		err = t.encodeChat(&out, engine, &req, opts)
+		err = t.encodeChat(&out, engine, req, opts)
 	}
 	if err != nil {
 		return RequestTokens{}, err
@@ -172,8 +223,10 @@ func (t *Tokenizer) EncodeRequestWith(engine, path string, body []byte, opts Req
 func present(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
 
 // unhashableReason names request fields that make the engine's block hash
-// depend on more than token ids.
-func unhashableReason(r *promptRequest) string {
+// depend on more than token ids. Chat requests add multimodal content
+// parts when their messages are decoded (encodeChat), so that the
+// messages are read once.
+func unhashableReason(r *RequestFields, checkParts bool) string {
 	var reasons []string
 	if present(r.CacheSalt) {
 		reasons = append(reasons, "cache_salt")
@@ -190,44 +243,97 @@ func unhashableReason(r *promptRequest) string {
 	if present(r.ChatTemplate) {
 		reasons = append(reasons, "request-supplied chat_template")
 	}
-	if present(r.Messages) {
-		if part := firstNonTextPart(r.Messages); part != "" {
-			reasons = append(reasons, "multimodal content part "+part)
+	if checkParts && present(r.Messages) {
+		if msgs, err := decodeOrdered(r.Messages); err == nil {
+			if part := firstNonTextPart(msgs); part != "" {
+				reasons = append(reasons, partReason(part))
+			}
 		}
 	}
 	return strings.Join(reasons, ", ")
 }
 
+func partReason(part string) string { return "multimodal content part " + part }
+
+// addReason appends a reason to a non-empty Unhashable list.
+func addReason(list, reason string) string {
+	if list == "" {
+		return reason
+	}
+	return list + ", " + reason
+}
+
 // firstNonTextPart returns the type of the first non-text content part in
-// messages, or "".
-func firstNonTextPart(messages json.RawMessage) string {
-	var msgs []struct {
-		Content json.RawMessage `json:"content"`
+// the decoded messages, or "". It reads parts as encoding/json would into
+// []struct{Type string}: the "type" key matches case-insensitively (the
+// last such key wins), a null type is no type, and a message with a part
+// that is not an object or whose type is not a string is passed over
+// (such a request is refused by the renderer anyway).
+func firstNonTextPart(msgs jinja.Value) string {
+	if !msgs.IsList() {
+		return ""
 	}
-	if json.Unmarshal(messages, &msgs) != nil {
-		return "" // reported as a malformed request by the renderer
-	}
-	for _, m := range msgs {
-		c := bytes.TrimSpace(m.Content)
-		if len(c) == 0 || c[0] != '[' {
+	for _, m := range msgs.AsList().Items {
+		if !m.IsDict() {
 			continue
 		}
-		var parts []struct {
-			Type string `json:"type"`
-		}
-		if json.Unmarshal(c, &parts) != nil {
+		c, ok := contentOf(m.AsDict())
+		if !ok || !c.IsList() {
 			continue
 		}
-		for _, p := range parts {
-			if p.Type != "" && p.Type != "text" {
-				return p.Type
-			}
+		if t := firstPartType(c.AsList()); t != "" {
+			return t
 		}
 	}
 	return ""
 }
 
-func (t *Tokenizer) encodeCompletions(out *RequestTokens, engine string, req *promptRequest, opts RequestOptions) error {
+// contentOf is the message's "content" as encoding/json picks it: the
+// last key that equals "content" case-insensitively.
+func contentOf(d *jinja.Dict) (jinja.Value, bool) {
+	var v jinja.Value
+	found := false
+	for _, k := range d.Keys {
+		if strings.EqualFold(k, "content") {
+			v, found = d.Data[k], true
+		}
+	}
+	return v, found
+}
+
+// firstPartType returns the first part type other than "" and "text", ""
+// when there is none or a part is malformed.
+func firstPartType(parts *jinja.List) string {
+	first := ""
+	for _, p := range parts.Items {
+		if p.IsNone() {
+			continue // a null part decodes to the zero part
+		}
+		if !p.IsDict() {
+			return ""
+		}
+		d := p.AsDict()
+		typ := ""
+		for _, k := range d.Keys {
+			if !strings.EqualFold(k, "type") {
+				continue
+			}
+			switch v := d.Data[k]; {
+			case v.IsString():
+				typ = v.AsString()
+			case v.IsNone():
+			default:
+				return ""
+			}
+		}
+		if first == "" && typ != "" && typ != "text" {
+			first = typ
+		}
+	}
+	return first
+}
+
+func (t *Tokenizer) encodeCompletions(out *RequestTokens, engine string, req *RequestFields, opts RequestOptions) error {
 	if !present(req.Prompt) {
 		if present(req.PromptEmbeds) {
 			out.Prompts = 1
@@ -337,7 +443,7 @@ func parseTokenIDs(raw json.RawMessage) ([]uint32, error) {
 	return ids, nil
 }
 
-func (t *Tokenizer) encodeChat(out *RequestTokens, engine string, req *promptRequest, opts RequestOptions) error {
+func (t *Tokenizer) encodeChat(out *RequestTokens, engine string, req *RequestFields, opts RequestOptions) error {
 	if !present(req.Messages) {
 		return fmt.Errorf("%w: /v1/chat/completions needs \"messages\"", ErrBadRequest)
 	}
@@ -367,7 +473,16 @@ func (t *Tokenizer) encodeChat(out *RequestTokens, engine string, req *promptReq
 	case EngineVLLM, EngineTRTLLM:
 		addSpecial = req.AddSpecialTokens != nil && *req.AddSpecialTokens
 	}
-	rendered, err := t.RenderChatJSON(messages, co)
+	msgs, err := decodeOrdered(messages)
+	if err != nil {
+		return fmt.Errorf("%w: messages: %v", ErrBadRequest, err)
+	}
+	// Before rendering: flattening content lists for the template
+	// rewrites the parts this looks at.
+	if part := firstNonTextPart(msgs); part != "" {
+		out.Unhashable = addReason(out.Unhashable, partReason(part))
+	}
+	rendered, err := t.renderChatValue(msgs, co)
 	if err != nil {
 		if errors.Is(err, ErrNoChatTemplate) {
 			return fmt.Errorf("model %q: %w", req.Model, err)

@@ -39,6 +39,7 @@ type core struct {
 	specialIDs map[uint32]bool
 
 	pool sync.Pool // *encodeScratch
+	segs segCache
 }
 
 // Config is the subset of tokenizer_config.json the gateway needs.
@@ -205,6 +206,7 @@ func LoadJSON(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 		}
 	}
 	t.pool.New = func() any { return &encodeScratch{} }
+	t.segs.init()
 	return t, nil
 }
 
@@ -304,22 +306,48 @@ func (t *Tokenizer) encodeBody(dst []uint32, text string, limit int) ([]uint32, 
 	for _, seg := range sc.segs {
 		if seg.added {
 			dst = append(dst, seg.id)
-		} else if s := text[seg.start:seg.end]; t.normalizer == nil {
-			dst, ok = t.encodePlain(dst, sc, s, limit)
-		} else {
-			s = t.normalizer.normalize(s)
-			sc.nsegs = t.normMatch.split(sc.nsegs[:0], t.added, s, 0, len(s))
-			for _, ns := range sc.nsegs {
-				if ns.added {
-					dst = append(dst, ns.id)
-				} else {
-					dst, ok = t.encodePlain(dst, sc, s[ns.start:ns.end], limit)
-				}
-				if !ok || limit >= 0 && len(dst) > limit {
-					ok = false
-					break
-				}
+			if limit >= 0 && len(dst) > limit {
+				return dst, false
 			}
+			continue
+		}
+		s := text[seg.start:seg.end]
+		if !t.segs.cacheable(s) {
+			if dst, ok = t.encodeSegment(dst, sc, s, limit); !ok {
+				return dst, false
+			}
+			continue
+		}
+		if ids, hit := t.segs.get(s); hit {
+			dst = append(dst, ids...)
+		} else {
+			start := len(dst)
+			if dst, ok = t.encodeSegment(dst, sc, s, limit); !ok {
+				return dst, false
+			}
+			t.segs.put(s, dst[start:])
+		}
+		if limit >= 0 && len(dst) > limit {
+			return dst, false
+		}
+	}
+	return dst, true
+}
+
+// encodeSegment encodes one stretch of text between added tokens; false
+// once len(dst) passes limit (limit < 0: no bound).
+func (t *Tokenizer) encodeSegment(dst []uint32, sc *encodeScratch, s string, limit int) ([]uint32, bool) {
+	if t.normalizer == nil {
+		return t.encodePlain(dst, sc, s, limit)
+	}
+	s = t.normalizer.normalize(s)
+	sc.nsegs = t.normMatch.split(sc.nsegs[:0], t.added, s, 0, len(s))
+	ok := true
+	for _, ns := range sc.nsegs {
+		if ns.added {
+			dst = append(dst, ns.id)
+		} else {
+			dst, ok = t.encodePlain(dst, sc, s[ns.start:ns.end], limit)
 		}
 		if !ok || limit >= 0 && len(dst) > limit {
 			return dst, false

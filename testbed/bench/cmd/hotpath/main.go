@@ -28,23 +28,28 @@ var stages = []stage{
 	{"inventory apply", "./pkg/kvindex", "^BenchmarkApply$", "Store/Remove of block batches"},
 	{"inventory query", "./pkg/kvindex", "^BenchmarkPrefixMatch$", "256-block request vs 64 endpoints"},
 	{"routing decision", "./pkg/router", "^BenchmarkDecideKVIndex$", "lookup + score, 64 endpoints"},
-	{"routing decision", "./pkg/gateway", "^BenchmarkRoutingDecisionChat2k$", "tokenize + hash + lookup + decide, 2k-token chat"},
+	{"routing decision", "./pkg/gateway", "^BenchmarkRoutingDecisionChat2k(New|NextTurn)?$", ""},
 	{"proxy overhead", "./pkg/proxy", "^BenchmarkThroughput$", "keep-alive clients: direct vs through the proxy"},
 }
 
 // notes describe benchmarks whose stage holds several kinds.
 var notes = map[string]string{
-	"EncodePrompt":      "~2k-token prompt, BPE only",
-	"EncodeRequestChat": "chat request: template render + tokenize",
+	"EncodePrompt":                  "~2k-token prompt, BPE only",
+	"EncodeRequestChat":             "chat request: template render + tokenize",
+	"RoutingDecisionChat2kNextTurn": "2k-token chat, next turn of one conversation: parse + render + tokenize + hash + lookup + decide",
+	"RoutingDecisionChat2kNew":      "2k-token chat, a new prompt each time",
+	"RoutingDecisionChat2k":         "2k-token chat, the same body each time",
 }
 
+// noteFor returns the note of the longest prefix of name in notes.
 func noteFor(st stage, name string) string {
+	note, best := st.note, 0
 	for prefix, n := range notes {
-		if strings.HasPrefix(name, prefix) {
-			return n
+		if strings.HasPrefix(name, prefix) && len(prefix) > best {
+			note, best = n, len(prefix)
 		}
 	}
-	return st.note
+	return note
 }
 
 var line = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+(\d+)\s+(.*)$`)
