@@ -19,19 +19,30 @@ type clusterFlags struct {
 	name    string
 	address string
 	ttl     time.Duration
+	envErr  error // LOXILB_CLUSTER_TTL that is not a duration
 }
 
 func (c *clusterFlags) register(fs *flag.FlagSet, getenv func(k, def string) string) {
 	host, _ := os.Hostname()
+	host = cluster.NameFromHost(host)
 	fs.StringVar(&c.name, "node-name", getenv("LOXILB_NODE_NAME", host),
 		"this node's name among the nodes sharing a rule store (letters, digits, '.', '_', '-'; env LOXILB_NODE_NAME; default the host name)")
 	fs.StringVar(&c.address, "node-address", getenv("LOXILB_NODE_ADDRESS", ""),
 		"host:port at which other nodes and operators reach this node's management API (env LOXILB_NODE_ADDRESS; default --api-addr, with the node name for an unspecified host)")
-	fs.DurationVar(&c.ttl, "cluster-ttl", cluster.DefaultTTL,
-		"lease of this node's membership record in the shared store: a node that dies leaves `loxicmd get cluster` within it (whole seconds, 2s..5m)")
+	ttl := cluster.DefaultTTL
+	if v := getenv("LOXILB_CLUSTER_TTL", ""); v != "" {
+		if ttl, c.envErr = time.ParseDuration(v); c.envErr != nil {
+			c.envErr = fmt.Errorf("LOXILB_CLUSTER_TTL=%q: want a duration such as 10s", v)
+		}
+	}
+	fs.DurationVar(&c.ttl, "cluster-ttl", ttl,
+		"lease of this node's membership record in the shared store: a node that dies leaves the cluster list (loxicmd get cluster) within it (whole seconds, 2s..5m; env LOXILB_CLUSTER_TTL)")
 }
 
 func (c *clusterFlags) validate(apiAddr string) error {
+	if c.envErr != nil {
+		return c.envErr
+	}
 	if err := cluster.ValidName(c.name); err != nil {
 		return fmt.Errorf("--node-name: %w (set --node-name when the host name does not fit)", err)
 	}

@@ -197,3 +197,23 @@ func Shown(v string) string {
 	}
 	return v
 }
+
+// NameFromHost turns a host name into a valid node name (the default of
+// --node-name): characters a name cannot hold become '-', and the name is
+// cut to MaxNameLen; an empty or unusable host name gives "node".
+func NameFromHost(host string) string {
+	b := []byte(host)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			b[i] = '-'
+		}
+	}
+	s := strings.TrimLeft(string(b), "._-")
+	if len(s) > MaxNameLen {
+		s = s[:MaxNameLen]
+	}
+	if s == "" {
+		return "node"
+	}
+	return s
+}

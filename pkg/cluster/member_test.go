@@ -128,3 +128,13 @@ func TestValidName(t *testing.T) {
 		}
 	}
 }
+
+func TestNameFromHost(t *testing.T) {
+	for host, want := range map[string]string{"gw-1.example.com": "gw-1.example.com", "": "node", "-x y": "x-y", "ä": "node",
+		strings.Repeat("h", 70): strings.Repeat("h", MaxNameLen)} {
+		got := NameFromHost(host)
+		if got != want || ValidName(got) != nil {
+			t.Errorf("%q: %q (%v), want %q", host, got, ValidName(got), want)
+		}
+	}
+}
