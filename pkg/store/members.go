@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -32,6 +33,9 @@ type Lease struct {
 	stop context.CancelFunc
 	lost chan struct{}
 	once sync.Once
+	// ended is set once keepalives stopped (lost or closed): the lease
+	// may still exist in etcd if it could not be revoked.
+	ended atomic.Bool
 }
 
 // Register puts value under the node name with a lease of ttl (whole
@@ -49,8 +53,22 @@ func (e *Etcd) Register(ctx context.Context, name string, value []byte, ttl time
 		return nil, fmt.Errorf("etcd %s: grant a lease: %w", e.where, err)
 	}
 	key := e.memberKey(name)
-	resp, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(value), clientv3.WithLease(g.ID))).Commit()
+	put := func() (*clientv3.TxnResponse, error) {
+		return e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, string(value), clientv3.WithLease(g.ID))).
+			Else(clientv3.OpGet(key)).Commit()
+	}
+	resp, err := put()
+	if err == nil && !resp.Succeeded {
+		// The holder may be this process's own earlier lease, which it
+		// could not revoke while etcd was away: take the name back now
+		// rather than wait for that lease to run out.
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 && e.ownLease(name, clientv3.LeaseID(kvs[0].Lease)) {
+			if _, err = e.cli.Revoke(ctx, clientv3.LeaseID(kvs[0].Lease)); err == nil {
+				resp, err = put()
+			}
+		}
+	}
 	if err == nil && !resp.Succeeded {
 		err = fmt.Errorf("%w: %s (a node that died frees it within the lease ttl)", ErrNameTaken, name)
 	}
@@ -67,16 +85,32 @@ func (e *Etcd) Register(ctx context.Context, name string, value []byte, ttl time
 		return nil, fmt.Errorf("etcd %s: keep the lease alive: %w", e.where, err)
 	}
 	l := &Lease{e: e, id: g.ID, key: key, stop: stop, lost: make(chan struct{})}
+	e.leasesMu.Lock()
+	if e.leases == nil {
+		e.leases = map[string]*Lease{}
+	}
+	e.leases[name] = l
+	e.leasesMu.Unlock()
 	go func() {
 		for range ka {
 		}
 		// The channel closes when the lease expired or was revoked, or
 		// on Close; only the first two are a loss.
+		l.ended.Store(true)
 		if kctx.Err() == nil {
 			l.once.Do(func() { close(l.lost) })
 		}
 	}()
 	return l, nil
+}
+
+// ownLease reports whether id is the last lease this process registered
+// name under, and no longer kept alive.
+func (e *Etcd) ownLease(name string, id clientv3.LeaseID) bool {
+	e.leasesMu.Lock()
+	defer e.leasesMu.Unlock()
+	l := e.leases[name]
+	return id != 0 && l != nil && l.id == id && l.ended.Load()
 }
 
 // Update replaces the value under the lease, and puts it back if the key
@@ -101,6 +135,7 @@ func (l *Lease) Lost() <-chan struct{} { return l.lost }
 
 // Close stops the keepalive and revokes the lease, deleting the key.
 func (l *Lease) Close() error {
+	l.ended.Store(true)
 	l.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), l.e.opTO)
 	defer cancel()

@@ -56,6 +56,30 @@ func TestMembersLeases(t *testing.T) {
 	default:
 	}
 
+	// This process's own earlier lease, which it could not revoke (etcd
+	// was away when its keepalives stopped), is taken over at once; a
+	// live one never is.
+	ld, err := a.Register(ctx, "node-d", []byte("d1"), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Register(ctx, "node-d", []byte("d2"), 2*time.Second); !errors.Is(err, ErrNameTaken) {
+		t.Fatalf("live lease of node-d taken over: %v", err)
+	}
+	ld.stop() // keepalives end, the lease stays in etcd
+	ld.ended.Store(true)
+	if _, err := b.Register(ctx, "node-d", []byte("d2"), 2*time.Second); !errors.Is(err, ErrNameTaken) {
+		t.Fatalf("another process took node-d over: %v", err)
+	}
+	ld2, err := a.Register(ctx, "node-d", []byte("d2"), 2*time.Second)
+	if err != nil {
+		t.Fatalf("own ended lease not taken over: %v", err)
+	}
+	if got, _ := b.Members(ctx); string(got["node-d"]) != "d2" {
+		t.Fatalf("node-d after take-over: %q", got)
+	}
+	ld2.Close()
+
 	// A node that dies without revoking: the record goes when the lease
 	// expires, and the name is free again.
 	lb, err := b.Register(ctx, "node-b", []byte("b"), 2*time.Second)

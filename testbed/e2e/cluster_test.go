@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"net/http"
 	"strings"
 	"syscall"
 	"testing"
@@ -55,17 +53,6 @@ func capability(t *testing.T, d *daemontest.Daemon, name string) (ready bool, co
 	}
 	t.Fatalf("no %s capability", name)
 	return
-}
-
-func get(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
 }
 
 func TestClusterMembershipAndDrift(t *testing.T) {
@@ -146,8 +133,8 @@ func TestClusterMembershipAndDrift(t *testing.T) {
 	}
 	for _, d := range []*daemontest.Daemon{a, b} {
 		for name, text := range map[string]string{
-			"GET /cluster": get(t, d.URL("/cluster")), "GET /status/capabilities": get(t, d.URL("/status/capabilities")),
-			"GET /metrics": metrics(t, d), "GET /diagnostics": get(t, d.URL("/diagnostics")), "the daemon's log": d.Logs(),
+			"GET /cluster": string(getRaw(t, d.URL("/cluster"))), "GET /status/capabilities": string(getRaw(t, d.URL("/status/capabilities"))),
+			"GET /metrics": metrics(t, d), "GET /diagnostics": string(getRaw(t, d.URL("/diagnostics"))), "the daemon's log": d.Logs(),
 			"etcd": stored.String(),
 		} {
 			for _, seed := range []string{clusterSeedA, clusterSeedB} {
@@ -226,6 +213,20 @@ func TestClusterMembershipAndDrift(t *testing.T) {
 	if code != 8 || !strings.Contains(out, tok) || !strings.Contains(out, "(unset)") {
 		t.Fatalf("get cluster with a tokenizer drift: exit %d\n%s", code, out)
 	}
+
+	// etcd away for longer than the lease: the nodes' leases end, and
+	// once etcd is back both announce themselves again.
+	etcd.Stop()
+	time.Sleep(clusterTTL + 2*time.Second)
+	etcd.Restart()
+	restarted := time.Now()
+	for _, d := range []*daemontest.Daemon{a, c} {
+		waitFor(t, "registered again after the etcd outage", 3*clusterTTL+10*time.Second, func() bool {
+			v := clusterView(t, d)
+			return v.Registered && len(v.Nodes) == 2 && v.Reason == ""
+		})
+	}
+	t.Logf("both nodes announced again %v after etcd came back", time.Since(restarted).Round(time.Millisecond))
 }
 
 // TestClusterSingleNodeStore: with the embedded store, get cluster shows
