@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/loxilb-llm/loxilb/pkg/cluster"
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 )
@@ -162,6 +163,9 @@ type Deps struct {
 	// KV-event subscription) and whether strict attestation keeps Tier-1.5
 	// traffic off it, for read-back; nil leaves both out.
 	KVTrust func(service uint32, ep int) (verdict string, excluded bool)
+	// Cluster reports the nodes sharing the rule store and their drift
+	// (GET /cluster); nil answers 503.
+	Cluster func() cluster.View
 }
 
 // Server is the management REST server.
@@ -299,6 +303,7 @@ func (s *Server) routes() {
 	g.GET("/metrics", s.metricsExport)
 	g.GET("/config/ai/kv/inventory", s.inventory)
 	g.GET(DiagnosticsPath, s.diagnostics)
+	g.GET(ClusterPath, s.cluster)
 	g.GET("/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", openAPIDoc) })
 	g.GET("/version", func(c *gin.Context) { c.JSON(http.StatusOK, Version{Version: s.cfg.Version}) })
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/loxilb-llm/loxilb/api/client"
@@ -13,5 +14,13 @@ func TestExitCodeOfLimits(t *testing.T) {
 		if got := exitCode(&client.APIError{Status: status}); got != want {
 			t.Errorf("status %d: exit %d, want %d", status, got, want)
 		}
+	}
+}
+
+// TestExitCodeOfDrift: drift between nodes exits as a failed diagnostics
+// check does, so one gate covers both.
+func TestExitCodeOfDrift(t *testing.T) {
+	if got := exitCode(fmt.Errorf("%w (1 setting(s))", errDrift)); got != exitCheckFailed {
+		t.Fatalf("exit %d, want %d", got, exitCheckFailed)
 	}
 }

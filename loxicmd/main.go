@@ -8,7 +8,8 @@
 // command-line input, 3 authentication (401/403), 4 precondition (404, 409,
 // 412), 5 daemon unavailable (transport error, 408, 429, 503), 6 request
 // rejected as invalid by the daemon (400, 413), 7 any other failure, 8 a
-// check of get diagnostics failed.
+// check of get diagnostics failed, or get cluster found settings that
+// differ between nodes.
 package main
 
 import (
@@ -42,7 +43,7 @@ func exitCode(err error) int {
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.Is(err, errCheckFailed):
+	case errors.Is(err, errCheckFailed), errors.Is(err, errDrift):
 		return exitCheckFailed
 	case errors.As(err, &ue):
 		return exitUsage

@@ -49,7 +49,7 @@ func newRootCmd(out, errw io.Writer) *cobra.Command {
 	create := &cobra.Command{Use: "create", Short: "Create a resource"}
 	create.AddCommand(newCreateLBCmd(g))
 	get := &cobra.Command{Use: "get", Short: "Show resources"}
-	get.AddCommand(newGetLBCmd(g), newGetCapabilitiesCmd(g), newGetInventoryCmd(g), newGetDiagnosticsCmd(g))
+	get.AddCommand(newGetLBCmd(g), newGetCapabilitiesCmd(g), newGetInventoryCmd(g), newGetDiagnosticsCmd(g), newGetClusterCmd(g))
 	del := &cobra.Command{Use: "delete", Short: "Delete a resource"}
 	del.AddCommand(newDeleteLBCmd(g))
 	set := &cobra.Command{Use: "set", Short: "Change daemon settings and endpoint maintenance"}

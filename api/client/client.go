@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/loxilb-llm/loxilb/api"
+	"github.com/loxilb-llm/loxilb/pkg/cluster"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 )
 
@@ -213,6 +214,14 @@ func (c *Client) Diagnostics(ctx context.Context, service uint32, only bool) (ap
 		path += fmt.Sprintf("?service=%d", service)
 	}
 	err := c.do(ctx, http.MethodGet, path, nil, &out)
+	return out, err
+}
+
+// Cluster lists the gateway nodes sharing the daemon's rule store and the
+// settings on which they drift.
+func (c *Client) Cluster(ctx context.Context) (cluster.View, error) {
+	var out cluster.View
+	err := c.do(ctx, http.MethodGet, api.ClusterPath, nil, &out)
 	return out, err
 }
 

@@ -48,6 +48,7 @@ type config struct {
 	resilience     resilience
 	outlier        outlier.Config
 	store          storeFlags
+	cluster        clusterFlags
 	scrapeInterval time.Duration
 	// kvParityStrict is strict attestation for rules without
 	// kvParityStrict (gateway.Config.KVParityStrict).
@@ -139,6 +140,7 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	c.proxyLimits.register(fs)
 	c.resilience.register(fs, env)
 	c.store.register(fs, getenv)
+	c.cluster.register(fs, getenv)
 	fs.DurationVar(&c.scrapeInterval, "engine-metrics-interval", time.Second, "how often mode-4 endpoints' /metrics are read for load-aware routing")
 	fs.BoolVar(&c.kvParityStrict, "kv-parity-strict", strictDef, "strict attestation for rules that do not set kvParityStrict: an endpoint whose hash-parity verdict is hash_mismatch, block_size_mismatch or hash_algo_mismatch gets no Tier-1.5 traffic (env LOXILB_KV_PARITY_STRICT)")
 	fs.BoolVar(&c.metrics, "metrics", false, "enable the Prometheus export at start (otherwise POST /netlox/v1/config/metrics)")
@@ -222,6 +224,9 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 		if _, err := c.store.etcdConfig(); err != nil {
 			return nil, err
 		}
+	}
+	if err := c.cluster.validate(c.apiAddr); err != nil {
+		return nil, err
 	}
 	if c.apiTokenFile != "" {
 		b, err := os.ReadFile(c.apiTokenFile)

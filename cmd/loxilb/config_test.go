@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/loxilb-llm/loxilb/api"
 )
@@ -142,5 +143,37 @@ func TestStoreFlagsValidated(t *testing.T) {
 	}
 	if cfg, _ := parseFlags(nil, noEnv, io.Discard); cfg.store.shared() || cfg.proxyConfig().ReusePort {
 		t.Fatal("default store is not the embedded one")
+	}
+}
+
+// TestClusterFlags: the node name, address and lease are checked at
+// start, naming the flag; the address defaults to the API's, with the
+// node name for an unspecified host.
+func TestClusterFlags(t *testing.T) {
+	env := func(m map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	c, err := parseFlags([]string{"--node-name", "gw-1", "--api-addr", "0.0.0.0:11111"}, env(nil), io.Discard)
+	if err != nil || c.cluster.address != "gw-1:11111" || c.cluster.ttl != 10*time.Second {
+		t.Fatalf("%+v %v", c, err)
+	}
+	c, err = parseFlags([]string{"--node-name", "gw-1"}, env(map[string]string{"LOXILB_CLUSTER_TTL": "3s", "LOXILB_NODE_ADDRESS": "gw-1.example:443"}), io.Discard)
+	if err != nil || c.cluster.ttl != 3*time.Second || c.cluster.address != "gw-1.example:443" {
+		t.Fatalf("%+v %v", c, err)
+	}
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--node-name", "a/b"}, nil, "--node-name"},
+		{[]string{"--node-name", "a", "--cluster-ttl", "1s"}, nil, "--cluster-ttl"},
+		{[]string{"--node-name", "a", "--cluster-ttl", "2500ms"}, nil, "--cluster-ttl"},
+		{[]string{"--node-name", "a"}, map[string]string{"LOXILB_CLUSTER_TTL": "ten"}, "LOXILB_CLUSTER_TTL"},
+		{[]string{"--node-name", "a", "--node-address", "nohostport"}, nil, "--node-address"},
+	} {
+		if _, err := parseFlags(tc.args, env(tc.env), io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v %v: %v, want an error naming %s", tc.args, tc.env, err, tc.want)
+		}
 	}
 }

@@ -11,11 +11,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/loxilb-llm/loxilb/api"
+	"github.com/loxilb-llm/loxilb/pkg/cluster"
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane/ebpf"
@@ -178,17 +180,38 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	ctl.AddReconciler(gw)
 	ctl.AddReconciler(pd)
 
+	// Membership: this node announces itself (and its parity-relevant
+	// settings) in the shared store and compares them with the others'.
+	routing := rcfg.Settings()
+	routing[gateway.EnvCoalesceWait] = cluster.FormatDuration(coalesceWait)
+	routing[gateway.EnvPrefillSlots] = strconv.Itoa(prefillSlots)
+	if prefillSlots == gateway.PrefillAuto {
+		routing[gateway.EnvPrefillSlots] = "auto"
+	}
+	routing[gateway.EnvPrefillQueueWait] = prefillWait.String()
+	routing["LOXILB_KV_PARITY_STRICT"] = strconv.FormatBool(cfg.kvParityStrict)
+	ccfg := cluster.Config{Self: cluster.Member{Name: cfg.cluster.name, Address: cfg.cluster.address, Version: version, Started: time.Now().UTC()},
+		Local: localSettings(seed, cluster.NewTokenizers(cfg.tokenizerDir), routing), TTL: cfg.cluster.ttl}
+	if e, ok := st.(*store.Etcd); ok {
+		ccfg.Backend = etcdMembers{e}
+	}
+	members, err := cluster.New(ccfg, logger, reg)
+	if err != nil {
+		return err
+	}
+
 	caps := &capabilities{env: env}
 	caps.add(func() []api.Capability { return []api.Capability{dpCap} })
 	caps.add(func() []api.Capability { return tokenizerCaps(tokens) })
 	caps.add(func() []api.Capability { return parityCaps(events) })
 	caps.add(func() []api.Capability { return []api.Capability{ruleCaps(ctl.List())} })
 	caps.add(func() []api.Capability { return []api.Capability{storeCap(st)} })
+	caps.add(func() []api.Capability { return []api.Capability{clusterCap(members.View())} })
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	runners := []runner{{"kvindex", index.Run}, {"kvevents", events.Run}, {"health", prober.Run}, {"engine-metrics", scraper.Run}, {"proxy", px.Serve},
-		{"rule-retry", ctl.Run}}
+		{"rule-retry", ctl.Run}, {"cluster", members.Run}}
 	if steered != nil {
 		runners = append(runners, runner{"proxy-steered", func(ctx context.Context) error { return px.ServeListener(ctx, steered) }})
 	}
@@ -260,6 +283,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 			// The proxy counts the requests it forwards, the dispatcher
 			// the legs of P/D requests it runs (which the proxy hands it).
 			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) },
+			Cluster:  members.View,
 			Diagnose: diag.Sources{Rules: ctl.List, Events: events.Status, Seed: seed, SeedProblem: lbrule.SeedPrecondition(env),
 				TokenizerDir: cfg.tokenizerDir, SidePort: pdd.SidePort}.Run})
 	if err != nil {
@@ -270,7 +294,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		return fmt.Errorf("management API: %w", err)
 	}
 	logger.Info("loxilb started", "version", version, "api", ln.Addr().String(), "state_dir", cfg.stateDir,
-		"store", st.Health().Backend+" "+st.Health().Where,
+		"store", st.Health().Backend+" "+st.Health().Where, "node", cfg.cluster.name, "node_address", cfg.cluster.address,
 		"tokenizer_dir", cfg.tokenizerDir, "rules", len(ctl.List()), "auth", cfg.apiToken != "", "tls", cfg.tlsCert != "",
 		"api_read_timeout", cfg.api.readTimeout, "api_max_body", cfg.api.maxBody, "api_max_conns", cfg.api.maxConns,
 		"coalesce_wait", max(coalesceWait, 0), "prefill_slots", prefillSlots, "prefill_queue_wait", prefillWait,

@@ -184,3 +184,29 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	}
 	return c, nil
 }
+
+// Settings returns the effective value of every environment setting by
+// variable name, written one way whatever way it was set (unset and the
+// default alike), so nodes of one cluster can compare them: two nodes
+// whose settings differ route the same request differently.
+func (c Config) Settings() map[string]string {
+	relief := "auto"
+	if c.SpillRelief != nil {
+		relief = strconv.FormatBool(*c.SpillRelief)
+	}
+	penalty := strconv.Itoa(c.LoadPenalty)
+	if c.LoadPenalty == LoadPenaltyAdaptive {
+		penalty = "adaptive"
+	}
+	return map[string]string{
+		EnvMinMatchTokens: strconv.Itoa(c.MinMatchTokens),
+		EnvSpillRelief:    relief,
+		EnvSpillMinLoad:   strconv.Itoa(c.SpillMinLoad),
+		EnvColdSeedN:      strconv.Itoa(c.ColdSeedN),
+		EnvColdMinBlocks:  strconv.Itoa(c.ColdMinBlocks),
+		EnvZeroHitN:       strconv.Itoa(c.ZeroHitN),
+		EnvMeanLoadFactor: strconv.Itoa(c.MeanLoadFactor),
+		EnvLoadPenalty:    penalty,
+		EnvTierWeightCPU:  strconv.FormatFloat(c.TierWeightCPU, 'g', -1, 64),
+	}
+}

@@ -84,6 +84,11 @@ type Etcd struct {
 	up        bool
 	since     time.Time
 	lastErr   error
+
+	// leases are the member leases this process registered, by node
+	// name (Register).
+	leasesMu sync.Mutex
+	leases   map[string]*Lease
 }
 
 var _ Store = (*Etcd)(nil)

@@ -6,7 +6,9 @@
 // the etcd backend (OpenEtcd) lets several nodes share one rule set, each
 // watching it (Watcher). A record holds claims (the rule's key, a mode-4
 // VIP:port): no two records hold the same claim, which is how concurrent
-// creates of one rule on two nodes resolve to one winner.
+// creates of one rule on two nodes resolve to one winner. The etcd backend
+// also holds the nodes' membership records, each under its node's lease
+// (Register, Members).
 package store
 
 import (

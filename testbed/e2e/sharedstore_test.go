@@ -18,22 +18,7 @@ import (
 
 func storeCapability(t *testing.T, d *daemontest.Daemon) (ready bool, code, reason string) {
 	t.Helper()
-	var caps struct {
-		Capabilities []struct {
-			Name       string `json:"name"`
-			Ready      bool   `json:"ready"`
-			ReasonCode string `json:"reason_code"`
-			Reason     string `json:"reason"`
-		} `json:"capabilities"`
-	}
-	getJSON(t, d.URL("/status/capabilities"), &caps)
-	for _, c := range caps.Capabilities {
-		if c.Name == "rule_store" {
-			return c.Ready, c.ReasonCode, c.Reason
-		}
-	}
-	t.Fatal("no rule_store capability")
-	return
+	return capability(t, d, "rule_store")
 }
 
 // served sends n requests through vip, each on a new connection, and

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/loxilb-llm/loxilb/api"
+	"github.com/loxilb-llm/loxilb/pkg/cluster"
+	"github.com/loxilb-llm/loxilb/pkg/store"
+)
+
+// clusterFlags name this node among the nodes sharing a store.
+type clusterFlags struct {
+	name    string
+	address string
+	ttl     time.Duration
+	envErr  error // LOXILB_CLUSTER_TTL that is not a duration
+}
+
+func (c *clusterFlags) register(fs *flag.FlagSet, getenv func(k, def string) string) {
+	host, _ := os.Hostname()
+	host = cluster.NameFromHost(host)
+	fs.StringVar(&c.name, "node-name", getenv("LOXILB_NODE_NAME", host),
+		"this node's name among the nodes sharing a rule store (letters, digits, '.', '_', '-'; env LOXILB_NODE_NAME; default the host name)")
+	fs.StringVar(&c.address, "node-address", getenv("LOXILB_NODE_ADDRESS", ""),
+		"host:port at which other nodes and operators reach this node's management API (env LOXILB_NODE_ADDRESS; default --api-addr, with the node name for an unspecified host)")
+	ttl := cluster.DefaultTTL
+	if v := getenv("LOXILB_CLUSTER_TTL", ""); v != "" {
+		if ttl, c.envErr = time.ParseDuration(v); c.envErr != nil {
+			c.envErr = fmt.Errorf("LOXILB_CLUSTER_TTL=%q: want a duration such as 10s", v)
+		}
+	}
+	fs.DurationVar(&c.ttl, "cluster-ttl", ttl,
+		"lease of this node's membership record in the shared store: a node that dies leaves the cluster list (loxicmd get cluster) within it (whole seconds, 2s..5m; env LOXILB_CLUSTER_TTL)")
+}
+
+func (c *clusterFlags) validate(apiAddr string) error {
+	if c.envErr != nil {
+		return c.envErr
+	}
+	if err := cluster.ValidName(c.name); err != nil {
+		return fmt.Errorf("--node-name: %w (set --node-name when the host name does not fit)", err)
+	}
+	if c.ttl < cluster.MinTTL || c.ttl > cluster.MaxTTL || c.ttl%time.Second != 0 {
+		return fmt.Errorf("--cluster-ttl %v: want whole seconds within %v..%v", c.ttl, cluster.MinTTL, cluster.MaxTTL)
+	}
+	if c.address == "" {
+		host, port, err := net.SplitHostPort(apiAddr)
+		if err != nil {
+			return fmt.Errorf("--api-addr %q: %w", apiAddr, err)
+		}
+		if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+			host = c.name
+		}
+		c.address = net.JoinHostPort(host, port)
+	}
+	if _, _, err := net.SplitHostPort(c.address); err != nil || len(c.address) > 253 {
+		return fmt.Errorf("--node-address %q: want host:port", c.address)
+	}
+	return nil
+}
+
+// etcdMembers adapts the etcd store's leases to cluster.Backend.
+type etcdMembers struct{ e *store.Etcd }
+
+func (m etcdMembers) Register(ctx context.Context, name string, v []byte, ttl time.Duration) (cluster.Registration, error) {
+	l, err := m.e.Register(ctx, name, v, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (m etcdMembers) Members(ctx context.Context) (map[string][]byte, error) { return m.e.Members(ctx) }
+
+// localSettings are what this node announces: the seed's fingerprint,
+// the staged tokenizers' checksums and the routing settings (routing
+// holds the router's and gateway's effective values by variable name).
+func localSettings(seed string, tokens *cluster.Tokenizers, routing map[string]string) func() map[string]string {
+	fp := cluster.SeedFingerprint(seed) // once: it is deliberately slow
+	return func() map[string]string {
+		out := tokens.Settings()
+		out[cluster.SettingSeed] = fp
+		for k, v := range routing {
+			out[k] = v
+		}
+		return out
+	}
+}
+
+// clusterCap is the "cluster" capability: degraded while this node's
+// settings drift from the others', with the settings and values.
+func clusterCap(v cluster.View) api.Capability {
+	c := api.Capability{Name: "cluster", Ready: true,
+		Reason: v.Backend + ", " + strconv.Itoa(len(v.Nodes)) + " node(s), this node " + v.Self}
+	if deg, why := v.Degraded(); deg {
+		c.Ready, c.ReasonCode, c.Reason = false, cluster.StateDegraded, why
+	} else if !v.Registered {
+		c.Ready, c.ReasonCode, c.Reason = false, "not_registered", v.Reason
+	}
+	return c
+}
