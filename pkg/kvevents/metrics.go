@@ -354,4 +354,3 @@ func (s *subMetrics) delete() {
 		v.DeletePartialMatch(s.labels)
 	}
 }
-
