@@ -222,6 +222,9 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 		if _, err := c.store.etcdConfig(); err != nil {
 			return nil, err
 		}
+		if _, err := c.store.relayURL(c.apiAddr, c.tlsCert != ""); err != nil {
+			return nil, err
+		}
 	}
 	if c.apiTokenFile != "" {
 		b, err := os.ReadFile(c.apiTokenFile)
