@@ -268,7 +268,7 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 		"/config/loadbalancer/name/{name}":                                         {"delete"}, "/status/capabilities": {"get"},
 		"/config/metrics": {"get", "post", "delete"}, "/metrics": {"get"}, "/config/ai/kv/inventory": {"get"},
 		"/config/ai/kv/trtllm/relay": {"get"},
-		"/openapi.json": {"get"}, "/version": {"get"}, "/diagnostics": {"get"},
+		"/openapi.json":              {"get"}, "/version": {"get"}, "/diagnostics": {"get"},
 		"/config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}/endpoint/{epip}/port/{epport}/drain": {"get", "post", "delete"},
 	}
 	for p, methods := range routes {
