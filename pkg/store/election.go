@@ -35,9 +35,21 @@ func (e *Etcd) DrainElection(ttl time.Duration) *DrainElection {
 
 // Follow implements kvevents.DrainOwnership: it campaigns for key with
 // value until ctx ends and reports every owner it observes. When the
-// lease is lost (etcd unreachable for TTL) it reports no owner and starts
-// over with a new lease.
+// lease is lost (etcd unreachable for TTL) it starts over with a new
+// lease; an owner then reports no owner (it must stop draining), while a
+// node that did not own the key keeps the owner it last saw (its relay
+// needs no etcd).
 func (d *DrainElection) Follow(ctx context.Context, key, value string, report func(owner string, self bool)) {
+	owned := false
+	report = func(next func(string, bool)) func(string, bool) {
+		return func(owner string, self bool) {
+			if owner == "" && !owned {
+				return
+			}
+			owned = self
+			next(owner, self)
+		}
+	}(report)
 	backoff := 200 * time.Millisecond
 	for ctx.Err() == nil {
 		sess, err := d.session(ctx)

@@ -77,7 +77,11 @@ func waitConverged(t *testing.T, what string, e *enginesim.Engine, nodes ...*dae
 		time.Sleep(100 * time.Millisecond)
 	}
 	for i, v := range views {
-		t.Logf("node %d: %d blocks, role %s owner %s", i, len(v.keys), v.role, v.owner)
+		var inv struct {
+			Subscriber json.RawMessage `json:"subscriber"`
+		}
+		getJSON(t, nodes[i].URL("/config/ai/kv/inventory?service_id=1&ep_idx=0&limit=1"), &inv)
+		t.Logf("node %d: %d blocks, role %s owner %s; subscriber %s", i, len(v.keys), v.role, v.owner, inv.Subscriber)
 	}
 	t.Fatalf("%s: inventories did not converge on the engine's %d blocks", what, e.Stats().BlocksUsed)
 }
