@@ -224,6 +224,9 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 		if _, err := c.store.etcdConfig(); err != nil {
 			return nil, err
 		}
+		if _, err := c.store.relayURL(c.apiAddr, c.tlsCert != ""); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.cluster.validate(c.apiAddr); err != nil {
 		return nil, err
