@@ -228,7 +228,7 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 			return nil, err
 		}
 	}
-	if err := c.cluster.validate(c.apiAddr); err != nil {
+	if err := c.cluster.validate(c.apiAddr, c.store.advertise); err != nil {
 		return nil, err
 	}
 	if c.apiTokenFile != "" {
