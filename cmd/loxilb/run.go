@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -58,7 +57,6 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		return err
 	}
 	logger := cfg.logger(os.Stderr)
-	getenv := func(k string) string { v, _ := env(k); return v }
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -78,19 +76,11 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		}))
 
 	// The KV plane: inventories fed by engine events.
-	maxBlocks, err := envInt(getenv, "LOXILB_KV_MAX_BLOCKS", 1_000_000, 1000, 100_000_000)
+	index, err := kvindex.New(kvindex.Config{MaxBlocksPerEndpoint: cfg.maxBlocks}, reg)
 	if err != nil {
 		return err
 	}
-	index, err := kvindex.New(kvindex.Config{MaxBlocksPerEndpoint: maxBlocks}, reg)
-	if err != nil {
-		return err
-	}
-	kvCfg, err := kvevents.ConfigFromEnv(getenv)
-	if err != nil {
-		return err
-	}
-	events := kvevents.New(kvCfg, index, logger, reg)
+	events := kvevents.New(cfg.kv, index, logger, reg)
 
 	tokens, err := tokenizer.NewRegistry(cfg.tokenizerDir, logger, reg)
 	if err != nil {
@@ -100,13 +90,9 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
-	rcfg, err := router.ConfigFromEnv(getenv)
-	if err != nil {
-		return err
-	}
 	// The zero-hit watchdog reads the event plane's parity verdicts to tell
 	// uncached prompts from a hash mismatch.
-	rt, err := router.New(rcfg, index, logger, reg, router.WithAttestation(events))
+	rt, err := router.New(cfg.router, index, logger, reg, router.WithAttestation(events))
 	if err != nil {
 		return err
 	}
@@ -114,33 +100,21 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	if err != nil {
 		return err
 	}
-	seed := getenv(lbrule.SeedEnv)
-	coalesceWait, err := gateway.CoalesceWaitFromEnv(getenv)
-	if err != nil {
-		return err
-	}
-	prefillSlots, prefillWait, err := gateway.PrefillFromEnv(getenv)
-	if err != nil {
-		return err
-	}
+	seed := cfg.seed
 	outliers, err := outlier.New(cfg.outlier, logger, reg)
 	if err != nil {
 		return err
 	}
 	gw, err := gateway.New(gateway.Config{Seed: seed, Outliers: outliers, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
 		ClientCertFile: cfg.proxyClient.cert, ClientKeyFile: cfg.proxyClient.key, ClientCAFile: cfg.proxyClient.ca,
-		Receipts: cfg.receipts, Proxy: cfg.proxyConfig(), CoalesceWait: coalesceWait,
-		PrefillSlots: prefillSlots, PrefillQueueWait: prefillWait,
+		Receipts: cfg.receipts, Proxy: cfg.proxyConfig(), CoalesceWait: cfg.gatewayCoalesceWait(),
+		PrefillSlots: cfg.prefillSlots, PrefillQueueWait: cfg.prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
 		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: events}, tokens, index, rt, prober, scraper, logger, reg)
 	if err != nil {
 		return err
 	}
-	pdCfg, err := dispatch.ConfigFromEnv(getenv)
-	if err != nil {
-		return err
-	}
-	pdCfg.MaxResponseHeaderBytes = int64(cfg.proxyLimits.maxResponseHeader)
+	pdCfg := cfg.dispatchConfig()
 	if pdCfg.TLS, err = endpointTLS(cfg.proxyCA, cfg.proxyClient); err != nil {
 		return err
 	}
@@ -161,7 +135,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	}
 	gw.SetProxy(px)
 
-	ctl := control.New(st, lbrule.LookupEnv(env), logger)
+	ctl := control.New(st, cfg.seedLookup, logger)
 	if err := ctl.RegisterMetrics(reg); err != nil {
 		return err
 	}
@@ -178,7 +152,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	ctl.AddReconciler(gw)
 	ctl.AddReconciler(pd)
 
-	caps := &capabilities{env: env}
+	caps := &capabilities{env: cfg.seedLookup}
 	caps.add(func() []api.Capability { return []api.Capability{dpCap} })
 	caps.add(func() []api.Capability { return tokenizerCaps(tokens) })
 	caps.add(func() []api.Capability { return parityCaps(events) })
@@ -260,7 +234,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 			// The proxy counts the requests it forwards, the dispatcher
 			// the legs of P/D requests it runs (which the proxy hands it).
 			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) },
-			Diagnose: diag.Sources{Rules: ctl.List, Events: events.Status, Seed: seed, SeedProblem: lbrule.SeedPrecondition(env),
+			Diagnose: diag.Sources{Rules: ctl.List, Events: events.Status, Seed: seed, SeedProblem: lbrule.SeedPrecondition(cfg.seedLookup),
 				TokenizerDir: cfg.tokenizerDir, SidePort: pdd.SidePort}.Run})
 	if err != nil {
 		return err
@@ -273,7 +247,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		"store", st.Health().Backend+" "+st.Health().Where,
 		"tokenizer_dir", cfg.tokenizerDir, "rules", len(ctl.List()), "auth", cfg.apiToken != "", "tls", cfg.tlsCert != "",
 		"api_read_timeout", cfg.api.readTimeout, "api_max_body", cfg.api.maxBody, "api_max_conns", cfg.api.maxConns,
-		"coalesce_wait", max(coalesceWait, 0), "prefill_slots", prefillSlots, "prefill_queue_wait", prefillWait,
+		"coalesce_wait", cfg.coalesceWait, "prefill_slots", cfg.prefillSlots, "prefill_queue_wait", cfg.prefillWait,
 		"proxy_receipts", cfg.receipts.String(), "tokenize_max_bytes", cfg.tokMaxBytes, "tokenize_max_tokens", cfg.tokMaxTokens,
 		"tokenize_concurrency", cfg.tokConcurrency)
 	go func() {
@@ -290,18 +264,6 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 		logger.Error("component failed, stopping", "err", err)
 		return err
 	}
-}
-
-func envInt(getenv func(string) string, name string, def, lo, hi int) (int, error) {
-	v := getenv(name)
-	if v == "" {
-		return def, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < lo || n > hi {
-		return 0, fmt.Errorf("%s=%q: want an integer in %d..%d", name, v, lo, hi)
-	}
-	return n, nil
 }
 
 // kernelPlane is what openDataplane hands back: the capability entry, the
