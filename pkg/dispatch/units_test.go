@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/loxilb-llm/loxilb/testbed/enginesim"
+	"github.com/loxilb-llm/loxilb/testbed/wait"
 )
 
 // TestConfigDefaults: zero fields take the documented defaults; a
@@ -195,19 +196,10 @@ func TestClientGoneCancelsLegs(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	deadline := time.Now().Add(20 * time.Second)
-	for metricSum(t, f.reg, "loxilb_ai_pd_requests_total", "outcome", "client_canceled") != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the dispatcher never noticed the client left")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	for slow.Stats().Running != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the decode leg kept running after the client left")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.Eventually(t, "the dispatcher to notice the client left", func() bool {
+		return metricSum(t, f.reg, "loxilb_ai_pd_requests_total", "outcome", "client_canceled") == 1
+	})
+	wait.Eventually(t, "the decode leg to stop after the client left", func() bool { return slow.Stats().Running == 0 })
 	if errors.Is(ctx.Err(), context.Canceled) && f.d.InFlight(7, 5) != 0 {
 		t.Fatal("decode slot not released")
 	}
