@@ -346,8 +346,8 @@ func TestSeveralNodes(t *testing.T) {
 			}
 			return len(v.Drift[0].Drifting) == 1 && v.Drift[0].Drifting[0] == nodes[dead].ns
 		})
-		deg, _ := clusterCapability(t, n)
-		if deg != (i == dead) {
+		_, code := n.capability(t, "cluster")
+		if deg := code == cluster.StateDegraded; deg != (i == dead) {
 			t.Fatalf("node %d: cluster capability degraded %v", i+1, deg)
 		}
 	}
@@ -369,28 +369,6 @@ func waitCluster(t *testing.T, n *haNode, what string, ok func(cluster.View) boo
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("%s: never %s; last view %+v", n.ns, what, v)
-}
-
-// clusterCapability reports whether n's cluster capability is degraded.
-func clusterCapability(t *testing.T, n *haNode) (bool, string) {
-	t.Helper()
-	var caps struct {
-		Capabilities []struct {
-			Name       string `json:"name"`
-			ReasonCode string `json:"reason_code"`
-			Reason     string `json:"reason"`
-		} `json:"capabilities"`
-	}
-	if err := json.Unmarshal(n.get(t, "/netlox/v1/status/capabilities"), &caps); err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range caps.Capabilities {
-		if c.Name == "cluster" {
-			return c.ReasonCode == cluster.StateDegraded, c.Reason
-		}
-	}
-	t.Fatalf("%s: no cluster capability", n.ns)
-	return false, ""
 }
 
 // haPrompt is prompt i: distinct, a few blocks long.
@@ -561,22 +539,31 @@ func (n *haNode) ruleStateErr(vip string) (string, error) {
 
 func (n *haNode) storeReady(t *testing.T) bool {
 	t.Helper()
+	ready, _ := n.capability(t, "rule_store")
+	return ready
+}
+
+// capability returns whether n's capability name is ready, and its
+// reason code.
+func (n *haNode) capability(t *testing.T, name string) (ready bool, code string) {
+	t.Helper()
 	var caps struct {
 		Capabilities []struct {
-			Name  string `json:"name"`
-			Ready bool   `json:"ready"`
+			Name       string `json:"name"`
+			Ready      bool   `json:"ready"`
+			ReasonCode string `json:"reason_code"`
 		} `json:"capabilities"`
 	}
 	if err := json.Unmarshal(n.get(t, "/netlox/v1/status/capabilities"), &caps); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range caps.Capabilities {
-		if c.Name == "rule_store" {
-			return c.Ready
+		if c.Name == name {
+			return c.Ready, c.ReasonCode
 		}
 	}
-	t.Fatalf("%s: no rule_store capability", n.ns)
-	return false
+	t.Fatalf("%s: no %s capability", n.ns, name)
+	return false, ""
 }
 
 // inventory is the number of blocks the node holds for endpoint ep of
