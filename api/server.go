@@ -166,6 +166,9 @@ type Deps struct {
 	// Cluster reports the nodes sharing the rule store and their drift
 	// (GET /cluster); nil answers 503.
 	Cluster func() cluster.View
+	// KVRelay serves the TensorRT-LLM drain relay stream to the other
+	// nodes of a cluster (kvevents.Manager.ServeRelay); nil answers 404.
+	KVRelay http.Handler
 }
 
 // Server is the management REST server.
@@ -302,10 +305,23 @@ func (s *Server) routes() {
 	g.DELETE("/config/metrics", s.metricsSet(false))
 	g.GET("/metrics", s.metricsExport)
 	g.GET("/config/ai/kv/inventory", s.inventory)
+	g.GET(KVRelayPath, s.kvRelay)
 	g.GET(DiagnosticsPath, s.diagnostics)
 	g.GET(ClusterPath, s.cluster)
 	g.GET("/openapi.json", func(c *gin.Context) { c.Data(http.StatusOK, "application/json", openAPIDoc) })
 	g.GET("/version", func(c *gin.Context) { c.JSON(http.StatusOK, Version{Version: s.cfg.Version}) })
+}
+
+// KVRelayPath is the TensorRT-LLM drain relay stream, under BasePath: the
+// node that owns an endpoint's drain re-serves the drained events there.
+const KVRelayPath = "/config/ai/kv/trtllm/relay"
+
+func (s *Server) kvRelay(c *gin.Context) {
+	if s.deps.KVRelay == nil {
+		s.fail(c, fmt.Errorf("%w: this node serves no KV relay", errNotFound))
+		return
+	}
+	s.deps.KVRelay.ServeHTTP(c.Writer, c.Request)
 }
 
 func (s *Server) logRequests(c *gin.Context) {

@@ -267,7 +267,8 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 		"/config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}": {"delete"},
 		"/config/loadbalancer/name/{name}":                                         {"delete"}, "/status/capabilities": {"get"},
 		"/config/metrics": {"get", "post", "delete"}, "/metrics": {"get"}, "/config/ai/kv/inventory": {"get"},
-		"/openapi.json": {"get"}, "/version": {"get"}, "/diagnostics": {"get"}, "/cluster": {"get"},
+		"/config/ai/kv/trtllm/relay": {"get"},
+		"/openapi.json":              {"get"}, "/version": {"get"}, "/diagnostics": {"get"}, "/cluster": {"get"},
 		"/config/loadbalancer/externalipaddress/{ip}/port/{port}/protocol/{proto}/endpoint/{epip}/port/{epport}/drain": {"get", "post", "delete"},
 	}
 	for p, methods := range routes {

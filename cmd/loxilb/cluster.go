@@ -17,7 +17,7 @@ import (
 // clusterFlags name this node among the nodes sharing a store.
 type clusterFlags struct {
 	name    string
-	address string
+	address string // the advertised API address (--advertise-addr), resolved by validate
 	ttl     time.Duration
 	envErr  error // LOXILB_CLUSTER_TTL that is not a duration
 }
@@ -27,8 +27,6 @@ func (c *clusterFlags) register(fs *flag.FlagSet, getenv func(k, def string) str
 	host = cluster.NameFromHost(host)
 	fs.StringVar(&c.name, "node-name", getenv("LOXILB_NODE_NAME", host),
 		"this node's name among the nodes sharing a rule store (letters, digits, '.', '_', '-'; env LOXILB_NODE_NAME; default the host name)")
-	fs.StringVar(&c.address, "node-address", getenv("LOXILB_NODE_ADDRESS", ""),
-		"host:port at which other nodes and operators reach this node's management API (env LOXILB_NODE_ADDRESS; default --api-addr, with the node name for an unspecified host)")
 	ttl := cluster.DefaultTTL
 	if v := getenv("LOXILB_CLUSTER_TTL", ""); v != "" {
 		if ttl, c.envErr = time.ParseDuration(v); c.envErr != nil {
@@ -39,7 +37,12 @@ func (c *clusterFlags) register(fs *flag.FlagSet, getenv func(k, def string) str
 		"lease of this node's membership record in the shared store: a node that dies leaves the cluster list (loxicmd get cluster) within it (whole seconds, 2s..5m; env LOXILB_CLUSTER_TTL)")
 }
 
-func (c *clusterFlags) validate(apiAddr string) error {
+// validate checks the flags and resolves the address this node announces:
+// advertise (--advertise-addr, the one address other nodes reach this
+// node's API at, for membership and the TensorRT-LLM relay alike) or else
+// --api-addr, with the node name for an unspecified host.
+func (c *clusterFlags) validate(apiAddr, advertise string) error {
+	c.address = advertise
 	if c.envErr != nil {
 		return c.envErr
 	}
@@ -60,7 +63,7 @@ func (c *clusterFlags) validate(apiAddr string) error {
 		c.address = net.JoinHostPort(host, port)
 	}
 	if _, _, err := net.SplitHostPort(c.address); err != nil || len(c.address) > 253 {
-		return fmt.Errorf("--node-address %q: want host:port", c.address)
+		return fmt.Errorf("--advertise-addr %q: want host:port", c.address)
 	}
 	return nil
 }

@@ -224,8 +224,11 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 		if _, err := c.store.etcdConfig(); err != nil {
 			return nil, err
 		}
+		if _, err := c.store.relayURL(c.apiAddr, c.tlsCert != ""); err != nil {
+			return nil, err
+		}
 	}
-	if err := c.cluster.validate(c.apiAddr); err != nil {
+	if err := c.cluster.validate(c.apiAddr, c.store.advertise); err != nil {
 		return nil, err
 	}
 	if c.apiTokenFile != "" {

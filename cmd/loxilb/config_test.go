@@ -157,7 +157,7 @@ func TestClusterFlags(t *testing.T) {
 	if err != nil || c.cluster.address != "gw-1:11111" || c.cluster.ttl != 10*time.Second {
 		t.Fatalf("%+v %v", c, err)
 	}
-	c, err = parseFlags([]string{"--node-name", "gw-1"}, env(map[string]string{"LOXILB_CLUSTER_TTL": "3s", "LOXILB_NODE_ADDRESS": "gw-1.example:443"}), io.Discard)
+	c, err = parseFlags([]string{"--node-name", "gw-1"}, env(map[string]string{"LOXILB_CLUSTER_TTL": "3s", "LOXILB_ADVERTISE_ADDR": "gw-1.example:443"}), io.Discard)
 	if err != nil || c.cluster.ttl != 3*time.Second || c.cluster.address != "gw-1.example:443" {
 		t.Fatalf("%+v %v", c, err)
 	}
@@ -170,7 +170,7 @@ func TestClusterFlags(t *testing.T) {
 		{[]string{"--node-name", "a", "--cluster-ttl", "1s"}, nil, "--cluster-ttl"},
 		{[]string{"--node-name", "a", "--cluster-ttl", "2500ms"}, nil, "--cluster-ttl"},
 		{[]string{"--node-name", "a"}, map[string]string{"LOXILB_CLUSTER_TTL": "ten"}, "LOXILB_CLUSTER_TTL"},
-		{[]string{"--node-name", "a", "--node-address", "nohostport"}, nil, "--node-address"},
+		{[]string{"--node-name", "a", "--advertise-addr", "nohostport"}, nil, "--advertise-addr"},
 	} {
 		if _, err := parseFlags(tc.args, env(tc.env), io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v %v: %v, want an error naming %s", tc.args, tc.env, err, tc.want)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -90,6 +91,11 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	}
 	kvCfg, err := kvevents.ConfigFromEnv(getenv)
 	if err != nil {
+		return err
+	}
+	// With an etcd store one node drains each TensorRT-LLM endpoint and
+	// re-serves its events to the others.
+	if err := drainRelay(cfg, st, &kvCfg); err != nil {
 		return err
 	}
 	events := kvevents.New(kvCfg, index, logger, reg)
@@ -280,6 +286,7 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 			KV: inspector{index: index, events: events}, Prefill: gw,
 			States:  gateway.EndpointState(prober, ctl.Get),
 			KVTrust: gw.KVTrust,
+			KVRelay: http.HandlerFunc(events.ServeRelay),
 			// The proxy counts the requests it forwards, the dispatcher
 			// the legs of P/D requests it runs (which the proxy hands it).
 			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) },

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/loxilb-llm/loxilb/api"
+	"github.com/loxilb-llm/loxilb/pkg/kvevents"
 	"github.com/loxilb-llm/loxilb/pkg/store"
 )
 
@@ -25,6 +28,13 @@ type storeFlags struct {
 	user         string
 	passwordFile string
 	timeout      time.Duration
+	// advertise is host:port where the other nodes reach this node's
+	// management API (the TensorRT-LLM drain relay); "" means --api-addr.
+	advertise string
+	// drainTTL is the lease of a TensorRT-LLM drain ownership: how long
+	// a crashed owner's endpoints go undrained before another node takes
+	// them.
+	drainTTL time.Duration
 }
 
 func (s *storeFlags) register(fs *flag.FlagSet, getenv func(k, def string) string) {
@@ -44,6 +54,31 @@ func (s *storeFlags) register(fs *flag.FlagSet, getenv func(k, def string) strin
 		"file holding the etcd user's password (env LOXILB_STORE_PASSWORD_FILE)")
 	fs.DurationVar(&s.timeout, "store-timeout", 2*time.Second,
 		"longest wait for one etcd request; a write that cannot finish in time is refused with 503 (100ms..1m)")
+	fs.StringVar(&s.advertise, "advertise-addr", getenv("LOXILB_ADVERTISE_ADDR", ""),
+		"host:port at which the other nodes sharing the etcd store reach this node's management API, for the TensorRT-LLM drain relay (default --api-addr, which must then name a host; env LOXILB_ADVERTISE_ADDR)")
+	fs.DurationVar(&s.drainTTL, "trt-drain-lease-ttl", 10*time.Second,
+		"with an etcd store: lease of a node's ownership of a TensorRT-LLM endpoint's destructive event drain; another node takes the drain over within this long after the owner dies (2s..5m, whole seconds)")
+}
+
+// relayURL is this node's relay stream URL as the other nodes reach it,
+// checked when the store is shared.
+func (s *storeFlags) relayURL(apiAddr string, https bool) (string, error) {
+	flag, hp := "--advertise-addr", s.advertise
+	if hp == "" {
+		flag, hp = "--api-addr", apiAddr
+	}
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return "", fmt.Errorf("%s %q: %w", flag, hp, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return "", fmt.Errorf("%s %q names no host the other nodes can reach: set --advertise-addr", flag, hp)
+	}
+	scheme := "http://"
+	if https {
+		scheme = "https://"
+	}
+	return scheme + net.JoinHostPort(host, port) + api.BasePath + api.KVRelayPath, nil
 }
 
 // shared reports whether the rule store is shared by several nodes.
@@ -56,6 +91,9 @@ func (s *storeFlags) etcdConfig() (store.EtcdConfig, error) {
 	eps, err := store.ParseEtcdURL(s.url)
 	if err != nil {
 		return cfg, fmt.Errorf("--store: %w", err)
+	}
+	if s.drainTTL < 2*time.Second || s.drainTTL > 5*time.Minute || s.drainTTL%time.Second != 0 {
+		return cfg, fmt.Errorf("--trt-drain-lease-ttl %v: want 2s..5m in whole seconds", s.drainTTL)
 	}
 	if s.timeout < 100*time.Millisecond || s.timeout > time.Minute {
 		return cfg, fmt.Errorf("--store-timeout %v: want 100ms..1m", s.timeout)
@@ -134,4 +172,39 @@ func storeCap(st store.Store) api.Capability {
 			h.Backend, h.Where, h.Since.UTC().Format(time.RFC3339), h.Err)
 	}
 	return c
+}
+
+// drainRelay sets up the TensorRT-LLM drain elections and relay of a node
+// on an etcd store: the elections use the store's client, the relay is
+// reached at this node's advertised API address with the cluster's API
+// token (the nodes share it) and, when the API serves HTTPS, verified
+// against the system roots plus the certificates of --tls-cert (the nodes
+// share a certificate or its CA).
+func drainRelay(cfg *config, st ruleStore, kv *kvevents.Config) error {
+	e, ok := st.(*store.Etcd)
+	if !ok {
+		return nil
+	}
+	u, err := cfg.store.relayURL(cfg.apiAddr, cfg.tlsCert != "")
+	if err != nil {
+		return err
+	}
+	kv.Drain, kv.RelayURL, kv.NodeName, kv.RelayToken = e.DrainElection(cfg.store.drainTTL), u, u, cfg.apiToken
+	if cfg.tlsCert == "" {
+		return nil
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil {
+		roots = x509.NewCertPool()
+	}
+	pem, err := os.ReadFile(cfg.tlsCert)
+	if err != nil {
+		return fmt.Errorf("--tls-cert: %w", err)
+	}
+	roots.AppendCertsFromPEM(pem)
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}
+	tr.ResponseHeaderTimeout = 30 * time.Second
+	kv.RelayClient = &http.Client{Transport: tr}
+	return nil
 }

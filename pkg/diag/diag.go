@@ -313,13 +313,32 @@ func (s Sources) tokenizer(line lineFunc, hp, model string) Check {
 }
 
 func trtDrain(line lineFunc, hp string, st kvevents.EndpointStatus, ok bool) Check {
+	if ok && st.Drain != nil {
+		// With several nodes, say who drains before judging admission:
+		// a follower's admission is the owner's business.
+		switch d := st.Drain; d.Role {
+		case kvevents.DrainElecting:
+			return line(Warn, CheckTRTDrain, hp, "no node owns the event drain yet (election pending, or the etcd store is unreachable)",
+				"check the rule_store capability; a node takes the drain within --trt-drain-lease-ttl of reaching etcd")
+		case kvevents.DrainFollower:
+			if !st.Connected {
+				return line(Warn, CheckTRTDrain, hp, "node "+d.Owner+" drains; this node's relay stream from it is down: "+st.LastError,
+					"make the owner's management API reachable from this node (--advertise-addr, the shared API token)")
+			}
+			return line(Pass, CheckTRTDrain, hp, "node "+d.Owner+" drains; this node follows its relay stream", "")
+		}
+	}
 	if !ok || st.Admission == nil {
 		return line(Warn, CheckTRTDrain, hp, "drain ownership not known yet (no /server_info check)", "wait for the subscriber's admission check")
+	}
+	who := "the gateway owns the event drain "
+	if st.Drain != nil && st.Drain.Role == kvevents.DrainOwner {
+		who = fmt.Sprintf("this node owns the event drain (elected; %d nodes follow its relay) ", st.Drain.Followers)
 	}
 	a := st.Admission
 	switch a.Verdict {
 	case kvevents.AdmissionAdmitted, kvevents.AdmissionLegacy:
-		return line(Pass, CheckTRTDrain, hp, a.Verdict+": the gateway owns the event drain "+a.Reason, "")
+		return line(Pass, CheckTRTDrain, hp, a.Verdict+": "+who+a.Reason, "")
 	case kvevents.AdmissionPending:
 		return line(Warn, CheckTRTDrain, hp, "admission pending: "+a.Reason, "wait for the /server_info check, or make /server_info reachable")
 	}

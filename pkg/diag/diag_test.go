@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/kvevents"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 )
 
@@ -70,5 +71,34 @@ func TestBlockSizeParsers(t *testing.T) {
 	}
 	if _, err := sglangPageSize(strings.NewReader(`{"page_size":0}`)); err == nil {
 		t.Error("page_size 0 parsed")
+	}
+}
+
+// TestTRTDrainOwnership: the trt_drain line names the node that drains:
+// this one alone or elected (then admission decides), another one (pass
+// while its relay stream is up), or none yet.
+func TestTRTDrainOwnership(t *testing.T) {
+	line := func(res, check, where, found, fix string) Check {
+		return Check{Result: res, Check: check, Endpoint: where, Found: found, Fix: fix}
+	}
+	adm := &kvevents.Admission{Verdict: kvevents.AdmissionAdmitted, Reason: "engine geometry matches the rule"}
+	cases := []struct {
+		name  string
+		st    kvevents.EndpointStatus
+		res   string
+		found string
+	}{
+		{"single", kvevents.EndpointStatus{Admission: adm, Drain: &kvevents.DrainStatus{Role: kvevents.DrainSingle}}, Pass, "the gateway owns"},
+		{"owner", kvevents.EndpointStatus{Admission: adm, Drain: &kvevents.DrainStatus{Role: kvevents.DrainOwner, Followers: 2}}, Pass, "2 nodes follow"},
+		{"follower", kvevents.EndpointStatus{Connected: true, Drain: &kvevents.DrainStatus{Role: kvevents.DrainFollower, Owner: "http://10.1.1.1:11111/x"}}, Pass, "node http://10.1.1.1:11111/x drains"},
+		{"follower down", kvevents.EndpointStatus{LastError: "kv relay stream: refused", Drain: &kvevents.DrainStatus{Role: kvevents.DrainFollower, Owner: "http://n2/x"}}, Warn, "relay stream from it is down: kv relay stream: refused"},
+		{"electing", kvevents.EndpointStatus{Drain: &kvevents.DrainStatus{Role: kvevents.DrainElecting}}, Warn, "no node owns"},
+		{"owner refused", kvevents.EndpointStatus{Admission: &kvevents.Admission{Verdict: kvevents.AdmissionRefused}, Drain: &kvevents.DrainStatus{Role: kvevents.DrainOwner}}, Fail, "admission refused"},
+	}
+	for _, c := range cases {
+		got := trtDrain(line, "127.0.0.9:8000", c.st, true)
+		if got.Result != c.res || !strings.Contains(got.Found, c.found) {
+			t.Errorf("%s: %s %q, want %s containing %q", c.name, got.Result, got.Found, c.res, c.found)
+		}
 	}
 }

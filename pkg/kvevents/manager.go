@@ -235,6 +235,31 @@ type Config struct {
 	ParityMaxDigests int
 	// HTTPClient is used for TensorRT-LLM; nil means a private client.
 	HTTPClient *http.Client
+
+	// Drain elects the node that drains each TensorRT-LLM endpoint when
+	// several nodes share a rule store; nil means this node drains every
+	// endpoint itself (one node).
+	Drain DrainOwnership
+	// RelayURL is this node's relay stream URL (ServeRelay, as other
+	// nodes reach it): its value in the drain elections.
+	RelayURL string
+	// NodeName names this node on drain requests (NodeHeader); "" sends
+	// no header.
+	NodeName string
+	// RelayToken is the bearer token sent to other nodes' relay streams
+	// (the nodes of a cluster share their API token); "" sends none.
+	RelayToken string
+	// RelayClient reads other nodes' relay streams; nil means a private
+	// client without an overall timeout.
+	RelayClient *http.Client
+	// RelayHeartbeat is the idle interval after which an owner sends a
+	// heartbeat frame (default 1s); a follower drops a stream silent for
+	// five of them.
+	RelayHeartbeat time.Duration
+	// RelayBufferFrames and RelayBufferBytes bound the frames an owner
+	// keeps per endpoint for followers that reconnect (defaults 1024 and
+	// 64 MiB; the newest frame is kept whatever its size).
+	RelayBufferFrames, RelayBufferBytes int
 }
 
 func (c Config) withDefaults() Config {
@@ -252,6 +277,7 @@ func (c Config) withDefaults() Config {
 	def(&c.TRTAdmissionRetry, 5*time.Second)
 	def(&c.TRTAdmissionRecheck, 60*time.Second)
 	def(&c.TRTHTTPTimeout, 30*time.Second)
+	def(&c.RelayHeartbeat, DefaultRelayHeartbeat)
 	if c.TRTPollMax < c.TRTPollMin {
 		c.TRTPollMax = c.TRTPollMin
 	}
@@ -277,6 +303,8 @@ func (c Config) withDefaults() Config {
 	defInt(&c.TRTMaxHeaderBytes, DefaultTRTMaxHeaderB)
 	defInt(&c.QuarantineVerifyBlocks, DefaultQuarantineVerifyBlocks)
 	defInt(&c.ReplayMaxBatches, DefaultReplayMaxBatches)
+	defInt(&c.RelayBufferFrames, DefaultRelayBufferFrames)
+	defInt(&c.RelayBufferBytes, DefaultRelayBufferBytes)
 	if c.TRTMaxBody <= 0 {
 		c.TRTMaxBody = int64(c.MaxMessageBytes)
 	}
@@ -290,6 +318,9 @@ func (c Config) withDefaults() Config {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxResponseHeaderBytes = int64(c.TRTMaxHeaderBytes)
 		c.HTTPClient = &http.Client{Timeout: c.TRTHTTPTimeout, Transport: tr}
+	}
+	if c.RelayClient == nil {
+		c.RelayClient = relayClient(&c)
 	}
 	return c
 }

@@ -98,6 +98,10 @@ type metrics struct {
 	panics        *prometheus.CounterVec
 	quarantined   *prometheus.GaugeVec
 	quarantines   *prometheus.CounterVec
+	drainOwner    *prometheus.GaugeVec
+	ownerChanges  *prometheus.CounterVec
+	relayFrames   *prometheus.CounterVec
+	relayErrors   *prometheus.CounterVec
 
 	vecs []interface {
 		DeletePartialMatch(prometheus.Labels) int
@@ -175,10 +179,26 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "loxilb_kv_quarantines_total",
 			Help: "Times the endpoint's inventory was quarantined after blocks failed attestation.",
 		}, se),
+		drainOwner: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "loxilb_kv_trtllm_drain_owner",
+			Help: "1 while this node drains the TensorRT-LLM endpoint's /kv_cache_events (alone, or as the elected owner among nodes sharing an etcd store), 0 while another node does or none is elected.",
+		}, se),
+		ownerChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_trtllm_drain_owner_changes_total",
+			Help: "Changes of the node that drains the TensorRT-LLM endpoint, as seen by this node.",
+		}, se),
+		relayFrames: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_trtllm_relay_frames_total",
+			Help: "Drain bodies re-served to the other nodes (direction published, owner) or read from the owner's relay stream (direction received, follower).",
+		}, append(se, "direction")),
+		relayErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_kv_trtllm_relay_errors_total",
+			Help: "Relay streams from the drain owner dropped (or frames lost), by reason: connect, bad_status, bad_magic, frame_too_large, truncated, idle_timeout, seq_gap.",
+		}, append(se, "reason")),
 	}
 	cs := []prometheus.Collector{m.connected, m.reconnects, m.recvErrors, m.eventsApplied, m.blockEvents, m.skipped,
 		m.decodeErrors, m.seqGaps, m.replays, m.resets, m.degraded, m.parity, m.admission,
-		m.rejected, m.panics, m.quarantined, m.quarantines}
+		m.rejected, m.panics, m.quarantined, m.quarantines, m.drainOwner, m.ownerChanges, m.relayFrames, m.relayErrors}
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
 			// Two Managers on one registerer share the series of the first.
@@ -205,11 +225,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.panics = cs[14].(*prometheus.CounterVec)
 	m.quarantined = cs[15].(*prometheus.GaugeVec)
 	m.quarantines = cs[16].(*prometheus.CounterVec)
+	m.drainOwner = cs[17].(*prometheus.GaugeVec)
+	m.ownerChanges = cs[18].(*prometheus.CounterVec)
+	m.relayFrames = cs[19].(*prometheus.CounterVec)
+	m.relayErrors = cs[20].(*prometheus.CounterVec)
 	m.vecs = []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{m.connected, m.reconnects, m.recvErrors, m.eventsApplied, m.blockEvents, m.skipped,
 		m.decodeErrors, m.seqGaps, m.replays, m.resets, m.degraded, m.parity, m.admission,
-		m.rejected, m.panics, m.quarantined, m.quarantines}
+		m.rejected, m.panics, m.quarantined, m.quarantines, m.drainOwner, m.ownerChanges, m.relayFrames, m.relayErrors}
 	return m
 }
 
@@ -234,6 +258,13 @@ type subMetrics struct {
 	panics  prometheus.Counter
 	quar    prometheus.Gauge
 	quars   prometheus.Counter
+	// TensorRT-LLM drain ownership and relay (withDrain; ZMQ endpoints
+	// carry none of these series).
+	drainOwner   prometheus.Gauge
+	ownerChanges prometheus.Counter
+	relaySent    prometheus.Counter
+	relayRecv    prometheus.Counter
+	relayErr     map[string]prometheus.Counter
 }
 
 func (m *metrics) forSub(service, ep string) *subMetrics {
@@ -260,6 +291,7 @@ func (m *metrics) forSub(service, ep string) *subMetrics {
 	for _, r := range allRejectReasons {
 		s.reject[r] = m.rejected.WithLabelValues(service, ep, r)
 	}
+
 	for _, k := range []EventKind{KindUnknown, KindStored, KindRemoved, KindCleared} {
 		s.applied[k] = m.eventsApplied.WithLabelValues(service, ep, k.String())
 	}
@@ -277,6 +309,21 @@ func (m *metrics) forSub(service, ep string) *subMetrics {
 	s.quar.Set(0)
 	s.setParity(VerdictUnverified)
 	return s
+}
+
+// withDrain adds the series of a TensorRT-LLM endpoint's drain ownership
+// and relay.
+func (s *subMetrics) withDrain() {
+	m, service, ep := s.m, s.labels["service"], s.labels["ep_idx"]
+	s.drainOwner = m.drainOwner.With(s.labels)
+	s.ownerChanges = m.ownerChanges.With(s.labels)
+	s.relaySent = m.relayFrames.WithLabelValues(service, ep, "published")
+	s.relayRecv = m.relayFrames.WithLabelValues(service, ep, "received")
+	s.relayErr = make(map[string]prometheus.Counter, len(allRelayErrors))
+	for _, r := range allRelayErrors {
+		s.relayErr[r] = m.relayErrors.WithLabelValues(service, ep, r)
+	}
+	s.drainOwner.Set(0)
 }
 
 func (s *subMetrics) setParity(verdict string) {

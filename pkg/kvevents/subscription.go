@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"fmt"
+	"maps"
 	"runtime/debug"
 	"strconv"
 	"sync"
@@ -97,6 +98,8 @@ type EndpointStatus struct {
 
 	Parity    ParityStatus `json:"parity"`
 	Admission *Admission   `json:"admission,omitempty"`
+	// Drain says which node drains a TensorRT-LLM endpoint.
+	Drain     *DrainStatus `json:"drain,omitempty"`
 	LastError string       `json:"last_error,omitempty"`
 	Ranks     []RankStatus `json:"ranks"`
 }
@@ -135,6 +138,9 @@ type subscription struct {
 
 	parity *parityTracker
 	quar   quarantine
+	// hub re-serves a TensorRT-LLM endpoint's drained bodies to the
+	// other nodes while this node owns it (nil for ZMQ engines).
+	hub *relayHub
 
 	mu        sync.Mutex
 	st        EndpointStatus // aggregate counters; Ranks filled on read
@@ -187,6 +193,9 @@ func newSubscription(m *Manager, spec Spec) *subscription {
 	if spec.Engine == EngineTRTLLM {
 		s.st.Admission = &Admission{Verdict: AdmissionPending}
 		s.met.setAdmission(AdmissionPending)
+		s.hub = newRelayHub(m.cfg.RelayBufferFrames, m.cfg.RelayBufferBytes)
+		s.met.withDrain()
+		s.st.Drain = &DrainStatus{Role: DrainElecting}
 	}
 	return s
 }
@@ -250,6 +259,12 @@ func (s *subscription) status() EndpointStatus {
 	if s.st.Admission != nil {
 		a := *s.st.Admission
 		out.Admission = &a
+	}
+	if s.st.Drain != nil {
+		d := *s.st.Drain
+		d.RelayErrors = maps.Clone(d.RelayErrors)
+		d.Followers = s.hub.followers()
+		out.Drain = &d
 	}
 	out.Parity = s.parity.status()
 	out.Parity.Quarantine = s.quar.status()

@@ -30,42 +30,18 @@ type trtEntry struct {
 	d   blockhash.Digest
 }
 
-// runTRT admits the endpoint, then drains POST /kv_cache_events with an
-// adaptive interval until ctx ends. A failing drain sends it back through
-// admission: the engine may have been relaunched with other geometry.
+// trtState is what one endpoint's event stream builds up: the rule's
+// hasher and the chains per attention-DP rank. It lives as long as the
+// subscription, across drain/relay switches, and is used by one goroutine
+// at a time.
+type trtState struct {
+	h      *blockhash.Hasher
+	chains map[int]*trtChain
+}
+
+// runTRT reads the endpoint's events until ctx ends: by draining it
+// (one node, or the elected owner) or from the owner's relay.
 func (s *subscription) runTRT(ctx context.Context, rs *rankState) {
-	backoff := s.m.cfg.ReconnectMin
-	for ctx.Err() == nil {
-		if !s.runTRTOnce(ctx, rs) {
-			return
-		}
-		// Recovered from a panic: start over from admission, with fresh
-		// chains, after a growing pause.
-		if !sleepCtx(ctx, backoff) {
-			return
-		}
-		backoff = min(2*backoff, s.m.cfg.ReconnectMax)
-	}
-}
-
-// runTRTOnce is runTRT until ctx ends (false) or a panic, which it
-// recovers and counts (true): no engine response can take the process down.
-func (s *subscription) runTRTOnce(ctx context.Context, rs *rankState) (panicked bool) {
-	defer func() {
-		if v := recover(); v != nil {
-			s.recovered(rs, 0, v)
-			// And the attention-DP ranks named in the events: the drain
-			// is this endpoint's only writer.
-			s.m.sink.ClearEndpoint(s.spec.Service, s.spec.EPIdx)
-			s.setConnected(rs, false, false)
-			panicked = true
-		}
-	}()
-	s.runTRTLoop(ctx, rs)
-	return false
-}
-
-func (s *subscription) runTRTLoop(ctx context.Context, rs *rankState) {
 	h, err := newHasher(s.spec, s.spec.algo())
 	if err != nil {
 		s.mu.Lock()
@@ -74,7 +50,55 @@ func (s *subscription) runTRTLoop(ctx context.Context, rs *rankState) {
 		s.m.log.Error("trtllm kv subscription cannot start", "service", s.spec.Service, "ep", s.spec.EPIdx, "err", err)
 		return
 	}
-	chains := make(map[int]*trtChain)
+	st := &trtState{h: h, chains: make(map[int]*trtChain)}
+	if s.m.cfg.Drain == nil {
+		s.setDrain(DrainSingle, "")
+		s.guard(ctx, rs, st, func(ctx context.Context) { s.drainLoop(ctx, rs, st) })
+		return
+	}
+	s.runOwned(ctx, rs, st)
+}
+
+// guard runs f until ctx ends. A panic is recovered and counted (no engine
+// response or relay frame can take the process down), the endpoint's
+// blocks are cleared, and f starts over with fresh chains after a growing
+// pause.
+func (s *subscription) guard(ctx context.Context, rs *rankState, st *trtState, f func(context.Context)) {
+	backoff := s.m.cfg.ReconnectMin
+	for ctx.Err() == nil {
+		if !s.guardOnce(ctx, rs, f) {
+			return
+		}
+		st.chains = make(map[int]*trtChain)
+		if !sleepCtx(ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, s.m.cfg.ReconnectMax)
+	}
+}
+
+// guardOnce is f until it returns (false) or panics (true).
+func (s *subscription) guardOnce(ctx context.Context, rs *rankState, f func(context.Context)) (panicked bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.recovered(rs, 0, v)
+			// And the attention-DP ranks named in the events: this
+			// stream is the endpoint's only writer.
+			s.m.sink.ClearEndpoint(s.spec.Service, s.spec.EPIdx)
+			s.setConnected(rs, false, false)
+			panicked = true
+		}
+	}()
+	f(ctx)
+	return false
+}
+
+// drainLoop admits the endpoint, then drains POST /kv_cache_events with an
+// adaptive interval until ctx ends, publishing each accepted body to the
+// relay (which keeps it only while this node owns the endpoint). A failing
+// drain sends it back through admission: the engine may have been
+// relaunched with other geometry.
+func (s *subscription) drainLoop(ctx context.Context, rs *rankState, st *trtState) {
 	everConnected := false
 	cfg := &s.m.cfg
 	for ctx.Err() == nil {
@@ -110,8 +134,14 @@ func (s *subscription) runTRTLoop(ctx context.Context, rs *rankState) {
 				s.setConnected(rs, true, everConnected)
 				everConnected = true
 			}
-			n := s.applyTRTBody(rs, h, chains, body)
+			n := s.applyTRTBody(rs, st.h, st.chains, body)
 			if n > 0 {
+				if s.hub.publish(body) {
+					s.met.relaySent.Inc()
+					s.mu.Lock()
+					s.st.Drain.RelayFrames++
+					s.mu.Unlock()
+				}
 				interval = cfg.TRTPollMin
 			} else {
 				interval = min(interval*3/2, cfg.TRTPollMax)
@@ -133,6 +163,9 @@ func (s *subscription) drainTRT(ctx context.Context, rs *rankState) ([]byte, err
 		return nil, fmt.Errorf("build drain request: %w", err)
 	}
 	req.Header.Set("Accept", "application/json")
+	if cfg.NodeName != "" {
+		req.Header.Set(NodeHeader, cfg.NodeName)
+	}
 	resp, err := cfg.HTTPClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("drain %s: %w", rs.st.Endpoint, err)

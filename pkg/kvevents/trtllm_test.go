@@ -21,6 +21,7 @@ type trtServer struct {
 	serverInfo string // "" -> 404
 	queue      [][]byte
 	drains     int
+	nodes      map[string]int // drains by the NodeHeader they carried
 	wrongVerb  int
 	failDrains bool // answer drains with HTTP 500
 }
@@ -47,6 +48,10 @@ func newTRTServer(t *testing.T, serverInfo string) *trtServer {
 			return
 		}
 		ts.drains++
+		if ts.nodes == nil {
+			ts.nodes = make(map[string]int)
+		}
+		ts.nodes[r.Header.Get(NodeHeader)]++
 		if ts.failDrains {
 			w.WriteHeader(http.StatusInternalServerError)
 			return

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"strconv"
@@ -398,30 +399,33 @@ type RankStats struct {
 
 // Stats is the body of GET /sim/stats. HitRatio is hit_tokens/prompt_tokens.
 type Stats struct {
-	Engine         string      `json:"engine"`
-	Role           string      `json:"role"`
-	Model          string      `json:"model"`
-	BlockSize      int         `json:"block_size"`
-	CapacityBlocks int         `json:"capacity_blocks"`
-	HashAlgo       string      `json:"hash_algo"`
-	Requests       uint64      `json:"requests"`
-	Queries        uint64      `json:"queries"`
-	Completed      uint64      `json:"completed"`
-	Failed         uint64      `json:"failed"`
-	PromptTokens   uint64      `json:"prompt_tokens"`
-	HitTokens      uint64      `json:"hit_tokens"`
-	HitRatio       float64     `json:"hit_ratio"`
-	OutputTokens   uint64      `json:"output_tokens"`
-	Running        int64       `json:"running"`
-	Waiting        int64       `json:"waiting"`
-	BlocksUsed     int         `json:"blocks_used"`
-	KVUsage        float64     `json:"kv_usage"`
-	PDTransfers    uint64      `json:"pd_transfers"`
-	PDClaimed      uint64      `json:"pd_claimed"`
-	TRTQueued      int         `json:"trt_queued_events,omitempty"`
-	TRTOverflow    uint64      `json:"trt_overflow_events,omitempty"`
-	TRTDropped     uint64      `json:"trt_dropped_batches,omitempty"`
-	Ranks          []RankStats `json:"ranks"`
+	Engine         string  `json:"engine"`
+	Role           string  `json:"role"`
+	Model          string  `json:"model"`
+	BlockSize      int     `json:"block_size"`
+	CapacityBlocks int     `json:"capacity_blocks"`
+	HashAlgo       string  `json:"hash_algo"`
+	Requests       uint64  `json:"requests"`
+	Queries        uint64  `json:"queries"`
+	Completed      uint64  `json:"completed"`
+	Failed         uint64  `json:"failed"`
+	PromptTokens   uint64  `json:"prompt_tokens"`
+	HitTokens      uint64  `json:"hit_tokens"`
+	HitRatio       float64 `json:"hit_ratio"`
+	OutputTokens   uint64  `json:"output_tokens"`
+	Running        int64   `json:"running"`
+	Waiting        int64   `json:"waiting"`
+	BlocksUsed     int     `json:"blocks_used"`
+	KVUsage        float64 `json:"kv_usage"`
+	PDTransfers    uint64  `json:"pd_transfers"`
+	PDClaimed      uint64  `json:"pd_claimed"`
+	TRTQueued      int     `json:"trt_queued_events,omitempty"`
+	TRTOverflow    uint64  `json:"trt_overflow_events,omitempty"`
+	TRTDropped     uint64  `json:"trt_dropped_batches,omitempty"`
+	// TRTDrainers counts POST /kv_cache_events by consumer (the
+	// X-Loxilb-Node header, else the remote address).
+	TRTDrainers map[string]uint64 `json:"trt_drainers,omitempty"`
+	Ranks       []RankStats       `json:"ranks"`
 }
 
 // Stats reports counters and cache occupancy.
@@ -460,6 +464,7 @@ func (e *Engine) Stats() Stats {
 	if e.trt != nil {
 		e.trt.mu.Lock()
 		s.TRTQueued = len(e.trt.events)
+		s.TRTDrainers = maps.Clone(e.trt.drainers)
 		e.trt.mu.Unlock()
 		s.TRTOverflow = e.trt.overflow.Load()
 		s.TRTDropped = e.trt.dropped.Load()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 
@@ -146,8 +147,12 @@ func (e *Engine) handleTRTServerInfo(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-func (e *Engine) handleTRTDrain(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, 200, e.trt.drain())
+func (e *Engine) handleTRTDrain(w http.ResponseWriter, r *http.Request) {
+	consumer := r.Header.Get("X-Loxilb-Node")
+	if consumer == "" {
+		consumer, _, _ = net.SplitHostPort(r.RemoteAddr)
+	}
+	writeJSON(w, 200, e.trt.drain(consumer))
 }
 
 func (e *Engine) handleFault(w http.ResponseWriter, r *http.Request) {

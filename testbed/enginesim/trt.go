@@ -65,6 +65,10 @@ type trtQueue struct {
 	rng        *rand.Rand
 
 	overflow, dropped, reordered, drains atomic.Uint64
+	// drainers counts drains by consumer (guarded by mu): a gateway node
+	// names itself in X-Loxilb-Node, anything else is known by its
+	// remote address. Several gateway nodes on one engine must show one.
+	drainers map[string]uint64
 }
 
 func newTRTQueue(max, windowSize, capacity int, multiRank bool, faults *faultState, seed uint64) *trtQueue {
@@ -149,10 +153,14 @@ func (q *trtQueue) push(evs []kvEvent, rank int) {
 }
 
 // drain removes and returns every buffered event, as the destructive
-// TensorRT-LLM endpoint does.
-func (q *trtQueue) drain() []trtEvent {
+// TensorRT-LLM endpoint does, and counts the drain for consumer.
+func (q *trtQueue) drain(consumer string) []trtEvent {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.drainers == nil {
+		q.drainers = make(map[string]uint64)
+	}
+	q.drainers[consumer]++
 	out := q.events
 	q.events = nil
 	q.lastBatch = 0

@@ -434,7 +434,7 @@ func TestTRTEventVectors(t *testing.T) {
 	q.push(evs, 0)
 	c.release(held)
 	q.push([]kvEvent{{kind: evRemoved, keys: []uint64{hbs[1].key}}}, 0)
-	got, _ := json.Marshal(q.drain())
+	got, _ := json.Marshal(q.drain("test"))
 	var gotEvents []map[string]any
 	json.Unmarshal(got, &gotEvents)
 	want := []json.RawMessage{f.SampleBody[0], f.SampleBody[1], f.SampleBody[3]}
@@ -456,7 +456,7 @@ func TestTRTEventVectors(t *testing.T) {
 	if !bytes.Contains(got, []byte("15666736886184129505")) {
 		t.Errorf("block hash not encoded exactly: %s", got)
 	}
-	if again := q.drain(); len(again) != 0 {
+	if again := q.drain("test"); len(again) != 0 {
 		t.Errorf("second drain returned %d events, want 0 (destructive)", len(again))
 	}
 }

@@ -1,0 +1,195 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/loxilb-llm/loxilb/pkg/store/etcdtest"
+	"github.com/loxilb-llm/loxilb/testbed/daemontest"
+	"github.com/loxilb-llm/loxilb/testbed/enginesim"
+)
+
+// TensorRT-LLM's /kv_cache_events hands each event to one reader. Two
+// gateway nodes on one etcd: one node (elected) drains the engine and
+// re-serves the events, the other follows its relay; both inventories
+// hold the same keys as the engine's cache while the engine sees one
+// consumer. Killing the owner (SIGKILL: no lease revoke) moves the drain
+// to the survivor within a few lease TTLs.
+
+// drainView is one node's view of the endpoint: its inventory keys and
+// the subscriber's drain status.
+type drainView struct {
+	keys  []uint64
+	role  string
+	owner string
+}
+
+func nodeDrainView(t *testing.T, d *daemontest.Daemon) drainView {
+	t.Helper()
+	var inv struct {
+		Blocks []struct {
+			Hash uint64 `json:"hash_uint64"`
+		} `json:"blocks"`
+		Subscriber struct {
+			Drain *struct {
+				Role  string `json:"role"`
+				Owner string `json:"owner"`
+			} `json:"drain"`
+		} `json:"subscriber"`
+	}
+	getJSON(t, d.URL("/config/ai/kv/inventory?service_id=1&ep_idx=0&limit=100000"), &inv)
+	v := drainView{}
+	for _, b := range inv.Blocks {
+		v.keys = append(v.keys, b.Hash)
+	}
+	slices.Sort(v.keys)
+	if inv.Subscriber.Drain != nil {
+		v.role, v.owner = inv.Subscriber.Drain.Role, inv.Subscriber.Drain.Owner
+	}
+	return v
+}
+
+func relayURLOf(d *daemontest.Daemon) string { return d.URL("/config/ai/kv/trtllm/relay") }
+
+// waitConverged waits until every node holds as many blocks as the engine
+// caches and all nodes hold the same keys.
+func waitConverged(t *testing.T, what string, e *enginesim.Engine, nodes ...*daemontest.Daemon) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	var views []drainView
+	for time.Now().Before(deadline) {
+		views = views[:0]
+		want := e.Stats().BlocksUsed
+		same := true
+		for _, d := range nodes {
+			v := nodeDrainView(t, d)
+			views = append(views, v)
+			same = same && len(v.keys) == want && slices.Equal(v.keys, views[0].keys)
+		}
+		if same && want > 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i, v := range views {
+		var inv struct {
+			Subscriber json.RawMessage `json:"subscriber"`
+		}
+		getJSON(t, nodes[i].URL("/config/ai/kv/inventory?service_id=1&ep_idx=0&limit=1"), &inv)
+		t.Logf("node %d: %d blocks, role %s owner %s; subscriber %s", i, len(v.keys), v.role, v.owner, inv.Subscriber)
+	}
+	t.Fatalf("%s: inventories did not converge on the engine's %d blocks", what, e.Stats().BlocksUsed)
+}
+
+func TestTRTDrainOwnershipTwoNodes(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	const net = 152
+	host := fmt.Sprintf("127.0.%d.11", net)
+	eng := startEngine(t, enginesim.Config{Engine: enginesim.EngineTRTLLM, Listen: host + ":28000", Seed: seed, TimeScale: 0, TimeScaleSet: true,
+		BlockSize: 32, CapacityBlocks: 48})
+	args := []string{"--store", "etcd://" + etcd.Endpoint, "--store-timeout", "500ms", "--trt-drain-lease-ttl", "2s",
+		"--tokenizer-dir", tokenizerDir(), "--metrics", "--proxy-receipts", "on-request"}
+	env := []string{"LLB_KV_NONE_HASH_SEED=" + seed}
+	a := daemontest.Start(t, bins, t.TempDir(), env, args...)
+	b := daemontest.Start(t, bins, t.TempDir(), env, args...)
+	vip := fmt.Sprintf("127.0.%d.1:28080", net)
+	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":"127.0.%d.1","port":28080,"protocol":"tcp","mode":4,"sel":0,
+		"kvExactMode":3,"kvEngineType":"trtllm","kvBlockSize":32,"model_name":%q},"endpoints":[{"endpointIP":%q,"targetPort":28000,"weight":1}]}`,
+		net, model, host)
+	if resp, body := post(t, a.URL("/config/loadbalancer"), json.RawMessage(rule)); resp.StatusCode != 200 {
+		t.Fatalf("create rule: %d %s", resp.StatusCode, body)
+	}
+
+	// One owner, one follower, agreeing on who owns.
+	var owner, follower *daemontest.Daemon
+	waitFor(t, "one node owns the drain, the other follows it", 15*time.Second, func() bool {
+		va, vb := nodeDrainView(t, a), nodeDrainView(t, b)
+		switch {
+		case va.role == "owner" && vb.role == "follower" && vb.owner == relayURLOf(a):
+			owner, follower = a, b
+		case vb.role == "owner" && va.role == "follower" && va.owner == relayURLOf(b):
+			owner, follower = b, a
+		default:
+			return false
+		}
+		return true
+	})
+
+	// Traffic through the VIP (either node serves it) fills and evicts
+	// the engine's cache; both inventories follow it exactly.
+	for i := 0; i < 12; i++ {
+		complete(t, vip, longPrompt(fmt.Sprintf("trt-drain-%d", i), i))
+	}
+	waitConverged(t, "after the workload", eng, a, b)
+	drainers := eng.Stats().TRTDrainers
+	if len(drainers) != 1 || drainers[relayURLOf(owner)] == 0 {
+		t.Fatalf("engine drainers %v: want only the owner %s", drainers, relayURLOf(owner))
+	}
+	for _, d := range []*daemontest.Daemon{a, b} {
+		want := 0.0
+		if d == owner {
+			want = 1
+		}
+		text := metrics(t, d)
+		if v := metricValue(text, "loxilb_kv_trtllm_drain_owner{", `service="1"`); v != want {
+			t.Fatalf("loxilb_kv_trtllm_drain_owner = %v on %s, want %v", v, relayURLOf(d), want)
+		}
+		if v := metricValue(text, "loxilb_kv_trtllm_relay_errors_total", `reason="frame_too_large"`); v != 0 {
+			t.Fatalf("relay frame errors on a healthy cluster: %v", v)
+		}
+	}
+	if v := metricValue(metrics(t, follower), "loxilb_kv_trtllm_relay_frames_total", `direction="received"`); v == 0 {
+		t.Fatal("the follower received no relay frame")
+	}
+	var dg struct {
+		Checks []struct{ Result, Check, Found string } `json:"checks"`
+	}
+	getJSON(t, follower.URL("/diagnostics?service=1"), &dg)
+	found := false
+	for _, c := range dg.Checks {
+		if c.Check == "trt_drain" {
+			found = true
+			if c.Result != "PASS" || !strings.Contains(c.Found, relayURLOf(owner)) {
+				t.Fatalf("follower's trt_drain line: %+v", c)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no trt_drain line in the follower's diagnostics: %+v", dg.Checks)
+	}
+
+	// The owner dies without revoking its lease: the survivor takes the
+	// drain once the lease expires.
+	if err := owner.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	owner.Wait(10 * time.Second)
+	var took time.Duration
+	waitFor(t, "the survivor owns the drain", 30*time.Second, func() bool {
+		if nodeDrainView(t, follower).role == "owner" && eng.Stats().TRTDrainers[relayURLOf(follower)] > 0 {
+			took = time.Since(killed)
+			return true
+		}
+		return false
+	})
+	t.Logf("drain moved to the survivor %v after the owner was killed (lease TTL 2s)", took.Round(time.Millisecond))
+	if took > 4*2*time.Second {
+		t.Fatalf("drain moved after %v: more than 4 lease TTLs", took)
+	}
+	for i := 12; i < 20; i++ {
+		complete(t, vip, longPrompt(fmt.Sprintf("trt-drain-%d", i), i))
+	}
+	waitConverged(t, "after the failover", eng, follower)
+	if v := metricValue(metrics(t, follower), "loxilb_kv_trtllm_drain_owner{", `service="1"`); v != 1 {
+		t.Fatalf("survivor's loxilb_kv_trtllm_drain_owner = %v", v)
+	}
+	if d := eng.Stats().TRTDrainers; len(d) != 2 {
+		t.Fatalf("engine drainers after the failover %v: want the dead owner's and the survivor's", d)
+	}
+}
