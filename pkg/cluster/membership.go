@@ -200,10 +200,11 @@ func (m *Membership) Run(ctx context.Context) error {
 	var sent []byte
 	for {
 		val, err := m.self().Encode()
-		if err != nil {
-			return fmt.Errorf("cluster: this node's record: %w", err)
-		}
 		switch {
+		case err != nil:
+			// Not expected (Local stays within the limits); reported,
+			// never fatal to the node.
+			m.setRegistered(fmt.Errorf("this node's record: %w", err))
 		case reg == nil:
 			rctx, cancel := context.WithTimeout(ctx, m.cfg.TTL)
 			r, err := b.Register(rctx, m.cfg.Self.Name, val, m.cfg.TTL)

@@ -334,6 +334,9 @@ func TestTokenizerChecksums(t *testing.T) {
 	}
 	write(filepath.Join(dir, "org__m", "tokenizer.json"), `{"model":{}}`)
 	write(filepath.Join(dir, "empty", "README"), "no tokenizer here")
+	// A directory name longer than a record allows is left out rather
+	// than making the record unannounceable.
+	write(filepath.Join(dir, strings.Repeat("x", 250), "tokenizer.json"), `{}`)
 	tk := NewTokenizers(dir)
 	s1 := tk.Settings()
 	if len(s1) != 1 || len(s1[TokenizerPrefix+"org/m"]) != 16 {

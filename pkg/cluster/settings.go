@@ -95,12 +95,16 @@ func (t *Tokenizers) Settings() map[string]string {
 		if len(out) == MaxTokenizers {
 			break
 		}
+		key := TokenizerPrefix + strings.ReplaceAll(slug, "__", "/")
+		if len(key) > maxSettingBytes {
+			continue // no served model has such a name; the record's limit holds
+		}
 		sum, err := t.sum(slug)
 		if err != nil {
 			continue
 		}
 		seen[slug] = true
-		out[TokenizerPrefix+strings.ReplaceAll(slug, "__", "/")] = sum
+		out[key] = sum
 	}
 	for slug := range t.cache {
 		if !seen[slug] {

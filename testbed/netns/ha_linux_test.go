@@ -20,7 +20,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/loxilb-llm/loxilb/pkg/cluster"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane/dataplanetest"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/store/etcdtest"
 	"github.com/loxilb-llm/loxilb/testbed/daemontest"
 	"github.com/loxilb-llm/loxilb/testbed/enginesim"
@@ -47,9 +49,9 @@ const (
 // nothing and writes work again after it; the killed node, started again,
 // reads every rule from etcd and serves its share once announced.
 //
-// Follow-up, not yet here: the drift check (a node started with another
-// kvBlockSize or hash seed flagged by GET /netlox/v1/cluster and degraded
-// in its capabilities) needs node membership, which this build lacks.
+// Every node announces itself (GET /netlox/v1/cluster lists the three,
+// in agreement); the killed node comes back with another hash seed, and
+// every node's cluster view flags it, the drifting one, as degraded.
 func TestSeveralNodes(t *testing.T) {
 	dataplanetest.RequirePrivileged(t)
 	etcdtest.Binary(t) // skips (fails in CI) before building anything
@@ -136,6 +138,7 @@ func TestSeveralNodes(t *testing.T) {
 		}
 	}
 	t.Logf("3 nodes up after %v", time.Since(start).Round(time.Millisecond))
+	waitCluster(t, nodes[0], "three nodes in agreement", func(v cluster.View) bool { return len(v.Nodes) == 3 && !v.Drifted && v.Registered })
 
 	// A KV-exact rule created on node 1 is applied by every node. The
 	// first such rule loads its model's tokenizer on each node, which takes
@@ -314,6 +317,7 @@ func TestSeveralNodes(t *testing.T) {
 	// the one created while it was down), the router announces it again,
 	// and it takes its share of new connections.
 	restarted := time.Now()
+	nodes[dead].env = []string{lbrule.SeedEnv + "=lab-seed-of-the-restarted-node"}
 	nodes[dead].start(t)
 	if err := nodes[dead].waitUp(30 * time.Second); err != nil {
 		t.Fatal(err)
@@ -333,7 +337,38 @@ func TestSeveralNodes(t *testing.T) {
 	if d := per[dead] - before[dead]; d == 0 {
 		t.Fatalf("the restarted node served none of 30 new connections: %v before, %v after", before, per)
 	}
+	// It came back with another hash seed than the others: every node's
+	// view flags it, and it alone is degraded.
+	for i, n := range nodes {
+		waitCluster(t, n, fmt.Sprintf("node %d sees the seed drift", i+1), func(v cluster.View) bool {
+			if len(v.Nodes) != 3 || len(v.Drift) != 1 || v.Drift[0].Setting != cluster.SettingSeed {
+				return false
+			}
+			return len(v.Drift[0].Drifting) == 1 && v.Drift[0].Drifting[0] == nodes[dead].ns
+		})
+		_, code := n.capability(t, "cluster")
+		if deg := code == cluster.StateDegraded; deg != (i == dead) {
+			t.Fatalf("node %d: cluster capability degraded %v", i+1, deg)
+		}
+	}
 	t.Logf("whole lab run %v", time.Since(start).Round(time.Millisecond))
+}
+
+// waitCluster waits until n's GET /cluster satisfies ok.
+func waitCluster(t *testing.T, n *haNode, what string, ok func(cluster.View) bool) {
+	t.Helper()
+	var v cluster.View
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := json.Unmarshal(n.get(t, "/netlox/v1/cluster"), &v); err != nil {
+			t.Fatal(err)
+		}
+		if ok(v) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: never %s; last view %+v", n.ns, what, v)
 }
 
 // haPrompt is prompt i: distinct, a few blocks long.
@@ -366,6 +401,7 @@ func complete(c *http.Client, vip, prompt string) error {
 type haNode struct {
 	ns   string
 	args []string // of nsenter, which runs the daemon
+	env  []string // added to the test's environment
 	cmd  *exec.Cmd
 	http *http.Client
 	done chan struct{}
@@ -394,7 +430,7 @@ func launchHANode(t *testing.T, b *daemontest.Binaries, ns string, args ...strin
 	t.Helper()
 	n := &haNode{ns: ns, http: nsClient(ns)}
 	n.args = append([]string{"--net=/run/netns/" + ns, b.Loxilb, "--api-addr", haAPI, "--state-dir", t.TempDir(),
-		"--no-dataplane=false", "--bpf-pin-path", daemonPin(t), "--metrics"}, args...)
+		"--no-dataplane=false", "--bpf-pin-path", daemonPin(t), "--metrics", "--node-name", ns, "--cluster-ttl", "3s"}, args...)
 	n.start(t)
 	t.Cleanup(func() { daemontest.StopProcess(n.cmd.Process, n.done) })
 	return n
@@ -407,6 +443,7 @@ func (n *haNode) start(t *testing.T) {
 	n.done = make(chan struct{})
 	// nsenter execs the daemon, so the process is the daemon itself.
 	n.cmd = exec.Command("nsenter", n.args...)
+	n.cmd.Env = append(os.Environ(), n.env...)
 	n.cmd.Stdout, n.cmd.Stderr = n, n
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -502,22 +539,31 @@ func (n *haNode) ruleStateErr(vip string) (string, error) {
 
 func (n *haNode) storeReady(t *testing.T) bool {
 	t.Helper()
+	ready, _ := n.capability(t, "rule_store")
+	return ready
+}
+
+// capability returns whether n's capability name is ready, and its
+// reason code.
+func (n *haNode) capability(t *testing.T, name string) (ready bool, code string) {
+	t.Helper()
 	var caps struct {
 		Capabilities []struct {
-			Name  string `json:"name"`
-			Ready bool   `json:"ready"`
+			Name       string `json:"name"`
+			Ready      bool   `json:"ready"`
+			ReasonCode string `json:"reason_code"`
 		} `json:"capabilities"`
 	}
 	if err := json.Unmarshal(n.get(t, "/netlox/v1/status/capabilities"), &caps); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range caps.Capabilities {
-		if c.Name == "rule_store" {
-			return c.Ready
+		if c.Name == name {
+			return c.Ready, c.ReasonCode
 		}
 	}
-	t.Fatalf("%s: no rule_store capability", n.ns)
-	return false
+	t.Fatalf("%s: no %s capability", n.ns, name)
+	return false, ""
 }
 
 // inventory is the number of blocks the node holds for endpoint ep of
