@@ -82,6 +82,11 @@ func waitConverged(t *testing.T, what string, e *enginesim.Engine, nodes ...*dae
 		}
 		getJSON(t, nodes[i].URL("/config/ai/kv/inventory?service_id=1&ep_idx=0&limit=1"), &inv)
 		t.Logf("node %d: %d blocks, role %s owner %s; subscriber %s", i, len(v.keys), v.role, v.owner, inv.Subscriber)
+		for _, l := range strings.Split(nodes[i].Logs(), "\n") {
+			if strings.Contains(l, "kv") || strings.Contains(l, "drain") {
+				t.Logf("node %d log: %s", i, l)
+			}
+		}
 	}
 	t.Fatalf("%s: inventories did not converge on the engine's %d blocks", what, e.Stats().BlocksUsed)
 }
