@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"syscall"
@@ -42,8 +43,19 @@ func nodeDrainView(t *testing.T, d *daemontest.Daemon) drainView {
 			} `json:"drain"`
 		} `json:"subscriber"`
 	}
-	getJSON(t, d.URL("/config/ai/kv/inventory?service_id=1&ep_idx=0&limit=100000"), &inv)
+	// 404 until the node has applied the rule from the store.
+	resp, err := http.Get(d.URL("/config/ai/kv/inventory?service_id=1&ep_idx=0&limit=100000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
 	v := drainView{}
+	if resp.StatusCode == http.StatusNotFound {
+		return v
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&inv); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("inventory: %d %v", resp.StatusCode, err)
+	}
 	for _, b := range inv.Blocks {
 		v.keys = append(v.keys, b.Hash)
 	}
