@@ -108,24 +108,36 @@ func waitConverged(t *testing.T, what string, e *enginesim.Engine, nodes ...*dae
 	t.Fatalf("%s: inventories did not converge on the engine's %d blocks", what, e.Stats().BlocksUsed)
 }
 
+// trtEngine runs a TensorRT-LLM emulator on 127.0.<net>.11:28000.
+func trtEngine(t *testing.T, net int) (string, *enginesim.Engine) {
+	t.Helper()
+	host := fmt.Sprintf("127.0.%d.11", net)
+	return host, startEngine(t, enginesim.Config{Engine: enginesim.EngineTRTLLM, Listen: host + ":28000", Seed: seed, TimeScale: 0, TimeScaleSet: true,
+		BlockSize: 32, CapacityBlocks: 48})
+}
+
+// createTRTRule creates rule 1: VIP 127.0.<net>.1:28080 over the engine.
+func createTRTRule(t *testing.T, d *daemontest.Daemon, net int, host string) {
+	t.Helper()
+	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":"127.0.%d.1","port":28080,"protocol":"tcp","mode":4,"sel":0,
+		"kvExactMode":3,"kvEngineType":"trtllm","kvBlockSize":32,"model_name":%q},"endpoints":[{"endpointIP":%q,"targetPort":28000,"weight":1}]}`,
+		net, model, host)
+	if resp, body := post(t, d.URL("/config/loadbalancer"), json.RawMessage(rule)); resp.StatusCode != 200 {
+		t.Fatalf("create rule: %d %s", resp.StatusCode, body)
+	}
+}
+
 func TestTRTDrainOwnershipTwoNodes(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	const net = 152
-	host := fmt.Sprintf("127.0.%d.11", net)
-	eng := startEngine(t, enginesim.Config{Engine: enginesim.EngineTRTLLM, Listen: host + ":28000", Seed: seed, TimeScale: 0, TimeScaleSet: true,
-		BlockSize: 32, CapacityBlocks: 48})
+	host, eng := trtEngine(t, net)
 	args := []string{"--store", "etcd://" + etcd.Endpoint, "--store-timeout", "500ms", "--trt-drain-lease-ttl", "2s",
 		"--tokenizer-dir", tokenizerDir(), "--metrics", "--proxy-receipts", "on-request"}
 	env := []string{"LLB_KV_NONE_HASH_SEED=" + seed}
 	a := daemontest.Start(t, bins, t.TempDir(), env, args...)
 	b := daemontest.Start(t, bins, t.TempDir(), env, args...)
 	vip := fmt.Sprintf("127.0.%d.1:28080", net)
-	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":"127.0.%d.1","port":28080,"protocol":"tcp","mode":4,"sel":0,
-		"kvExactMode":3,"kvEngineType":"trtllm","kvBlockSize":32,"model_name":%q},"endpoints":[{"endpointIP":%q,"targetPort":28000,"weight":1}]}`,
-		net, model, host)
-	if resp, body := post(t, a.URL("/config/loadbalancer"), json.RawMessage(rule)); resp.StatusCode != 200 {
-		t.Fatalf("create rule: %d %s", resp.StatusCode, body)
-	}
+	createTRTRule(t, a, net, host)
 
 	// One owner, one follower, agreeing on who owns.
 	var owner, follower *daemontest.Daemon
@@ -223,9 +235,7 @@ func TestTRTDrainOwnershipTwoNodes(t *testing.T) {
 func TestTRTDrainHostileOwner(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	const net = 153
-	host := fmt.Sprintf("127.0.%d.11", net)
-	eng := startEngine(t, enginesim.Config{Engine: enginesim.EngineTRTLLM, Listen: host + ":28000", Seed: seed, TimeScale: 0, TimeScaleSet: true,
-		BlockSize: 32, CapacityBlocks: 48})
+	host, eng := trtEngine(t, net)
 	var conns atomic.Int64
 	hostile := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := conns.Add(1)
@@ -256,12 +266,7 @@ func TestTRTDrainHostileOwner(t *testing.T) {
 
 	d := daemontest.Start(t, bins, t.TempDir(), []string{"LLB_KV_NONE_HASH_SEED=" + seed}, "--store", "etcd://"+etcd.Endpoint,
 		"--trt-drain-lease-ttl", "2s", "--tokenizer-dir", tokenizerDir(), "--metrics")
-	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":"127.0.%d.1","port":28080,"protocol":"tcp","mode":4,"sel":0,
-		"kvExactMode":3,"kvEngineType":"trtllm","kvBlockSize":32,"model_name":%q},"endpoints":[{"endpointIP":%q,"targetPort":28000,"weight":1}]}`,
-		net, model, host)
-	if resp, body := post(t, d.URL("/config/loadbalancer"), json.RawMessage(rule)); resp.StatusCode != 200 {
-		t.Fatalf("create rule: %d %s", resp.StatusCode, body)
-	}
+	createTRTRule(t, d, net, host)
 	waitFor(t, "both kinds of hostile frames counted", 20*time.Second, func() bool {
 		text := metrics(t, d)
 		return metricValue(text, "loxilb_kv_trtllm_relay_errors_total", `reason="frame_too_large"`) >= 1 &&
