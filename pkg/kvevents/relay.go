@@ -128,8 +128,9 @@ func (h *relayHub) wakeLocked() {
 	h.changed = make(chan struct{})
 }
 
-// setOwning starts a new epoch when the node becomes the owner, and ends
-// every open stream when it stops being one.
+// setOwning starts a new epoch when the node becomes the owner. When it
+// stops being one, open streams still send what was published before
+// (the last drain may have completed after the loss) and then end.
 func (h *relayHub) setOwning(on bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -137,11 +138,11 @@ func (h *relayHub) setOwning(on bool) {
 		return
 	}
 	h.owning = on
-	h.frames, h.bytes, h.next = nil, 0, 1
 	if on {
 		var b [8]byte
 		_, _ = rand.Read(b[:])
 		h.epoch = hex.EncodeToString(b[:])
+		h.frames, h.bytes, h.next = nil, 0, 1
 	}
 	h.wakeLocked()
 }
@@ -171,19 +172,21 @@ func (h *relayHub) publish(body []byte) bool {
 }
 
 // since returns the frames after seq `after` (from the oldest kept when
-// older ones are gone), a channel closed at the next change, and whether
-// the node still owns the endpoint in the same epoch.
+// older ones are gone), a channel closed at the next change, and false
+// when the stream is over: the epoch is not the current one, or the node
+// no longer owns the endpoint and the stream has sent everything.
 func (h *relayHub) since(after uint64, epoch string) ([]relayFrame, <-chan struct{}, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.owning || h.epoch != epoch {
+	if h.epoch != epoch {
 		return nil, nil, false
 	}
 	i := 0
 	if len(h.frames) > 0 && after >= h.frames[0].seq {
 		i = int(min(after-h.frames[0].seq+1, uint64(len(h.frames))))
 	}
-	return h.frames[i:len(h.frames):len(h.frames)], h.changed, true
+	rest := h.frames[i:len(h.frames):len(h.frames)]
+	return rest, h.changed, h.owning || len(rest) > 0
 }
 
 // open registers a stream and returns the epoch it reads, false when the

@@ -285,8 +285,18 @@ func TestRelayHubBounds(t *testing.T) {
 		t.Fatalf("oversized newest frame: %v", fr)
 	}
 	h.setOwning(false)
-	if _, _, ok := h.since(0, ep); ok {
-		t.Fatal("served after losing ownership")
+	if h.publish([]byte("late")) {
+		t.Fatal("published after losing ownership")
+	}
+	// A stream still gets what was published before the loss, then ends.
+	if fr, _, ok := h.since(11, ep); !ok || len(fr) != 1 || fr[0].seq != 12 {
+		t.Fatalf("frames published before the loss: %v %v", fr, ok)
+	}
+	if _, _, ok := h.since(12, ep); ok {
+		t.Fatal("stream not over after losing ownership")
+	}
+	if _, ok := h.open(); ok {
+		t.Fatal("stream opened after losing ownership")
 	}
 	h.setOwning(true)
 	ep2, _ := h.open()
@@ -319,4 +329,24 @@ func FuzzRelayStream(f *testing.F) {
 			t.Fatal("stream ended without an error")
 		}
 	})
+}
+
+// TestDrainCompletesAfterCancel: a drain already sent when its context
+// ends (ownership lost) is still read: the engine gave those events away.
+func TestDrainCompletesAfterCancel(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(100 * time.Millisecond)
+		w.Write([]byte(`[{"event_id":1}]`))
+	}))
+	t.Cleanup(srv.Close)
+	m := New(fastConfig(), newFakeSink(), nil, nil)
+	s := newSubscription(m, trtSpec(1, 32))
+	rs := s.ranks[0]
+	rs.st.Endpoint = srv.URL
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(10*time.Millisecond, cancel)
+	body, err := s.drainTRT(ctx, rs)
+	if err != nil || string(body) != `[{"event_id":1}]` {
+		t.Fatalf("drain cut by its context: %q %v", body, err)
+	}
 }

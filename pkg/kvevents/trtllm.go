@@ -153,11 +153,19 @@ func (s *subscription) drainLoop(ctx context.Context, rs *rankState, st *trtStat
 	}
 }
 
+// drainGrace is how long a drain already sent may still complete after
+// its context ends (the node lost the endpoint's ownership, or the rule
+// changed): the engine gives the events away when it answers, so an
+// answer cut off unread loses them for every node.
+const drainGrace = time.Second
+
 // drainTRT performs one destructive drain.
 func (s *subscription) drainTRT(ctx context.Context, rs *rankState) ([]byte, error) {
 	cfg := &s.m.cfg
-	rctx, cancel := context.WithTimeout(ctx, cfg.TRTHTTPTimeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.TRTHTTPTimeout)
 	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(drainGrace, cancel) })
+	defer stop()
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, rs.st.Endpoint, http.NoBody)
 	if err != nil {
 		return nil, fmt.Errorf("build drain request: %w", err)

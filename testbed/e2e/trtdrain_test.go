@@ -1,13 +1,19 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/loxilb-llm/loxilb/pkg/store/etcdtest"
 	"github.com/loxilb-llm/loxilb/testbed/daemontest"
@@ -42,8 +48,19 @@ func nodeDrainView(t *testing.T, d *daemontest.Daemon) drainView {
 			} `json:"drain"`
 		} `json:"subscriber"`
 	}
-	getJSON(t, d.URL("/config/ai/kv/inventory?service_id=1&ep_idx=0&limit=100000"), &inv)
+	// 404 until the node has applied the rule from the store.
+	resp, err := http.Get(d.URL("/config/ai/kv/inventory?service_id=1&ep_idx=0&limit=100000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
 	v := drainView{}
+	if resp.StatusCode == http.StatusNotFound {
+		return v
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&inv); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("inventory: %d %v", resp.StatusCode, err)
+	}
 	for _, b := range inv.Blocks {
 		v.keys = append(v.keys, b.Hash)
 	}
@@ -82,28 +99,45 @@ func waitConverged(t *testing.T, what string, e *enginesim.Engine, nodes ...*dae
 		}
 		getJSON(t, nodes[i].URL("/config/ai/kv/inventory?service_id=1&ep_idx=0&limit=1"), &inv)
 		t.Logf("node %d: %d blocks, role %s owner %s; subscriber %s", i, len(v.keys), v.role, v.owner, inv.Subscriber)
+		for _, l := range strings.Split(nodes[i].Logs(), "\n") {
+			if strings.Contains(l, "kv") || strings.Contains(l, "drain") {
+				t.Logf("node %d log: %s", i, l)
+			}
+		}
 	}
 	t.Fatalf("%s: inventories did not converge on the engine's %d blocks", what, e.Stats().BlocksUsed)
+}
+
+// trtEngine runs a TensorRT-LLM emulator on 127.0.<net>.11:28000.
+func trtEngine(t *testing.T, net int) (string, *enginesim.Engine) {
+	t.Helper()
+	host := fmt.Sprintf("127.0.%d.11", net)
+	return host, startEngine(t, enginesim.Config{Engine: enginesim.EngineTRTLLM, Listen: host + ":28000", Seed: seed, TimeScale: 0, TimeScaleSet: true,
+		BlockSize: 32, CapacityBlocks: 48})
+}
+
+// createTRTRule creates rule 1: VIP 127.0.<net>.1:28080 over the engine.
+func createTRTRule(t *testing.T, d *daemontest.Daemon, net int, host string) {
+	t.Helper()
+	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":"127.0.%d.1","port":28080,"protocol":"tcp","mode":4,"sel":0,
+		"kvExactMode":3,"kvEngineType":"trtllm","kvBlockSize":32,"model_name":%q},"endpoints":[{"endpointIP":%q,"targetPort":28000,"weight":1}]}`,
+		net, model, host)
+	if resp, body := post(t, d.URL("/config/loadbalancer"), json.RawMessage(rule)); resp.StatusCode != 200 {
+		t.Fatalf("create rule: %d %s", resp.StatusCode, body)
+	}
 }
 
 func TestTRTDrainOwnershipTwoNodes(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	const net = 152
-	host := fmt.Sprintf("127.0.%d.11", net)
-	eng := startEngine(t, enginesim.Config{Engine: enginesim.EngineTRTLLM, Listen: host + ":28000", Seed: seed, TimeScale: 0, TimeScaleSet: true,
-		BlockSize: 32, CapacityBlocks: 48})
+	host, eng := trtEngine(t, net)
 	args := []string{"--store", "etcd://" + etcd.Endpoint, "--store-timeout", "500ms", "--trt-drain-lease-ttl", "2s",
 		"--tokenizer-dir", tokenizerDir(), "--metrics", "--proxy-receipts", "on-request"}
 	env := []string{"LLB_KV_NONE_HASH_SEED=" + seed}
 	a := daemontest.Start(t, bins, t.TempDir(), env, args...)
 	b := daemontest.Start(t, bins, t.TempDir(), env, args...)
 	vip := fmt.Sprintf("127.0.%d.1:28080", net)
-	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":"127.0.%d.1","port":28080,"protocol":"tcp","mode":4,"sel":0,
-		"kvExactMode":3,"kvEngineType":"trtllm","kvBlockSize":32,"model_name":%q},"endpoints":[{"endpointIP":%q,"targetPort":28000,"weight":1}]}`,
-		net, model, host)
-	if resp, body := post(t, a.URL("/config/loadbalancer"), json.RawMessage(rule)); resp.StatusCode != 200 {
-		t.Fatalf("create rule: %d %s", resp.StatusCode, body)
-	}
+	createTRTRule(t, a, net, host)
 
 	// One owner, one follower, agreeing on who owns.
 	var owner, follower *daemontest.Daemon
@@ -192,4 +226,68 @@ func TestTRTDrainOwnershipTwoNodes(t *testing.T) {
 	if d := eng.Stats().TRTDrainers; len(d) != 2 {
 		t.Fatalf("engine drainers after the failover %v: want the dead owner's and the survivor's", d)
 	}
+}
+
+// TestTRTDrainHostileOwner: a relay stream that lies (a frame announcing
+// 4 GiB, then garbage) is dropped with a counted reason, retried, and never
+// takes the daemon down. The hostile "owner" is put into the endpoint's
+// etcd election before the daemon starts, as a rogue node would be.
+func TestTRTDrainHostileOwner(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	const net = 153
+	host, eng := trtEngine(t, net)
+	var conns atomic.Int64
+	hostile := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := conns.Add(1)
+		w.Header().Set("X-Loxilb-Relay-Epoch", "rogue")
+		w.WriteHeader(http.StatusOK)
+		if n%2 == 1 {
+			w.Write([]byte{'K', 'V', 'R', '1', 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff}) // 4 GiB announced
+		} else {
+			w.Write([]byte("<html>not a relay</html>"))
+		}
+	}))
+	t.Cleanup(hostile.Close)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	lease, err := cli.Grant(ctx, 120)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := fmt.Sprintf("/loxilb/trt-drain/%s:28000/%x", host, int64(lease.ID))
+	if _, err := cli.Put(ctx, key, hostile.URL+"/relay", clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+
+	d := daemontest.Start(t, bins, t.TempDir(), []string{"LLB_KV_NONE_HASH_SEED=" + seed}, "--store", "etcd://"+etcd.Endpoint,
+		"--trt-drain-lease-ttl", "2s", "--tokenizer-dir", tokenizerDir(), "--metrics")
+	createTRTRule(t, d, net, host)
+	waitFor(t, "both kinds of hostile frames counted", 20*time.Second, func() bool {
+		text := metrics(t, d)
+		return metricValue(text, "loxilb_kv_trtllm_relay_errors_total", `reason="frame_too_large"`) >= 1 &&
+			metricValue(text, "loxilb_kv_trtllm_relay_errors_total", `reason="bad_magic"`) >= 1
+	})
+	if v := nodeDrainView(t, d); v.role != "follower" || v.owner != hostile.URL+"/relay" {
+		t.Fatalf("daemon's drain view %+v: want a follower of the rogue owner", v)
+	}
+	if d.Exited() {
+		t.Fatalf("daemon exited on hostile relay input:\n%s", d.Logs())
+	}
+	if n := len(eng.Stats().TRTDrainers); n != 0 {
+		t.Fatalf("the follower drained the engine: %v", eng.Stats().TRTDrainers)
+	}
+	// The rogue lease revoked: the daemon wins the election and drains.
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer rcancel()
+	if _, err := cli.Revoke(rctx, lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the daemon owns the drain once the rogue is gone", 20*time.Second, func() bool {
+		return nodeDrainView(t, d).role == "owner" && len(eng.Stats().TRTDrainers) == 1
+	})
 }
