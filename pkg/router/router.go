@@ -106,8 +106,8 @@ const (
 
 	ReasonModeOff        = "mode_off"        // rule has kvExactMode 0
 	ReasonShortPrompt    = "short_prompt"    // prompt has no full block
-	ReasonNoTokenizer    = "no_tokenizer"    // no tokenizer staged for the model (reported by the proxy)
-	ReasonUnhashable     = "unhashable"      // request could not be rendered/hashed (reported by the proxy)
+	ReasonNoTokenizer    = "no_tokenizer"    // no tokenizer staged for the model (reported by the gateway)
+	ReasonUnhashable     = "unhashable"      // request could not be rendered/hashed (reported by the gateway; Decide too when blockSize <= 0)
 	ReasonNoHealthy      = "no_healthy"      // no healthy candidate
 	ReasonEmptyInventory = "empty_inventory" // every healthy inventory is empty (cold fleet)
 	ReasonNoMatch        = "no_match"        // inventories non-empty but nothing matched
