@@ -6,7 +6,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 STATE_DIR ?= $(CURDIR)/.state
 FUZZEXECS ?= 10000x
 
-.PHONY: help build run test test-unit test-allocs fuzz-smoke check-generated gen-bpf regen-parity bench bench-proxy bench-routing bench-soak demo fmt vet clean
+.PHONY: help build run test test-unit test-allocs fuzz-smoke check-generated gen-docs gen-bpf regen-parity bench bench-proxy bench-routing bench-soak demo fmt vet clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -49,6 +49,9 @@ fuzz-smoke: ## run every fuzz target for $(FUZZEXECS) executions
 check-generated: ## regenerate BPF objects and tokenizer goldens and fail if they differ from the committed ones
 	sh bpf/gen.sh && git diff --exit-code -- pkg/dataplane/ebpf
 	sh testbed/parity/regen.sh --no-bench
+
+gen-docs: ## rewrite the README's settings tables from cmd/loxilb/settings_table.go
+	$(GO) test -count=1 -run TestREADMESettings ./cmd/loxilb -update
 
 gen-bpf: ## regenerate the bpf2go output with the pinned clang
 	sh bpf/gen.sh

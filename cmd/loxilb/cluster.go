@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -19,22 +18,12 @@ type clusterFlags struct {
 	name    string
 	address string // the advertised API address (--advertise-addr), resolved by validate
 	ttl     time.Duration
-	envErr  error // LOXILB_CLUSTER_TTL that is not a duration
 }
 
-func (c *clusterFlags) register(fs *flag.FlagSet, getenv func(k, def string) string) {
+// defaultNodeName is the host name, adapted to a valid node name.
+func defaultNodeName() string {
 	host, _ := os.Hostname()
-	host = cluster.NameFromHost(host)
-	fs.StringVar(&c.name, "node-name", getenv("LOXILB_NODE_NAME", host),
-		"this node's name among the nodes sharing a rule store (letters, digits, '.', '_', '-'; env LOXILB_NODE_NAME; default the host name)")
-	ttl := cluster.DefaultTTL
-	if v := getenv("LOXILB_CLUSTER_TTL", ""); v != "" {
-		if ttl, c.envErr = time.ParseDuration(v); c.envErr != nil {
-			c.envErr = fmt.Errorf("LOXILB_CLUSTER_TTL=%q: want a duration such as 10s", v)
-		}
-	}
-	fs.DurationVar(&c.ttl, "cluster-ttl", ttl,
-		"lease of this node's membership record in the shared store: a node that dies leaves the cluster list (loxicmd get cluster) within it (whole seconds, 2s..5m; env LOXILB_CLUSTER_TTL)")
+	return cluster.NameFromHost(host)
 }
 
 // validate checks the flags and resolves the address this node announces:
@@ -43,9 +32,6 @@ func (c *clusterFlags) register(fs *flag.FlagSet, getenv func(k, def string) str
 // --api-addr, with the node name for an unspecified host.
 func (c *clusterFlags) validate(apiAddr, advertise string) error {
 	c.address = advertise
-	if c.envErr != nil {
-		return c.envErr
-	}
 	if err := cluster.ValidName(c.name); err != nil {
 		return fmt.Errorf("--node-name: %w (set --node-name when the host name does not fit)", err)
 	}

@@ -9,18 +9,20 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/loxilb-llm/loxilb/api"
-	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/dispatch"
+	"github.com/loxilb-llm/loxilb/pkg/kvevents"
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/router"
 )
 
-// config is everything the daemon reads at start-up: flags first, then the
-// documented environment variables. All are read once; restart to change.
+// config is everything the daemon reads at start-up, from the settings
+// table (settings_table.go): the environment, then flags, which win. All
+// are read once; restart to change.
 type config struct {
 	apiAddr        string
 	apiTokenFile   string
@@ -56,6 +58,70 @@ type config struct {
 	logLevel       slog.Level
 	logJSON        bool
 	showVersion    bool
+	// table is the settings table the values were read through.
+	table []*setting
+
+	// Read by the settings table as text, checked in parseFlags.
+	interfacesText, logLevelText, logFormat, receiptsText string
+
+	// seed is LLB_KV_NONE_HASH_SEED, checked per vLLM rule.
+	seed string
+	// maxBlocks caps each endpoint's inventory (kvindex).
+	maxBlocks int
+	// kv, router and pd are the event plane's, the Tier-1.5 router's and
+	// the P/D dispatcher's settings, complete but for what run adds.
+	kv     kvevents.Config
+	router router.Config
+	pd     dispatch.Config
+	// coalesceWait (0: off), prefillSlots (gateway.PrefillAuto: learned)
+	// and prefillWait are the gateway's prefill coalescing and admission.
+	coalesceWait time.Duration
+	prefillSlots int
+	prefillWait  time.Duration
+}
+
+// routingSettings are the settings that change where a request goes, by
+// environment variable name (each of them has one) with their effective values (every row of the routing
+// table, and strict attestation): nodes of one cluster compare them, as
+// two nodes that differ route the same request differently.
+func (c *config) routingSettings() map[string]string {
+	out := map[string]string{}
+	for _, s := range c.table {
+		if s.table == tabRouting || s.env == "LOXILB_KV_PARITY_STRICT" {
+			out[s.env] = s.val.String()
+		}
+	}
+	return out
+}
+
+// seedLookup answers the rule validation's question for the vLLM seed from
+// the value read at start.
+func (c *config) seedLookup(k string) (string, bool) {
+	if k != envSeed {
+		return "", false
+	}
+	return c.seed, c.seed != ""
+}
+
+// gatewayCoalesceWait maps the table's 0 (off) onto gateway.Config's
+// negative value; gateway.Config's 0 is the default.
+func (c *config) gatewayCoalesceWait() time.Duration {
+	if c.coalesceWait == 0 {
+		return -1
+	}
+	return c.coalesceWait
+}
+
+// dispatchConfig is the P/D dispatcher's configuration: an explicit queue
+// depth of 0 (no waiting) is dispatch.Config's negative value, its 0 being
+// the default.
+func (c *config) dispatchConfig() dispatch.Config {
+	d := c.pd
+	if d.QueueDepthPerEP == 0 {
+		d.QueueDepthPerEP = -1
+	}
+	d.MaxResponseHeaderBytes = int64(c.proxyLimits.maxResponseHeader)
+	return d
 }
 
 // clientTLS is the proxy's mutual-TLS material: the certificate it shows
@@ -94,67 +160,12 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 	c := &config{}
 	fs := flag.NewFlagSet("loxilb", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	getenv := func(k, def string) string {
-		if v, ok := env(k); ok && v != "" {
-			return v
-		}
-		return def
-	}
-	var ifaces, level, format, receipts string
-	strictDef := false
-	if v := getenv("LOXILB_KV_PARITY_STRICT", ""); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return nil, fmt.Errorf("LOXILB_KV_PARITY_STRICT=%q: want true or false (1, 0, t, f)", v)
-		}
-		strictDef = b
-	}
-	fs.StringVar(&c.apiAddr, "api-addr", getenv("LOXILB_API_ADDR", "127.0.0.1:11111"), "management API listen address (a non-loopback address requires a token)")
-	fs.StringVar(&c.apiTokenFile, "api-token-file", getenv("LOXILB_API_TOKEN_FILE", ""), "file holding the bearer token required on every API route (env LOXILB_API_TOKEN_FILE)")
-	fs.DurationVar(&c.api.readHeaderTimeout, "api-read-header-timeout", api.DefaultReadHeaderTimeout, "management API: time a client has to send a request's headers (100ms..5m)")
-	fs.DurationVar(&c.api.readTimeout, "api-read-timeout", api.DefaultReadTimeout, "management API: time a client has to send a whole request, body included; slower bodies get 408 (100ms..1h)")
-	fs.DurationVar(&c.api.writeTimeout, "api-write-timeout", api.DefaultWriteTimeout, "management API: time to write a response to a client (1s..1h)")
-	fs.DurationVar(&c.api.idleTimeout, "api-idle-timeout", api.DefaultIdleTimeout, "management API: how long an idle keep-alive connection is kept (1s..1h)")
-	fs.Int64Var(&c.api.maxBody, "api-max-body", api.DefaultMaxBodyBytes, "management API: largest request body in bytes; larger ones get 413 unread (1024..1048576)")
-	fs.IntVar(&c.api.maxConns, "api-max-conns", api.DefaultMaxConns, "management API: connections open at once; more are closed at accept (1..65536)")
-	fs.BoolVar(&c.api.allowCleartext, "api-allow-cleartext", false, "accept a bearer token over plain HTTP on a non-loopback --api-addr (otherwise --tls-cert is required there)")
-	fs.StringVar(&c.tlsCert, "tls-cert", "", "serve the API over HTTPS with this certificate (PEM)")
-	fs.StringVar(&c.tlsKey, "tls-key", "", "private key (PEM) for --tls-cert")
-	fs.StringVar(&c.stateDir, "state-dir", getenv("LOXILB_STATE_DIR", "/var/lib/loxilb"), "directory of the embedded rule store")
-	fs.StringVar(&c.tokenizerDir, "tokenizer-dir", getenv("LOXILB_TOKENIZER_DIR", "/etc/loxilb/tokenizers"), "staged tokenizers: <dir>/<model-slug>/tokenizer.json")
-	fs.StringVar(&ifaces, "interfaces", "", "comma-separated interfaces the eBPF data plane attaches to (none by default)")
-	fs.BoolVar(&c.noDataplane, "no-dataplane", false, "run proxy-only: never load BPF programs")
-	fs.StringVar(&c.bpfPinPath, "bpf-pin-path", defaultPinPath, "bpffs directory where data-plane maps and links are pinned; one daemon per directory (a second refuses to start)")
-	fs.StringVar(&c.proxyCert, "proxy-tls-cert", "", "certificate (PEM) served by mode-4 rules with security 1 or 2")
-	fs.StringVar(&c.proxyKey, "proxy-tls-key", "", "private key (PEM) for --proxy-tls-cert")
-	fs.StringVar(&c.proxyCA, "proxy-tls-ca", "", "CA (PEM) that endpoint certificates are verified against for security 2 (default: system roots)")
-	fs.StringVar(&c.proxyClient.cert, "proxy-tls-client-cert", getenv("LOXILB_PROXY_TLS_CLIENT_CERT", ""), "client certificate (PEM) presented to endpoints of security 2 rules (backend mTLS); a rule's mtls_backend client_cert_path replaces it (env LOXILB_PROXY_TLS_CLIENT_CERT)")
-	fs.StringVar(&c.proxyClient.key, "proxy-tls-client-key", getenv("LOXILB_PROXY_TLS_CLIENT_KEY", ""), "private key (PEM) for --proxy-tls-client-cert (env LOXILB_PROXY_TLS_CLIENT_KEY)")
-	fs.StringVar(&c.proxyClient.ca, "proxy-tls-client-ca", getenv("LOXILB_PROXY_TLS_CLIENT_CA", ""), "CA bundle (PEM) that client certificates are verified against at the VIP of rules whose mtls_frontend client_cert_mode is optional or required and names no CA (env LOXILB_PROXY_TLS_CLIENT_CA)")
-	fs.Int64Var(&c.maxBodyBytes, "proxy-max-body", 32<<20, "largest request body the mode-4 proxy accepts (413 beyond)")
-	fs.StringVar(&receipts, "proxy-receipts", getenv("LOXILB_PROXY_RECEIPTS", "off"), "when mode-4 responses carry the X-Loxilb-Route routing receipt: off, on-request (X-Loxilb-Receipt: 1) or always; a receipt shows any client what other clients' prompts left cached (env LOXILB_PROXY_RECEIPTS)")
-	fs.IntVar(&c.maxModelName, "proxy-max-model-name", 256, "longest model name a mode-4 request may carry, in bytes (1..65536; 400 beyond)")
-	fs.IntVar(&c.tokMaxBytes, "tokenize-max-bytes", 1<<20, "longest prompt text (a completions prompt or the rendered chat) tokenized for one request, in bytes (1024..268435456; 400 beyond)")
-	fs.IntVar(&c.tokMaxTokens, "tokenize-max-tokens", 0, "most prompt tokens per request (1..16777216; 400 beyond); 0: the model's context length from its staged config.json or tokenizer_config.json, else 262144")
-	fs.IntVar(&c.tokConcurrency, "tokenize-concurrency", 0, "requests tokenized at once; the others wait while their client does (1..1024; 0: one per CPU, GOMAXPROCS)")
-	c.proxyLimits.register(fs)
-	c.resilience.register(fs, env)
-	c.store.register(fs, getenv)
-	c.cluster.register(fs, getenv)
-	fs.DurationVar(&c.scrapeInterval, "engine-metrics-interval", time.Second, "how often mode-4 endpoints' /metrics are read for load-aware routing")
-	fs.BoolVar(&c.kvParityStrict, "kv-parity-strict", strictDef, "strict attestation for rules that do not set kvParityStrict: an endpoint whose hash-parity verdict is hash_mismatch, block_size_mismatch or hash_algo_mismatch gets no Tier-1.5 traffic (env LOXILB_KV_PARITY_STRICT)")
-	fs.BoolVar(&c.metrics, "metrics", false, "enable the Prometheus export at start (otherwise POST /netlox/v1/config/metrics)")
-	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&format, "log-format", "text", "text or json")
-	fs.BoolVar(&c.showVersion, "version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
+	c.table = c.settings()
+	if err := load(fs, c.table, args, env); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
-	}
-	if err := c.api.validate(); err != nil {
-		return nil, err
 	}
 	// Certificates are loaded once here, so a bad file stops the daemon
 	// naming the flag instead of failing every TLS rule (or the API) later.
@@ -176,46 +187,27 @@ func parseFlags(args []string, env func(string) (string, bool), stderr io.Writer
 			}
 		}
 	}
-	if err := c.logLevel.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	if err := c.logLevel.UnmarshalText([]byte(c.logLevelText)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.logLevelText)
 	}
-	switch format {
+	switch c.logFormat {
 	case "text":
 	case "json":
 		c.logJSON = true
 	default:
-		return nil, fmt.Errorf("--log-format %q: want text or json", format)
+		return nil, fmt.Errorf("--log-format %q: want text or json", c.logFormat)
 	}
 	var err error
-	if c.receipts, err = proxy.ParseReceiptPolicy(receipts); err != nil {
+	if c.receipts, err = proxy.ParseReceiptPolicy(c.receiptsText); err != nil {
 		return nil, fmt.Errorf("--proxy-receipts: %w", err)
-	}
-	for _, b := range []struct {
-		name     string
-		v        int
-		min, max int
-		zeroOK   bool
-	}{
-		{"--proxy-max-model-name", c.maxModelName, 1, 65536, false},
-		{"--tokenize-max-bytes", c.tokMaxBytes, 1024, 256 << 20, false},
-		{"--tokenize-max-tokens", c.tokMaxTokens, 1, 1 << 24, true},
-		{"--tokenize-concurrency", c.tokConcurrency, 1, 1024, true},
-	} {
-		if (b.v < b.min || b.v > b.max) && !(b.zeroOK && b.v == 0) {
-			zero := ""
-			if b.zeroOK {
-				zero = " or 0"
-			}
-			return nil, fmt.Errorf("%s %d: want %d..%d%s", b.name, b.v, b.min, b.max, zero)
-		}
 	}
 	if err := c.proxyLimits.validate(c.maxBodyBytes); err != nil {
 		return nil, err
 	}
-	if c.outlier, err = c.resilience.outlierConfig(func(k string) string { v, _ := env(k); return v }); err != nil {
+	if c.outlier, err = c.resilience.outlierConfig(); err != nil {
 		return nil, err
 	}
-	for _, i := range strings.Split(ifaces, ",") {
+	for _, i := range strings.Split(c.interfacesText, ",") {
 		if i = strings.TrimSpace(i); i != "" {
 			c.interfaces = append(c.interfaces, i)
 		}
@@ -255,37 +247,11 @@ type proxyLimits struct {
 	abortOnClientClose    bool
 }
 
-func (l *proxyLimits) register(fs *flag.FlagSet) {
-	fs.DurationVar(&l.responseHeaderTimeout, "proxy-response-header-timeout", proxy.DefaultResponseHeaderTimeout,
-		"how long a mode-4 endpoint may take to send its response headers, and then its first body byte (504 beyond); long prompts behind a busy engine's queue need minutes")
-	fs.DurationVar(&l.streamIdleTimeout, "proxy-stream-idle-timeout", proxy.DefaultStreamIdleTimeout,
-		"a mode-4 response whose endpoint sends no byte for this long once its body started is cut")
-	fs.IntVar(&l.maxResponseHeader, "proxy-max-response-header", proxy.DefaultMaxResponseHeaderBytes,
-		"largest response header block (bytes) accepted from a mode-4 or P/D endpoint (502 beyond)")
-	fs.Int64Var(&l.maxInflightBody, "proxy-max-inflight-body", proxy.DefaultMaxInflightBodyBytes,
-		"bytes all mode-4 request bodies being read or relayed may hold together (503 with Retry-After beyond); at least --proxy-max-body")
-	fs.IntVar(&l.maxConns, "proxy-max-conns", proxy.DefaultMaxConnsPerListener,
-		"client connections one mode-4 listener keeps open; more are closed at accept")
-	fs.BoolVar(&l.abortOnClientClose, "proxy-abort-on-client-close", false,
-		"cancel a mode-4 request as soon as its client half-closes (frees the engine sooner; a client that half-closes and still reads then gets no answer)")
-}
-
-// validate rejects values that would disable a protection or could never
-// work, naming the flag.
+// validate checks what the table cannot: the body memory of all requests
+// holds at least one whole body.
 func (l *proxyLimits) validate(maxBody int64) error {
-	switch {
-	case maxBody < 1:
-		return fmt.Errorf("--proxy-max-body %d: want at least 1 byte", maxBody)
-	case l.responseHeaderTimeout < time.Second || l.responseHeaderTimeout > 24*time.Hour:
-		return fmt.Errorf("--proxy-response-header-timeout %v: want 1s..24h", l.responseHeaderTimeout)
-	case l.streamIdleTimeout < time.Second || l.streamIdleTimeout > 24*time.Hour:
-		return fmt.Errorf("--proxy-stream-idle-timeout %v: want 1s..24h", l.streamIdleTimeout)
-	case l.maxResponseHeader < 4<<10 || l.maxResponseHeader > 64<<20:
-		return fmt.Errorf("--proxy-max-response-header %d: want 4096..67108864 bytes", l.maxResponseHeader)
-	case l.maxInflightBody < maxBody || l.maxInflightBody > 1<<40:
+	if l.maxInflightBody < maxBody {
 		return fmt.Errorf("--proxy-max-inflight-body %d: want --proxy-max-body (%d) up to 1 TiB", l.maxInflightBody, maxBody)
-	case l.maxConns < 1 || l.maxConns > 1<<20:
-		return fmt.Errorf("--proxy-max-conns %d: want 1..1048576", l.maxConns)
 	}
 	return nil
 }
@@ -313,30 +279,6 @@ func (c *config) logger(w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
-}
-
-func (a apiLimits) validate() error {
-	for _, d := range []struct {
-		flag   string
-		v      time.Duration
-		lo, hi time.Duration
-	}{
-		{"--api-read-header-timeout", a.readHeaderTimeout, 100 * time.Millisecond, 5 * time.Minute},
-		{"--api-read-timeout", a.readTimeout, 100 * time.Millisecond, time.Hour},
-		{"--api-write-timeout", a.writeTimeout, time.Second, time.Hour},
-		{"--api-idle-timeout", a.idleTimeout, time.Second, time.Hour},
-	} {
-		if d.v < d.lo || d.v > d.hi {
-			return fmt.Errorf("%s %v: want a duration in %v..%v", d.flag, d.v, d.lo, d.hi)
-		}
-	}
-	if a.maxBody < 1024 || a.maxBody > lbrule.MaxBodyBytes {
-		return fmt.Errorf("--api-max-body %d: want 1024..%d bytes (no rule body is larger)", a.maxBody, lbrule.MaxBodyBytes)
-	}
-	if a.maxConns < 1 || a.maxConns > 65536 {
-		return fmt.Errorf("--api-max-conns %d: want 1..65536", a.maxConns)
-	}
-	return nil
 }
 
 // apiConfig is the management server's configuration.

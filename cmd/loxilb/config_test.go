@@ -177,3 +177,38 @@ func TestClusterFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestRoutingSettingsCompareEffectiveValues: nodes compare what they run,
+// so an unset variable and its default spelled out are the same setting,
+// and a different value is not.
+func TestRoutingSettingsCompareEffectiveValues(t *testing.T) {
+	env := func(m map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	settings := func(m map[string]string) map[string]string {
+		t.Helper()
+		c, err := parseFlags(nil, env(m), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.routingSettings()
+	}
+	unset := settings(nil)
+	spelled := settings(map[string]string{"LLB_KV_MIN_MATCH_TOKENS": "16", "LOXILB_KV_LOAD_PENALTY": "ADAPTIVE", "LOXILB_KV_TIER_WEIGHT_CPU": "0.80"})
+	other := settings(map[string]string{"LOXILB_KV_SPILL_RELIEF": "off", "LLB_KV_MIN_MATCH_TOKENS": "32", "LOXILB_KV_PARITY_STRICT": "true"})
+	for _, k := range []string{"LLB_KV_MIN_MATCH_TOKENS", "LOXILB_KV_SPILL_RELIEF", "LOXILB_KV_LOAD_PENALTY", "LOXILB_KV_PREFILL_SLOTS", "LOXILB_KV_PARITY_STRICT"} {
+		if _, ok := unset[k]; !ok {
+			t.Errorf("%s is not compared: %v", k, unset)
+		}
+	}
+	for k, v := range unset {
+		if spelled[k] != v {
+			t.Errorf("%s: unset %q, default spelled out %q", k, v, spelled[k])
+		}
+	}
+	for _, k := range []string{"LOXILB_KV_SPILL_RELIEF", "LLB_KV_MIN_MATCH_TOKENS", "LOXILB_KV_PARITY_STRICT"} {
+		if other[k] == unset[k] {
+			t.Errorf("%s changed but compares equal: %q", k, other[k])
+		}
+	}
+}

@@ -14,7 +14,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
 )
 
 // seedSalt separates the cluster's fingerprints from any other hash of
@@ -168,13 +167,4 @@ func hashFile(h io.Writer, path, name string) error {
 		return err
 	}
 	return nil
-}
-
-// FormatDuration prints a duration setting so equal settings compare
-// equal whatever way they were written.
-func FormatDuration(d time.Duration) string {
-	if d < 0 {
-		return "off"
-	}
-	return d.String()
 }

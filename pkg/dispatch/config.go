@@ -3,7 +3,6 @@ package dispatch
 import (
 	"crypto/tls"
 	"fmt"
-	"strconv"
 	"time"
 )
 
@@ -17,7 +16,8 @@ const (
 )
 
 // Config holds the process-wide P/D settings. Zero values take the defaults
-// documented on each field (see WithDefaults).
+// documented on each field (see WithDefaults). The daemon reads the LLB_PD_*
+// variables named on the fields from its settings table (cmd/loxilb).
 type Config struct {
 	// PrefillTimeout bounds a whole prefill (or context) leg: connect,
 	// compute and the complete response. LLB_PD_PREFILL_TIMEOUT_SEC,
@@ -38,7 +38,7 @@ type Config struct {
 	// QueueDepthPerEP is how many requests may wait for a slot of one
 	// endpoint when it is at its cap; beyond it a request is shed with 429.
 	// LLB_PD_QUEUE_DEPTH_PER_EP, 0..64, default 16; a negative value (what
-	// ConfigFromEnv makes of an explicit 0) means no waiting at all.
+	// the daemon makes of an explicit 0) means no waiting at all.
 	QueueDepthPerEP int
 	// MaxPark is how long a request waits for a slot before it is shed
 	// with 503. LLB_PD_MAX_PARK_SEC, default 5s.
@@ -164,55 +164,4 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max response header bytes %d: must be positive", c.MaxResponseHeaderBytes)
 	}
 	return nil
-}
-
-// ConfigFromEnv reads the LLB_PD_* variables over the defaults. getenv is
-// os.Getenv in the daemon. An unparsable or out-of-range value is an error
-// naming the variable, not a silent default.
-func ConfigFromEnv(getenv func(string) string) (Config, error) {
-	var c Config
-	secs := func(name string, dst *time.Duration) error {
-		v := getenv(name)
-		if v == "" {
-			return nil
-		}
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || f <= 0 || f > 86400 {
-			return fmt.Errorf("%s=%q: want seconds within (0, 86400]", name, v)
-		}
-		*dst = time.Duration(f * float64(time.Second))
-		return nil
-	}
-	ints := func(name string, dst *int, lo, hi int) error {
-		v := getenv(name)
-		if v == "" {
-			return nil
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil || n < lo || n > hi {
-			return fmt.Errorf("%s=%q: want an integer within %d..%d", name, v, lo, hi)
-		}
-		*dst = n
-		return nil
-	}
-	for _, err := range []error{
-		secs("LLB_PD_PREFILL_TIMEOUT_SEC", &c.PrefillTimeout),
-		secs("LLB_PD_DECODE_TIMEOUT_SEC", &c.DecodeFirstByteTimeout),
-		secs("LLB_PD_DECODE_IDLE_SEC", &c.DecodeIdleTimeout),
-		secs("LLB_PD_MAX_PARK_SEC", &c.MaxPark),
-		secs("LLB_PD_SESSION_TTL_SEC", &c.SessionTTL),
-		ints("LLB_PD_MAX_INFLIGHT_PER_EP", &c.MaxInflightPerEP, 0, 1<<20),
-		ints("LLB_PD_QUEUE_DEPTH_PER_EP", &c.QueueDepthPerEP, 0, MaxQueueDepthPerEP),
-		ints("LLB_PD_MAX_TOTAL_INFLIGHT", &c.MaxTotalInflight, 0, 1<<24),
-	} {
-		if err != nil {
-			return Config{}, err
-		}
-	}
-	// An explicit 0 queue depth means "no waiting": keep it distinct from
-	// unset, which defaults to 16.
-	if getenv("LLB_PD_QUEUE_DEPTH_PER_EP") == "0" {
-		c.QueueDepthPerEP = -1
-	}
-	return c, nil
 }

@@ -82,16 +82,11 @@
 // (LLB_PD_MAX_PARK_SEC); beyond the queue 429, after the wait 503, both
 // with Retry-After. LLB_PD_MAX_TOTAL_INFLIGHT caps the process (429).
 //
-// # Environment (ConfigFromEnv; read once by the daemon)
+// # Settings
 //
-//	LLB_PD_PREFILL_TIMEOUT_SEC   whole prefill leg, default 30
-//	LLB_PD_DECODE_TIMEOUT_SEC    decode first byte, default 60
-//	LLB_PD_DECODE_IDLE_SEC       silence between decode reads, default 60
-//	LLB_PD_MAX_INFLIGHT_PER_EP   legs per endpoint, default 0 (no cap)
-//	LLB_PD_QUEUE_DEPTH_PER_EP    waiters per endpoint, 0..64, default 16
-//	LLB_PD_MAX_PARK_SEC          longest wait for a slot, default 5
-//	LLB_PD_MAX_TOTAL_INFLIGHT    P/D requests of the process, default 0 (no cap)
-//	LLB_PD_SESSION_TTL_SEC       session affinity lifetime, default 300
+// Config's fields; the daemon reads them once from the LLB_PD_* variables
+// of its settings table (cmd/loxilb/settings_table.go, the README's P/D
+// table lists defaults and ranges).
 //
 // # Metrics (on the injected registerer; service = rule number, endpoint =
 // index in the rule)

@@ -47,7 +47,9 @@ func startEngine(t *testing.T, cfg enginesim.Config) *enginesim.Engine {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	// Closed, not drained: a stalled emulator's graceful shutdown would
+	// wait its 2 s grace for connections the test no longer cares about.
+	t.Cleanup(func() { _ = e.Close(); cancel(); <-done })
 	return e
 }
 
@@ -292,5 +294,3 @@ func reference(t *testing.T, engine, path string, body any) string {
 }
 
 var _ = proxy.Result{}
-
-func faultsStall(ms int) enginesim.Faults { return enginesim.Faults{StallMs: ms} }

@@ -2,12 +2,16 @@ package dispatch
 
 import (
 	"fmt"
+	"net"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/loxilb-llm/loxilb/pkg/selector"
+	"github.com/loxilb-llm/loxilb/testbed/wait"
 )
 
 func transfersOf(f *fleet) []uint64 {
@@ -155,14 +159,34 @@ func TestBadBody(t *testing.T) {
 	wantError(t, f.post(t, "/v1/completions", []int{1, 2}), 400, "bad_request", "JSON object")
 }
 
+// gatedPrefill is a prefill endpoint that holds every request until
+// release is closed, then answers 500: a busy worker the test frees once it
+// has checked what happened meanwhile, instead of waiting for a timeout.
+func gatedPrefill(t *testing.T, idx int, release <-chan struct{}) Endpoint {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		http.Error(w, `{"error":{"message":"released"}}`, http.StatusInternalServerError)
+	}))
+	t.Cleanup(s.Close)
+	host, port, _ := net.SplitHostPort(s.Listener.Addr().String())
+	p, _ := strconv.Atoi(port)
+	return Endpoint{Idx: idx, Host: host, Port: p, Healthy: true}
+}
+
 // TestAdmissionBurst: with one slot and a queue of two per endpoint, a
-// burst of 12 against a stalled prefill worker gets one admission, two
+// burst of 12 against a busy prefill worker gets one admission, two
 // waiters that time out with 503, and nine immediate 429s, all with
 // Retry-After; nothing waits beyond the bound.
 func TestAdmissionBurst(t *testing.T) {
 	f := newFleet(t, fleetOpts{engine: "vllm", nPrefill: 1, nDec: 1,
-		cfg: Config{MaxInflightPerEP: 1, QueueDepthPerEP: 2, MaxPark: 300 * time.Millisecond, PrefillTimeout: 3 * time.Second}})
-	_ = f.prefill[0].SetFaults(faultsStall(20000))
+		cfg: Config{MaxInflightPerEP: 1, QueueDepthPerEP: 2, MaxPark: 300 * time.Millisecond}})
+	release := make(chan struct{})
+	f.pool.Prefill = []Endpoint{gatedPrefill(t, 0, release)}
 	const n = 12
 	type got struct {
 		status int
@@ -191,19 +215,17 @@ func TestAdmissionBurst(t *testing.T) {
 	close(start)
 	// Wait until every request is either shed or parked/admitted, then
 	// check the bound while they are still outstanding.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	// Every request but the admitted one is answered while it still holds
+	// the slot: nine shed at once, two after their park.
+	wait.Eventually(t, "every request but the admitted one to be answered", func() bool {
 		mu.Lock()
-		done := len(res)
-		mu.Unlock()
-		if done >= n-3 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+		defer mu.Unlock()
+		return len(res) == n-1
+	})
+	if inflight := f.d.InFlight(7, 0); inflight != 1 {
+		t.Fatalf("%d legs in flight on a 1-slot endpoint, want the admitted one", inflight)
 	}
-	if inflight := f.d.InFlight(7, 0); inflight > 1 {
-		t.Fatalf("%d legs in flight on a 1-slot endpoint", inflight)
-	}
+	close(release)
 	wg.Wait()
 	count := map[int]int{}
 	lastShed, firstOK := 0, 1<<30
@@ -217,11 +239,11 @@ func TestAdmissionBurst(t *testing.T) {
 			if g.status == http.StatusTooManyRequests {
 				lastShed = max(lastShed, g.order)
 			}
-		case http.StatusGatewayTimeout, http.StatusOK:
+		case http.StatusBadGateway:
 			firstOK = min(firstOK, g.order)
 		}
 	}
-	if count[429] != 9 || count[503] != 2 || count[429]+count[503]+count[504]+count[200] != n {
+	if count[429] != 9 || count[503] != 2 || count[502] != 1 {
 		t.Fatalf("statuses %v, want nine 429, two 503 and one admitted", count)
 	}
 	if lastShed > firstOK {
@@ -254,11 +276,12 @@ func TestLeastLoadedSpread(t *testing.T) {
 	}
 }
 
-// TestTotalCap: LLB_PD_MAX_TOTAL_INFLIGHT sheds with 429 at once.
+// TestTotalCap: LLB_PD_MAX_TOTAL_INFLIGHT sheds with 429 at once, while
+// the admitted request still runs.
 func TestTotalCap(t *testing.T) {
-	f := newFleet(t, fleetOpts{engine: "trtllm", nPrefill: 1, nDec: 1,
-		cfg: Config{MaxTotalInflight: 1, PrefillTimeout: 3 * time.Second}})
-	_ = f.prefill[0].SetFaults(faultsStall(20000))
+	f := newFleet(t, fleetOpts{engine: "trtllm", nPrefill: 1, nDec: 1, cfg: Config{MaxTotalInflight: 1}})
+	release := make(chan struct{})
+	f.pool.Prefill = []Endpoint{gatedPrefill(t, 0, release)}
 	var wg sync.WaitGroup
 	statuses := make([]int, 3)
 	for i := range statuses {
@@ -268,13 +291,17 @@ func TestTotalCap(t *testing.T) {
 			statuses[i] = f.post(t, "/v1/completions", bodyFor(flowCases[0], fmt.Sprintf("cap %d", i), 2)).status
 		}()
 	}
+	wait.Eventually(t, "two requests shed at the cap", func() bool {
+		return metricSum(t, f.reg, "loxilb_pd_admission_shed_total", "reason", "total_cap") == 2
+	})
+	close(release)
 	wg.Wait()
 	count := map[int]int{}
 	for _, s := range statuses {
 		count[s]++
 	}
-	if count[429] != 2 || count[504] != 1 {
-		t.Fatalf("statuses %v, want two 429 and the admitted one timing out (504)", statuses)
+	if count[429] != 2 || count[502] != 1 {
+		t.Fatalf("statuses %v, want two 429 and the admitted one answered once released (502)", statuses)
 	}
 	if got := metricSum(t, f.reg, "loxilb_pd_admission_shed_total", "reason", "total_cap"); got != 2 {
 		t.Fatalf("total_cap sheds %v", got)

@@ -246,10 +246,7 @@ func (f *fakeLearner) learn(n int) {
 // With the daemon's defaults (no LOXILB_KV_PREFILL_SLOTS) requests go
 // straight through until a budget is learned, then queue for it.
 func TestPickQueuesOnceBudgetLearned(t *testing.T) {
-	slots, wait, err := PrefillFromEnv(func(string) string { return "" })
-	if err != nil {
-		t.Fatal(err)
-	}
+	slots, wait := PrefillAuto, DefaultPrefillQueueWait
 	learner := &fakeLearner{}
 	f := newFixtureEngine(t, Config{Seed: "1", PrefillSlots: slots, PrefillQueueWait: wait, CoalesceWait: -1}, learner, rule(3, ""))
 

@@ -139,11 +139,7 @@ func TestCoalesceCancelledFollowerReleasesItsBooking(t *testing.T) {
 
 // With coalescing off (LOXILB_KV_COALESCE_WAIT_MS=0) nothing waits.
 func TestCoalesceOff(t *testing.T) {
-	wait, err := CoalesceWaitFromEnv(func(string) string { return "0" })
-	if err != nil || wait >= 0 {
-		t.Fatalf("0 ms: %v %v", wait, err)
-	}
-	f := newFixtureConfig(t, Config{Seed: "1", CoalesceWait: wait}, rule(3, ""))
+	f := newFixtureConfig(t, Config{Seed: "1", CoalesceWait: -1}, rule(3, ""))
 	if _, err := f.g.Pick(context.Background(), req(prompt)); err != nil {
 		t.Fatal(err)
 	}
@@ -154,20 +150,6 @@ func TestCoalesceOff(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("follower held with coalescing off")
-	}
-}
-
-func TestCoalesceWaitFromEnv(t *testing.T) {
-	for v, want := range map[string]time.Duration{"": DefaultCoalesceWait, "250": 250 * time.Millisecond, "600000": 10 * time.Minute} {
-		got, err := CoalesceWaitFromEnv(func(string) string { return v })
-		if err != nil || got != want {
-			t.Errorf("%q: %v %v, want %v", v, got, err, want)
-		}
-	}
-	for _, v := range []string{"-1", "x", "600001", "1.5"} {
-		if _, err := CoalesceWaitFromEnv(func(string) string { return v }); err == nil {
-			t.Errorf("%q accepted", v)
-		}
 	}
 }
 

@@ -159,59 +159,10 @@ const DefaultPrefillQueueWait = 2 * time.Second
 // PrefillAuto is Config.PrefillSlots for budgets learned per endpoint.
 const PrefillAuto = prefillAuto
 
-// Environment variables of the prefill admission queue.
-const (
-	EnvPrefillSlots     = "LOXILB_KV_PREFILL_SLOTS"
-	EnvPrefillQueueWait = "LOXILB_KV_PREFILL_QUEUE_MS"
-)
-
-// PrefillFromEnv parses EnvPrefillSlots (unset or "auto": PrefillAuto,
-// the budget learned per endpoint; 0: off; 1..4096: fixed) and
-// EnvPrefillQueueWait (unset: the default; 1..600000 ms).
-func PrefillFromEnv(getenv func(string) string) (slots int, wait time.Duration, err error) {
-	slots = PrefillAuto
-	if v := getenv(EnvPrefillSlots); v != "" && v != "auto" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > 4096 {
-			return 0, 0, fmt.Errorf("%s=%q: want auto (learn each endpoint's budget) or a slot count within 0..4096 per endpoint (0 turns the prefill queue off)", EnvPrefillSlots, v)
-		}
-		slots = n
-	}
-	wait = DefaultPrefillQueueWait
-	if v := getenv(EnvPrefillQueueWait); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 600_000 {
-			return 0, 0, fmt.Errorf("%s=%q: want milliseconds within 1..600000", EnvPrefillQueueWait, v)
-		}
-		wait = time.Duration(n) * time.Millisecond
-	}
-	return slots, wait, nil
-}
-
 // DefaultCoalesceWait is Config.CoalesceWait's default: longer than a long
 // prompt's prefill on a busy engine, short enough that a stuck leader costs
 // its followers seconds, not a request timeout.
 const DefaultCoalesceWait = 3 * time.Second
-
-// EnvCoalesceWait sets Config.CoalesceWait in milliseconds; 0 disables.
-const EnvCoalesceWait = "LOXILB_KV_COALESCE_WAIT_MS"
-
-// CoalesceWaitFromEnv parses EnvCoalesceWait: unset is the default, 0
-// disables coalescing (a negative duration), 1..600000 ms sets the bound.
-func CoalesceWaitFromEnv(getenv func(string) string) (time.Duration, error) {
-	v := getenv(EnvCoalesceWait)
-	if v == "" {
-		return DefaultCoalesceWait, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 || n > 600_000 {
-		return 0, fmt.Errorf("%s=%q: want milliseconds within 0..600000 (0 turns coalescing off)", EnvCoalesceWait, v)
-	}
-	if n == 0 {
-		return -1, nil
-	}
-	return time.Duration(n) * time.Millisecond, nil
-}
 
 // Gateway is the mode-4 service table and proxy.Picker.
 type Gateway struct {

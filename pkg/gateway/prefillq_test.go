@@ -190,33 +190,3 @@ func TestPickQueuesForPrefillSlot(t *testing.T) {
 	}
 	p3.Done(proxy.Result{Endpoint: first.EP, Status: 200})
 }
-
-func TestPrefillFromEnv(t *testing.T) {
-	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
-	slots, wait, err := PrefillFromEnv(env(nil))
-	if err != nil || slots != PrefillAuto || wait != DefaultPrefillQueueWait {
-		t.Fatalf("unset: %d %v %v, want learned budgets (auto)", slots, wait, err)
-	}
-	for v, want := range map[string]int{"auto": PrefillAuto, "0": 0, "32": 32} {
-		slots, _, err = PrefillFromEnv(env(map[string]string{EnvPrefillSlots: v}))
-		if err != nil || slots != want {
-			t.Fatalf("%s=%s: %d %v, want %d", EnvPrefillSlots, v, slots, err, want)
-		}
-	}
-	slots, wait, err = PrefillFromEnv(env(map[string]string{EnvPrefillSlots: "32", EnvPrefillQueueWait: "750"}))
-	if err != nil || slots != 32 || wait != 750*time.Millisecond {
-		t.Fatalf("set: %d %v %v", slots, wait, err)
-	}
-	for _, bad := range []map[string]string{{EnvPrefillSlots: "-1"}, {EnvPrefillSlots: "two"}, {EnvPrefillSlots: "5000"}, {EnvPrefillSlots: "AUTO "},
-		{EnvPrefillQueueWait: "0"}, {EnvPrefillQueueWait: "1s"}} {
-		_, _, err := PrefillFromEnv(env(bad))
-		if err == nil {
-			t.Fatalf("%v accepted", bad)
-		}
-		for k := range bad {
-			if !strings.Contains(err.Error(), k) {
-				t.Fatalf("error %q does not name %s", err, k)
-			}
-		}
-	}
-}

@@ -3,32 +3,16 @@ package router
 import (
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/loxilb-llm/loxilb/pkg/selector"
 )
 
-// ErrConfig marks an invalid router setting; the message names the
-// environment variable or field.
+// ErrConfig marks an invalid router setting; the message names the field.
 var ErrConfig = errors.New("invalid kv router setting")
 
-// Environment variables read by ConfigFromEnv. They are process-wide, as in
-// loxilb; change them with a staged workload test.
-const (
-	EnvMinMatchTokens = "LLB_KV_MIN_MATCH_TOKENS"
-	EnvSpillRelief    = "LOXILB_KV_SPILL_RELIEF"
-	EnvSpillMinLoad   = "LOXILB_KV_SPILL_MIN_LOAD"
-	EnvColdSeedN      = "LOXILB_KV_COLDSTART_SEED_N"
-	EnvColdMinBlocks  = "LOXILB_KV_COLDSTART_MIN_BLOCKS"
-	EnvZeroHitN       = "LOXILB_KV_ZERO_HIT_N"
-	EnvMeanLoadFactor = "LOXILB_KV_MEAN_LOAD_FACTOR"
-	EnvLoadPenalty    = "LOXILB_KV_LOAD_PENALTY"
-	EnvTierWeightCPU  = "LOXILB_KV_TIER_WEIGHT_CPU"
-)
-
-// Config tunes the Tier-1.5 decision. Build it with DefaultConfig or
-// ConfigFromEnv; New validates it.
+// Config tunes the Tier-1.5 decision. Build it from DefaultConfig (the
+// daemon sets the fields from its settings table, cmd/loxilb); New
+// validates it.
 type Config struct {
 	// MinMatchTokens skips KV routing when the longest cached prefix is
 	// shorter than this many tokens (rounded up to blocks, capped at the
@@ -107,106 +91,23 @@ func (c Config) Validate() error {
 		name     string
 		v, lo, h int
 	}{
-		{EnvMinMatchTokens, c.MinMatchTokens, 0, 4096},
-		{EnvSpillMinLoad, c.SpillMinLoad, 0, 1000},
-		{EnvColdSeedN, c.ColdSeedN, 0, 1 << 30},
-		{EnvColdMinBlocks, c.ColdMinBlocks, 0, 1 << 30},
-		{EnvZeroHitN, c.ZeroHitN, 1, 1000000},
-		{EnvMeanLoadFactor, c.MeanLoadFactor, 100, 1000},
-		{EnvLoadPenalty, c.LoadPenalty, LoadPenaltyAdaptive, 100000},
+		{"MinMatchTokens", c.MinMatchTokens, 0, 4096},
+		{"SpillMinLoad", c.SpillMinLoad, 0, 1000},
+		{"ColdSeedN", c.ColdSeedN, 0, 1 << 30},
+		{"ColdMinBlocks", c.ColdMinBlocks, 0, 1 << 30},
+		{"ZeroHitN", c.ZeroHitN, 1, 1000000},
+		{"MeanLoadFactor", c.MeanLoadFactor, 100, 1000},
+		{"LoadPenalty", c.LoadPenalty, LoadPenaltyAdaptive, 100000},
 	} {
 		if r.v < r.lo || r.v > r.h {
 			return fmt.Errorf("%w: %s=%d outside %d..%d", ErrConfig, r.name, r.v, r.lo, r.h)
 		}
 	}
 	if !(c.TierWeightCPU >= 0 && c.TierWeightCPU <= 1) {
-		return fmt.Errorf("%w: %s=%v outside 0..1", ErrConfig, EnvTierWeightCPU, c.TierWeightCPU)
+		return fmt.Errorf("%w: TierWeightCPU=%v outside 0..1", ErrConfig, c.TierWeightCPU)
 	}
 	if c.LoadWeights.Queue < 0 || c.LoadWeights.KV < 0 {
 		return fmt.Errorf("%w: negative load weights %+v", ErrConfig, c.LoadWeights)
 	}
 	return nil
-}
-
-// ConfigFromEnv reads the environment through getenv (os.Getenv in the
-// daemon, a map in tests). Unset or empty variables keep their defaults; a
-// malformed or out-of-range value is an error naming the variable, never a
-// silent default.
-func ConfigFromEnv(getenv func(string) string) (Config, error) {
-	c := DefaultConfig()
-	ints := []struct {
-		name string
-		dst  *int
-	}{
-		{EnvMinMatchTokens, &c.MinMatchTokens},
-		{EnvSpillMinLoad, &c.SpillMinLoad},
-		{EnvColdSeedN, &c.ColdSeedN},
-		{EnvColdMinBlocks, &c.ColdMinBlocks},
-		{EnvZeroHitN, &c.ZeroHitN},
-		{EnvMeanLoadFactor, &c.MeanLoadFactor},
-		{EnvLoadPenalty, &c.LoadPenalty},
-	}
-	for _, v := range ints {
-		s := strings.TrimSpace(getenv(v.name))
-		if s == "" {
-			continue
-		}
-		if v.name == EnvLoadPenalty && strings.EqualFold(s, "adaptive") {
-			*v.dst = LoadPenaltyAdaptive
-			continue
-		}
-		n, err := strconv.Atoi(s)
-		if err != nil {
-			return Config{}, fmt.Errorf("%w: %s=%q is not an integer", ErrConfig, v.name, s)
-		}
-		*v.dst = n
-	}
-	if s := strings.TrimSpace(getenv(EnvTierWeightCPU)); s != "" {
-		w, err := strconv.ParseFloat(s, 64)
-		if err != nil {
-			return Config{}, fmt.Errorf("%w: %s=%q is not a number", ErrConfig, EnvTierWeightCPU, s)
-		}
-		c.TierWeightCPU = w
-	}
-	switch s := strings.ToLower(strings.TrimSpace(getenv(EnvSpillRelief))); s {
-	case "":
-	case "1", "true", "on", "yes":
-		on := true
-		c.SpillRelief = &on
-	case "0", "false", "off", "no":
-		off := false
-		c.SpillRelief = &off
-	default:
-		return Config{}, fmt.Errorf("%w: %s=%q, want on/off (1/0, true/false, yes/no) or unset", ErrConfig, EnvSpillRelief, s)
-	}
-	if err := c.Validate(); err != nil {
-		return Config{}, err
-	}
-	return c, nil
-}
-
-// Settings returns the effective value of every environment setting by
-// variable name, written one way whatever way it was set (unset and the
-// default alike), so nodes of one cluster can compare them: two nodes
-// whose settings differ route the same request differently.
-func (c Config) Settings() map[string]string {
-	relief := "auto"
-	if c.SpillRelief != nil {
-		relief = strconv.FormatBool(*c.SpillRelief)
-	}
-	penalty := strconv.Itoa(c.LoadPenalty)
-	if c.LoadPenalty == LoadPenaltyAdaptive {
-		penalty = "adaptive"
-	}
-	return map[string]string{
-		EnvMinMatchTokens: strconv.Itoa(c.MinMatchTokens),
-		EnvSpillRelief:    relief,
-		EnvSpillMinLoad:   strconv.Itoa(c.SpillMinLoad),
-		EnvColdSeedN:      strconv.Itoa(c.ColdSeedN),
-		EnvColdMinBlocks:  strconv.Itoa(c.ColdMinBlocks),
-		EnvZeroHitN:       strconv.Itoa(c.ZeroHitN),
-		EnvMeanLoadFactor: strconv.Itoa(c.MeanLoadFactor),
-		EnvLoadPenalty:    penalty,
-		EnvTierWeightCPU:  strconv.FormatFloat(c.TierWeightCPU, 'g', -1, 64),
-	}
 }

@@ -34,17 +34,10 @@
 // service (cold-seed tick, zero-hit run, the running medians of a hit's
 // uncached work, prompt length and cached prefix) and is dropped by Forget.
 //
-// Settings come from the process environment (ConfigFromEnv):
-//
-//	LLB_KV_MIN_MATCH_TOKENS        16   0..4096, 0 = guard off
-//	LOXILB_KV_SPILL_RELIEF         unset = on for kvExactMode 3, off for 1; on/off forces
-//	LOXILB_KV_SPILL_MIN_LOAD       2    0..1000, relief floor in request-equivalents
-//	LOXILB_KV_COLDSTART_SEED_N     16   0 = seeding off
-//	LOXILB_KV_COLDSTART_MIN_BLOCKS 16   0 = only empty inventories are cold
-//	LOXILB_KV_ZERO_HIT_N           50   1..1000000
-//	LOXILB_KV_MEAN_LOAD_FACTOR     200  100..1000 (percent)
-//	LOXILB_KV_LOAD_PENALTY         unset = adaptive (median uncached tokens per hit);
-//	                                    0..100000 fixes the tokens per request-equivalent
+// Settings are Config's fields; the daemon reads them from its settings
+// table (cmd/loxilb/settings_table.go, listed in the README's routing
+// table), environment variables named as in loxilb (LLB_KV_MIN_MATCH_TOKENS,
+// LOXILB_KV_SPILL_RELIEF, ...).
 //
 // Metrics: loxilb_pd_kv_tier15_hits_total{service,ep_idx},
 // loxilb_pd_kv_tier15_spills_total{service,ep_idx},

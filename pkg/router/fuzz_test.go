@@ -24,21 +24,3 @@ func FuzzParseReceipt(f *testing.F) {
 		}
 	})
 }
-
-func FuzzConfigFromEnv(f *testing.F) {
-	f.Add("16", "on", "16", "16", "50", "175", "32")
-	f.Add("-1", "maybe", "x", "", "0", "99999999999999999999", " 7 ")
-	f.Fuzz(func(t *testing.T, mm, spill, seed, minb, zero, mlf, pen string) {
-		env := map[string]string{
-			EnvMinMatchTokens: mm, EnvSpillRelief: spill, EnvColdSeedN: seed, EnvColdMinBlocks: minb,
-			EnvZeroHitN: zero, EnvMeanLoadFactor: mlf, EnvLoadPenalty: pen,
-		}
-		c, err := ConfigFromEnv(func(k string) string { return env[k] })
-		if err != nil {
-			return
-		}
-		if err := c.Validate(); err != nil {
-			t.Fatalf("ConfigFromEnv returned an invalid config %+v: %v", c, err)
-		}
-	})
-}

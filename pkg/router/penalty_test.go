@@ -127,33 +127,6 @@ func TestAdaptivePenaltyEstimate(t *testing.T) {
 	}
 }
 
-func TestLoadPenaltyEnv(t *testing.T) {
-	for _, c := range []struct {
-		val  string
-		want int
-		ok   bool
-	}{
-		{"", LoadPenaltyAdaptive, true},
-		{"adaptive", LoadPenaltyAdaptive, true},
-		{" Adaptive ", LoadPenaltyAdaptive, true},
-		{"-1", LoadPenaltyAdaptive, true},
-		{"0", 0, true},
-		{"512", 512, true},
-		{"-2", 0, false},
-		{"auto", 0, false},
-	} {
-		cfg, err := ConfigFromEnv(func(k string) string {
-			if k == EnvLoadPenalty {
-				return c.val
-			}
-			return ""
-		})
-		if (err == nil) != c.ok || (c.ok && cfg.LoadPenalty != c.want) {
-			t.Errorf("%s=%q: penalty %d err %v, want %d ok=%v", EnvLoadPenalty, c.val, cfg.LoadPenalty, err, c.want, c.ok)
-		}
-	}
-}
-
 // With the gateway admitting shortest prefill first, queued load delays a
 // request by at most its own uncached work per queued request: a chat turn
 // that would recompute a 1,664-token history elsewhere stays on its warm

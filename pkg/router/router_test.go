@@ -619,53 +619,6 @@ func TestMetricsPerServiceAndForget(t *testing.T) {
 	}
 }
 
-func TestConfigFromEnv(t *testing.T) {
-	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
-	c, err := ConfigFromEnv(env(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := DefaultConfig(); c.MinMatchTokens != 16 || c.ColdSeedN != 16 || c.ColdMinBlocks != 16 || c.ZeroHitN != 50 ||
-		c.MeanLoadFactor != 200 || c.LoadPenalty != d.LoadPenalty || c.SpillRelief != nil || c.SpillMinLoad != 2 {
-		t.Fatalf("defaults %+v", c)
-	}
-	c, err = ConfigFromEnv(env(map[string]string{
-		EnvMinMatchTokens: "0", EnvSpillRelief: " ON ", EnvColdSeedN: "0", EnvColdMinBlocks: "0",
-		EnvZeroHitN: "7", EnvMeanLoadFactor: "300", EnvLoadPenalty: "0", EnvSpillMinLoad: "0",
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.MinMatchTokens != 0 || c.SpillRelief == nil || !*c.SpillRelief || c.ColdSeedN != 0 || c.ZeroHitN != 7 || c.MeanLoadFactor != 300 || c.LoadPenalty != 0 {
-		t.Fatalf("overrides %+v", c)
-	}
-	for _, off := range []string{"0", "false", "off", "no"} {
-		c, err := ConfigFromEnv(env(map[string]string{EnvSpillRelief: off}))
-		if err != nil || c.SpillRelief == nil || *c.SpillRelief {
-			t.Errorf("%s=%s: %+v %v", EnvSpillRelief, off, c.SpillRelief, err)
-		}
-	}
-	for _, bad := range []map[string]string{
-		{EnvMinMatchTokens: "4097"},
-		{EnvMinMatchTokens: "-1"},
-		{EnvMinMatchTokens: "sixteen"},
-		{EnvSpillRelief: "maybe"},
-		{EnvZeroHitN: "0"},
-		{EnvMeanLoadFactor: "99"},
-		{EnvLoadPenalty: "100001"},
-		{EnvColdSeedN: "-3"},
-	} {
-		_, err := ConfigFromEnv(env(bad))
-		var name string
-		for k := range bad {
-			name = k
-		}
-		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), name) {
-			t.Errorf("%v: error %v should name %s", bad, err, name)
-		}
-	}
-}
-
 func TestReceipt(t *testing.T) {
 	for _, rc := range []Receipt{
 		{Tier: TierKV, EP: 2, Matched: 12, Total: 16, From: -1, Reason: ReasonLongestPrefix},

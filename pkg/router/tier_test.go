@@ -2,7 +2,6 @@ package router_test
 
 import (
 	"log/slog"
-	"strings"
 	"testing"
 
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
@@ -69,28 +68,5 @@ func TestTierWeights(t *testing.T) {
 	ix.Store(1, 2, 0, keys(9, 8))
 	if d = r.Decide(svc, q, 16, healthy(3), sel, selector.Request{}); d.EP != 0 || d.CPUBlocks != 32 {
 		t.Fatalf("weight 1: %+v", d)
-	}
-}
-
-func TestTierWeightEnv(t *testing.T) {
-	env := func(v string) func(string) string {
-		return func(k string) string {
-			if k == router.EnvTierWeightCPU {
-				return v
-			}
-			return ""
-		}
-	}
-	c, err := router.ConfigFromEnv(env(""))
-	if err != nil || c.TierWeightCPU != 0.8 {
-		t.Fatalf("default: %v %v", c.TierWeightCPU, err)
-	}
-	if c, err = router.ConfigFromEnv(env("0.75")); err != nil || c.TierWeightCPU != 0.75 {
-		t.Fatalf("0.75: %v %v", c.TierWeightCPU, err)
-	}
-	for _, bad := range []string{"1.5", "-0.1", "NaN", "x"} {
-		if _, err := router.ConfigFromEnv(env(bad)); err == nil || !strings.Contains(err.Error(), router.EnvTierWeightCPU) {
-			t.Fatalf("%q accepted or unnamed: %v", bad, err)
-		}
 	}
 }
