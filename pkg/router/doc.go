@@ -3,11 +3,14 @@
 // tempered by load so one hot prefix cannot monopolise a worker, and with
 // every decision explainable.
 //
-// In: the request's block hashes (package blockhash, after tokenizing),
-// the rule's candidates with health (package health) and load (in-flight
-// requests counted by the proxy, engine metrics scraped from /metrics), the
-// rule's fallback selector (package selector), and an Inventory (package
-// kvindex, fed by the engines' KV events).
+// In, all composed by package gateway, which tokenizes the request and
+// calls Decide (or Fallback when it cannot): the request's block hashes
+// (package blockhash), the rule's candidates with health (package health)
+// and load (in-flight requests counted by the proxy plus those the gateway
+// holds or queues for the endpoint, outstanding prefill tokens, engine
+// metrics scraped from /metrics), the rule's fallback selector (package
+// selector), and an Inventory (package kvindex, fed by the engines' KV
+// events).
 // Out: a Decision naming the endpoint, the tier (tier1.5, spill, cold_seed,
 // fallback), matched/total blocks and a reason; Decision.Receipt formats it
 // for the X-Loxilb-Route response header and for logs.

@@ -106,8 +106,8 @@ const (
 
 	ReasonModeOff        = "mode_off"        // rule has kvExactMode 0
 	ReasonShortPrompt    = "short_prompt"    // prompt has no full block
-	ReasonNoTokenizer    = "no_tokenizer"    // no tokenizer staged for the model (reported by the proxy)
-	ReasonUnhashable     = "unhashable"      // request could not be rendered/hashed (reported by the proxy)
+	ReasonNoTokenizer    = "no_tokenizer"    // no tokenizer staged for the model (reported by the gateway)
+	ReasonUnhashable     = "unhashable"      // request could not be rendered/hashed (reported by the gateway; Decide too when blockSize <= 0)
 	ReasonNoHealthy      = "no_healthy"      // no healthy candidate
 	ReasonEmptyInventory = "empty_inventory" // every healthy inventory is empty (cold fleet)
 	ReasonNoMatch        = "no_match"        // inventories non-empty but nothing matched
@@ -622,8 +622,52 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 	if total == 0 {
 		return r.placeMiss(st, s, ReasonShortPrompt, total, blockSize, cands, fallback, freq)
 	}
+	excluded := r.gather(s, svc, cands)
+	n := len(s.eps)
+	if n == 0 {
+		if excluded {
+			return r.fallback(st, ReasonParityUntrusted, total, blockSize, cands, fallback, freq)
+		}
+		return r.fallback(st, ReasonNoHealthy, total, blockSize, cands, fallback, freq)
+	}
+	r.prefixMatch(s, svc.ID, keys)
+
+	// 1. Overlap.
+	warm := r.overlap(s, total)
+	if warm < 0 {
+		return r.placeNoHit(st, s, svc, keys, excluded, total, blockSize, cands, fallback, freq)
+	}
+	r.confirmHit(st, svc, keys, s)
+	minBlocks := r.minBlocks(total, blockSize)
+	if s.match[warm] < minBlocks {
+		return r.placeMiss(st, s, ReasonShallow, total, blockSize, cands, fallback, freq)
+	}
+	warmUncached := (total - s.match[warm]) * blockSize
+	if n > 1 && r.evenMatch(s) {
+		return r.placeEven(st, s, warm, warmUncached, total, blockSize, cands, fallback, freq)
+	}
+
+	// 2. Blend.
+	b := blend{s: s, penalty: r.penalty(st, warmUncached, blockSize), minBlocks: minBlocks,
+		total: total, blockSize: blockSize, shortestFirst: svc.ShortestFirst}
+	c := b.pick(warm)
+
+	// 3. Spill relief and 4. cold seeding, both priced: a move must cost
+	// less than staying (or, for a seed, throw away little).
+	mc := newMoveCost(st, s, cands, total, blockSize)
+	if r.spillRelief(svc) {
+		c = r.relieveSpill(&b, mc, c, warm)
+	}
+	c = r.seedCold(st, svc.ID, s, mc, c)
+
+	return r.placeHit(st, s, c, warm, warmUncached, total, blockSize)
+}
+
+// gather fills the scratch with the healthy candidates Tier 1.5 may use:
+// endpoint index, position in cands and load. excluded reports whether a
+// healthy candidate was left out as untrusted.
+func (r *Router) gather(s *scratch, svc ServiceView, cands []selector.Candidate) (excluded bool) {
 	s.eps, s.pos, s.load = s.eps[:0], s.pos[:0], s.load[:0]
-	excluded := false // a healthy candidate was left out as untrusted
 	for i := range cands {
 		if cands[i].Healthy && svc.untrusted(cands[i].Idx) {
 			excluded = true
@@ -635,13 +679,14 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 			s.load = append(s.load, selector.Load(cands[i], r.cfg.LoadWeights))
 		}
 	}
+	return excluded
+}
+
+// prefixMatch sizes the scratch for the gathered candidates and asks the
+// inventory how many leading blocks of keys each holds (and, from a
+// tiered inventory, how many of those only in host memory).
+func (r *Router) prefixMatch(s *scratch, service uint32, keys []uint64) {
 	n := len(s.eps)
-	if n == 0 {
-		if excluded {
-			return r.fallback(st, ReasonParityUntrusted, total, blockSize, cands, fallback, freq)
-		}
-		return r.fallback(st, ReasonNoHealthy, total, blockSize, cands, fallback, freq)
-	}
 	if cap(s.match) < n {
 		s.match = make([]int, n)
 	}
@@ -653,17 +698,20 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 	s.cpu, s.eff = s.cpu[:n], s.eff[:n]
 	clear(s.cpu)
 	if ti, ok := r.inv.(TieredInventory); ok {
-		ti.PrefixMatchTiered(svc.ID, keys, s.eps, s.match, s.cpu)
+		ti.PrefixMatchTiered(service, keys, s.eps, s.match, s.cpu)
 	} else {
-		r.inv.PrefixMatch(svc.ID, keys, s.eps, s.match)
+		r.inv.PrefixMatch(service, keys, s.eps, s.match)
 	}
+}
 
-	// 1. Overlap, weighed by tier: a block held only in host memory counts
-	// TierWeightCPU of a GPU-resident one. warm is the endpoint with the
-	// most weighted overlap (ties: lower load, then lower index); it is
-	// what a spill or seed displaces.
+// overlap is step 1: it clamps each match to the request, weighs it by
+// tier (a block held only in host memory counts TierWeightCPU of a
+// GPU-resident one) and returns the warm position, the one with the most
+// weighted overlap (ties: lower load, then lower index); it is what a
+// spill or seed displaces. -1 when nothing matched.
+func (r *Router) overlap(s *scratch, total int) int {
 	warm := -1
-	for i := 0; i < n; i++ {
+	for i := range s.eps {
 		s.match[i] = min(max(s.match[i], 0), total)
 		c := min(max(s.cpu[i], 0), s.match[i])
 		s.eff[i] = float64(s.match[i]-c) + r.cfg.TierWeightCPU*float64(c)
@@ -675,147 +723,185 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 			warm = i
 		}
 	}
-	if warm < 0 {
-		if excluded && r.untrustedMatch(svc, keys, cands) {
-			return r.fallback(st, ReasonParityUntrusted, total, blockSize, cands, fallback, freq)
-		}
-		nonEmpty := false
-		for _, ep := range s.eps {
-			if r.inv.Len(svc.ID, ep) > 0 {
-				nonEmpty = true
-				break
-			}
-		}
-		if !nonEmpty {
-			return r.placeMiss(st, s, ReasonEmptyInventory, total, blockSize, cands, fallback, freq)
-		}
-		r.zeroHit(st, svc, s.eps)
-		return r.placeMiss(st, s, ReasonNoMatch, total, blockSize, cands, fallback, freq)
-	}
-	r.confirmHit(st, svc, keys, s)
+	return warm
+}
 
-	minBlocks := 1
+// placeNoHit places a request no trusted healthy inventory matched: a
+// fallback when only an untrusted endpoint holds the prefix, else a miss
+// placement, empty_inventory on a cold fleet or no_match (extending the
+// zero-hit watchdog's run) when some inventory is non-empty.
+func (r *Router) placeNoHit(st *serviceState, s *scratch, svc ServiceView, keys []uint64, excluded bool, total, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
+	if excluded && r.untrustedMatch(svc, keys, cands) {
+		return r.fallback(st, ReasonParityUntrusted, total, blockSize, cands, fallback, freq)
+	}
+	nonEmpty := false
+	for _, ep := range s.eps {
+		if r.inv.Len(svc.ID, ep) > 0 {
+			nonEmpty = true
+			break
+		}
+	}
+	if !nonEmpty {
+		return r.placeMiss(st, s, ReasonEmptyInventory, total, blockSize, cands, fallback, freq)
+	}
+	r.zeroHit(st, svc, s.eps)
+	return r.placeMiss(st, s, ReasonNoMatch, total, blockSize, cands, fallback, freq)
+}
+
+// minBlocks is the shallowest match that counts as a hit:
+// ceil(MinMatchTokens/blockSize) blocks, at most the whole request, at
+// least one.
+func (r *Router) minBlocks(total, blockSize int) int {
 	if r.cfg.MinMatchTokens > 0 {
-		minBlocks = min((r.cfg.MinMatchTokens+blockSize-1)/blockSize, total)
+		return min((r.cfg.MinMatchTokens+blockSize-1)/blockSize, total)
 	}
-	if s.match[warm] < minBlocks {
-		return r.placeMiss(st, s, ReasonShallow, total, blockSize, cands, fallback, freq)
-	}
+	return 1
+}
 
-	warmUncached := (total - s.match[warm]) * blockSize
-	if n > 1 && r.evenMatch(s) {
-		return r.placeEven(st, s, warm, warmUncached, total, blockSize, cands, fallback, freq)
-	}
+// choice is a hit's placement as the steps refine it: the scratch
+// positions it goes to and was moved away from (-1: none), and why.
+type choice struct {
+	win, from    int
+	tier, reason string
+}
 
-	// 2. Blend.
-	penalty := r.penalty(st, warmUncached, blockSize)
-	score := func(i int) float64 {
-		m := s.eff[i]
-		if s.match[i] < minBlocks {
-			m = 0
-		}
-		p := penalty
-		if svc.ShortestFirst {
-			p = min(p, float64(max((total-s.match[i])*blockSize, blockSize)))
-		}
-		return m*float64(blockSize) - p*s.load[i]
+// blend is step 2's scoring of the gathered candidates of one hit.
+type blend struct {
+	s                           *scratch
+	penalty                     float64 // tokens one request of load is worth
+	minBlocks, total, blockSize int
+	shortestFirst               bool // cap the penalty at the request's own uncached tokens
+}
+
+// score is overlap minus priced load, in tokens of prefill; a shallow
+// match scores no overlap, so it cannot attract traffic.
+func (b *blend) score(i int) float64 {
+	s := b.s
+	m := s.eff[i]
+	if s.match[i] < b.minBlocks {
+		m = 0
 	}
-	better := func(i, j int) bool { // is i preferred over j?
-		si, sj := score(i), score(j)
-		if si != sj {
-			return si > sj
-		}
-		if s.load[i] != s.load[j] {
-			return s.load[i] < s.load[j]
-		}
-		if s.eff[i] != s.eff[j] {
-			return s.eff[i] > s.eff[j]
-		}
-		return s.eps[i] < s.eps[j]
+	p := b.penalty
+	if b.shortestFirst {
+		p = min(p, float64(max((b.total-s.match[i])*b.blockSize, b.blockSize)))
 	}
+	return m*float64(b.blockSize) - p*s.load[i]
+}
+
+// better reports whether position i is preferred over j: higher score,
+// then lower load, then more overlap, then lower index.
+func (b *blend) better(i, j int) bool {
+	si, sj := b.score(i), b.score(j)
+	if si != sj {
+		return si > sj
+	}
+	s := b.s
+	if s.load[i] != s.load[j] {
+		return s.load[i] < s.load[j]
+	}
+	if s.eff[i] != s.eff[j] {
+		return s.eff[i] > s.eff[j]
+	}
+	return s.eps[i] < s.eps[j]
+}
+
+// pick returns the best-scoring position: the warm one (longest_prefix)
+// or, moved off it by load, a load_blend (spill tier when the winner's
+// match is shallow).
+func (b *blend) pick(warm int) choice {
 	win := 0
-	for i := 1; i < n; i++ {
-		if better(i, win) {
+	for i := 1; i < len(b.s.eps); i++ {
+		if b.better(i, win) {
 			win = i
 		}
 	}
-	tier, reason := TierKV, ReasonLongestPrefix
+	c := choice{win: win, from: -1, tier: TierKV, reason: ReasonLongestPrefix}
 	if win != warm {
-		if s.match[win] >= minBlocks {
-			reason = ReasonLoadBlend
-		} else {
-			tier, reason = TierSpill, ReasonLoadBlend
+		c.from, c.reason = warm, ReasonLoadBlend
+		if b.s.match[win] < b.minBlocks {
+			c.tier = TierSpill
 		}
 	}
+	return c
+}
 
-	// from is the candidate the request was moved away from, if any.
-	from := -1
-	if win != warm {
-		from = warm
+// relieveSpill is step 3: a winner with at least SpillMinLoad load that
+// would exceed the fleet cap moves to the best-scoring candidate under the
+// cap whose move pays.
+func (r *Router) relieveSpill(b *blend, mc moveCost, c choice, warm int) choice {
+	s := b.s
+	if s.load[c.win] < float64(r.cfg.SpillMinLoad) {
+		return c
 	}
-
-	// 3. Spill relief, priced: a move must cost less than staying.
-	mc := newMoveCost(st, s, cands, total, blockSize)
-	if r.spillRelief(svc) && s.load[win] >= float64(r.cfg.SpillMinLoad) {
-		sum := 0.0
-		for _, l := range s.load {
-			sum += l
-		}
-		capLoad := math.Ceil(float64(r.cfg.MeanLoadFactor) * (sum + 1) / (100 * float64(n)))
-		if s.load[win]+1 > capLoad {
-			alt := -1
-			for i := 0; i < n; i++ {
-				if s.load[i]+1 <= capLoad && (alt < 0 || better(i, alt)) && mc.movePays(win, i) {
-					alt = i
-				}
-			}
-			if alt >= 0 {
-				if from = warm; alt == warm {
-					from = win // relief undid a blend move; report what it displaced
-				}
-				win, tier, reason = alt, TierSpill, ReasonOverCap
-			}
+	sum := 0.0
+	for _, l := range s.load {
+		sum += l
+	}
+	capLoad := math.Ceil(float64(r.cfg.MeanLoadFactor) * (sum + 1) / (100 * float64(len(s.eps))))
+	if s.load[c.win]+1 <= capLoad {
+		return c
+	}
+	alt := -1
+	for i := range s.eps {
+		if s.load[i]+1 <= capLoad && (alt < 0 || b.better(i, alt)) && mc.movePays(c.win, i) {
+			alt = i
 		}
 	}
+	if alt < 0 {
+		return c
+	}
+	from := warm
+	if alt == warm {
+		from = c.win // relief undid a blend move; report what it displaced
+	}
+	return choice{win: alt, from: from, tier: TierSpill, reason: ReasonOverCap}
+}
 
-	// 4. Cold seeding.
+// seedCold is step 4: every ColdSeedN-th hit makes a seed due, and the
+// first due hit whose move is cheap or pays goes to the lowest-index
+// candidate whose inventory is below ColdMinBlocks (otherwise a later hit
+// takes the seed).
+func (r *Router) seedCold(st *serviceState, service uint32, s *scratch, mc moveCost, c choice) choice {
 	if r.cfg.ColdSeedN > 0 && st.tick.Add(1)%uint64(r.cfg.ColdSeedN) == 0 {
 		st.seedDue.Store(true)
 	}
-	if st.seedDue.Load() {
-		// The seed goes to the lowest-index cold endpoint, and only if this
-		// request's move is cheap or pays (otherwise a later hit takes it).
-		floor := max(r.cfg.ColdMinBlocks, 1)
-		cold := -1
-		for i := 0; i < n; i++ {
-			if i != win && (cold < 0 || s.eps[i] < s.eps[cold]) && r.inv.Len(svc.ID, s.eps[i]) < floor {
-				cold = i
-			}
-		}
-		switch {
-		case cold < 0:
-			st.seedDue.Store(false) // nothing to seed
-		case !mc.seedCheap(st, win, cold) && !mc.movePays(win, cold):
-			// a long history stays; the seed waits for a cheaper request
-		case st.seedDue.CompareAndSwap(true, false):
-			from = win
-			win, tier, reason = cold, TierColdSeed, ReasonColdSeed
+	if !st.seedDue.Load() {
+		return c
+	}
+	floor := max(r.cfg.ColdMinBlocks, 1)
+	cold := -1
+	for i := range s.eps {
+		if i != c.win && (cold < 0 || s.eps[i] < s.eps[cold]) && r.inv.Len(service, s.eps[i]) < floor {
+			cold = i
 		}
 	}
+	switch {
+	case cold < 0:
+		st.seedDue.Store(false) // nothing to seed
+	case !mc.seedCheap(st, c.win, cold) && !mc.movePays(c.win, cold):
+		// a long history stays; the seed waits for a cheaper request
+	case st.seedDue.CompareAndSwap(true, false):
+		return choice{win: cold, from: c.win, tier: TierColdSeed, reason: ReasonColdSeed}
+	}
+	return c
+}
 
+// placeHit turns a hit's choice into the Decision, feeds the service's
+// estimates and counts it.
+func (r *Router) placeHit(st *serviceState, s *scratch, c choice, warm, warmUncached, total, blockSize int) Decision {
 	d := Decision{
-		EP:            s.eps[win],
-		Tier:          tier,
-		MatchedBlocks: s.match[win],
-		CPUBlocks:     min(max(s.cpu[win], 0), s.match[win]),
+		EP:            s.eps[c.win],
+		Tier:          c.tier,
+		MatchedBlocks: s.match[c.win],
+		CPUBlocks:     min(max(s.cpu[c.win], 0), s.match[c.win]),
 		TotalBlocks:   total,
 		BlockSize:     blockSize,
 		From:          -1,
-		Load:          s.load[win],
-		Reason:        reason,
+		Load:          s.load[c.win],
+		Reason:        c.reason,
 	}
-	if from >= 0 {
-		d.From = s.eps[from]
+	if c.from >= 0 {
+		d.From = s.eps[c.from]
 	}
 	if r.cfg.LoadPenalty == LoadPenaltyAdaptive {
 		// The warm endpoint's uncached work, not the chosen one's: what the
@@ -826,7 +912,7 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 	st.observeHit(total, s.match[warm], blockSize)
 	ep := strconv.Itoa(d.EP)
 	r.m.hits.WithLabelValues(st.label, ep).Inc()
-	switch tier {
+	switch c.tier {
 	case TierSpill:
 		r.m.spills.WithLabelValues(st.label, ep).Inc()
 	case TierColdSeed:
