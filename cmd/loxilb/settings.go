@@ -91,6 +91,9 @@ func (n *number[T]) check() error {
 
 func (n *number[T]) span() string {
 	s := fmt.Sprintf("%d..%d", n.lo, n.hi)
+	if n.unit == "bytes" {
+		s = sizeText(int64(n.lo)) + ".." + sizeText(int64(n.hi))
+	}
 	var ws []string
 	for w := range n.words {
 		ws = append(ws, w)
@@ -98,7 +101,7 @@ func (n *number[T]) span() string {
 	if len(ws) > 0 {
 		s += " or " + strings.Join(ws, ", ")
 	}
-	if n.unit != "" {
+	if n.unit != "" && n.unit != "bytes" { // sizes carry their unit
 		s += " " + n.unit
 	}
 	return s

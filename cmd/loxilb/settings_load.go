@@ -140,7 +140,7 @@ func sizeText(n int64) string {
 	for _, u := range []struct {
 		div  int64
 		name string
-	}{{1 << 30, "GiB"}, {1 << 20, "MiB"}, {1 << 10, "KiB"}} {
+	}{{1 << 40, "TiB"}, {1 << 30, "GiB"}, {1 << 20, "MiB"}, {1 << 10, "KiB"}} {
 		if n >= u.div && n%u.div == 0 {
 			return fmt.Sprintf("%d %s", n/u.div, u.name)
 		}
