@@ -67,11 +67,11 @@ func (m etcdMembers) Register(ctx context.Context, name string, v []byte, ttl ti
 
 func (m etcdMembers) Members(ctx context.Context) (map[string][]byte, error) { return m.e.Members(ctx) }
 
-// localSettings are what this node announces: the seed's fingerprint,
+// localSettings are what this node announces: the seed's fingerprint (fp,
+// cluster.SeedFingerprint),
 // the staged tokenizers' checksums and the routing settings (routing
 // holds the router's and gateway's effective values by variable name).
-func localSettings(seed string, tokens *cluster.Tokenizers, routing map[string]string) func() map[string]string {
-	fp := cluster.SeedFingerprint(seed) // once: it is deliberately slow
+func localSettings(fp string, tokens *cluster.Tokenizers, routing map[string]string) func() map[string]string {
 	return func() map[string]string {
 		out := tokens.Settings()
 		out[cluster.SettingSeed] = fp

@@ -54,6 +54,10 @@ type daemon struct {
 	kernel  kernelPlane
 	caps    *capabilities
 	members *cluster.Membership
+	// seedFP identifies LLB_KV_NONE_HASH_SEED without revealing it, in the
+	// membership record and in diagnostics alike; computed once, as it is
+	// deliberately slow.
+	seedFP string
 }
 
 func (d *daemon) close() {
@@ -191,8 +195,9 @@ func (d *daemon) buildControl() error {
 // the view is this node alone.
 func (d *daemon) joinCluster() error {
 	cfg := d.cfg
+	d.seedFP = cluster.SeedFingerprint(cfg.seed)
 	ccfg := cluster.Config{Self: cluster.Member{Name: cfg.cluster.name, Address: cfg.cluster.address, Version: version, Started: time.Now().UTC()},
-		Local: localSettings(cfg.seed, cluster.NewTokenizers(cfg.tokenizerDir), cfg.routingSettings()), TTL: cfg.cluster.ttl}
+		Local: localSettings(d.seedFP, cluster.NewTokenizers(cfg.tokenizerDir), cfg.routingSettings()), TTL: cfg.cluster.ttl}
 	if e, ok := d.st.(*store.Etcd); ok {
 		ccfg.Backend = etcdMembers{e}
 	}
@@ -315,7 +320,7 @@ func (d *daemon) startAPI(apiCtx context.Context, apiCfg api.Config, errc chan e
 			// The proxy counts the requests it forwards, the dispatcher
 			// the legs of P/D requests it runs (which the proxy hands it).
 			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) },
-			Diagnose: diag.Sources{Rules: d.ctl.List, Events: d.events.Status, Seed: cfg.seed, SeedProblem: lbrule.SeedPrecondition(cfg.seedLookup),
+			Diagnose: diag.Sources{Rules: d.ctl.List, Events: d.events.Status, SeedFingerprint: d.seedFP, SeedProblem: lbrule.SeedPrecondition(cfg.seedLookup),
 				TokenizerDir: cfg.tokenizerDir, SidePort: pdd.SidePort}.Run})
 	if err != nil {
 		return err

@@ -2,8 +2,6 @@ package diag
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"net/http"
@@ -59,10 +57,11 @@ type Sources struct {
 	Rules func() []control.Service
 	// Events reports an endpoint's subscription state.
 	Events func(service uint32, ep int) (kvevents.EndpointStatus, bool)
-	// Seed is LLB_KV_NONE_HASH_SEED; SeedProblem is why it cannot serve
-	// vLLM (nil when it can).
-	Seed        string
-	SeedProblem *lbrule.RuleError
+	// SeedFingerprint identifies LLB_KV_NONE_HASH_SEED without revealing
+	// it (cluster.SeedFingerprint, as `loxicmd get cluster` shows it);
+	// SeedProblem is why the seed cannot serve vLLM (nil when it can).
+	SeedFingerprint string
+	SeedProblem     *lbrule.RuleError
 	// TokenizerDir is where tokenizers are staged (<dir>/<slug>/tokenizer.json).
 	TokenizerDir string
 	// SidePort reports the NIXL side-channel port a vLLM prefill endpoint
@@ -276,23 +275,16 @@ func (s Sources) seed(line lineFunc, hp string, st kvevents.EndpointStatus, ok b
 	if s.SeedProblem != nil {
 		return line(Fail, CheckSeed, hp, s.SeedProblem.Reason+": "+s.SeedProblem.Msg, "set LLB_KV_NONE_HASH_SEED to the engine's PYTHONHASHSEED and restart the daemon")
 	}
-	fp := Fingerprint(s.Seed)
+	fp := s.SeedFingerprint
 	if ok && st.Parity.Verdict == kvevents.VerdictHashMismatch {
 		return line(Fail, CheckSeed, hp, "gateway seed fingerprint "+fp+" does not reproduce the engine's block hashes",
-			"set the engine's PYTHONHASHSEED equal to LLB_KV_NONE_HASH_SEED (compare fingerprints: sha256 of the seed, first 12 hex digits)")
+			"set the engine's PYTHONHASHSEED equal to LLB_KV_NONE_HASH_SEED (the fingerprint is the SEED column of `loxicmd get cluster`; a node started with the engine's seed shows the one to match)")
 	}
 	if ok && st.Parity.Verdict == kvevents.VerdictOK {
 		return line(Pass, CheckSeed, hp, "gateway seed fingerprint "+fp+" reproduces the engine's block hashes", "")
 	}
 	return line(Warn, CheckSeed, hp, "gateway seed fingerprint "+fp+", not yet confirmed by an attested block",
 		"send a prompt longer than one block through the gateway, then run diagnostics again")
-}
-
-// Fingerprint identifies a seed without revealing it: the first 12 hex
-// digits of its SHA-256.
-func Fingerprint(seed string) string {
-	h := sha256.Sum256([]byte(seed))
-	return hex.EncodeToString(h[:6])
 }
 
 func (s Sources) tokenizer(line lineFunc, hp, model string) Check {
