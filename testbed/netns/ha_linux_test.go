@@ -128,10 +128,9 @@ func TestSeveralNodes(t *testing.T) {
 	nodes := make([]*haNode, len(lab.Nodes))
 	for i, ns := range lab.Nodes {
 		// A short lease lets the killed node take its name back soon.
-		nodes[i] = launchHANode(t, bins, ns, "--store", "etcd://"+etcd.Endpoint, "--store-timeout", "500ms",
+		nodes[i] = launchHANode(t, bins, ns, []string{haSeedEnv(haSeed)}, "--store", "etcd://"+etcd.Endpoint, "--store-timeout", "500ms",
 			"--interfaces", "n0", "--tokenizer-dir", tokDir, "--node-name", haNodeName(i),
 			"--advertise-addr", haAdvertised(i), "--cluster-ttl", "3s")
-		nodes[i].env = []string{haSeedEnv(haSeed)}
 	}
 	// The nodes load their data planes concurrently, as separate hosts would.
 	errs := make(chan error, len(nodes))
@@ -344,9 +343,8 @@ func TestSeveralNodes(t *testing.T) {
 	if d := per[dead] - before[dead]; d == 0 {
 		t.Fatalf("the restarted node served none of 30 new connections: %v before, %v after", before, per)
 	}
-	drifted := time.Now()
 	clusterAgrees(t, nodes[0], len(nodes), haNodeName(dead))
-	t.Logf("seed drift of the restarted node flagged on node 1 %v after it started", drifted.Sub(restarted).Round(time.Millisecond))
+	t.Logf("seed drift of the restarted node flagged on node 1 by %v after its start", time.Since(restarted).Round(time.Millisecond))
 	var c api.Capability
 	waitFor(t, "the restarted node's cluster capability degraded", 5*time.Second, func() bool {
 		c = clusterCap(t, nodes[dead])
@@ -527,15 +525,16 @@ func (n *haNode) Logs() string {
 
 const haAPI = "127.0.0.1:11111"
 
-// launchHANode starts a daemon in namespace ns; it is stopped when the
-// test ends.
-func launchHANode(t *testing.T, b *daemontest.Binaries, ns string, args ...string) *haNode {
+// launchHANode starts a daemon in namespace ns with env added to its
+// environment; it is stopped when the test ends.
+func launchHANode(t *testing.T, b *daemontest.Binaries, ns string, env []string, args ...string) *haNode {
 	t.Helper()
-	n := &haNode{ns: ns, http: nsClient(ns)}
+	n := &haNode{ns: ns, http: nsClient(ns), env: env}
 	n.http.Transport = bearer{n.http.Transport}
-	// The API listens on every address, so it takes a token: the others
-	// reach it at the node's advertised address, the test at haAPI.
-	n.args = append([]string{"--net=/run/netns/" + ns, b.Loxilb, "--api-addr", "0.0.0.0:11111", "--api-token-file", haTokenFile(t), "--state-dir", t.TempDir(),
+	// The API listens on every address, so it takes a token (in cleartext:
+	// the lab's links are its own): the others reach it at the node's
+	// advertised address, the test at haAPI.
+	n.args = append([]string{"--net=/run/netns/" + ns, b.Loxilb, "--api-addr", "0.0.0.0:11111", "--api-token-file", haTokenFile(t), "--api-allow-cleartext", "--state-dir", t.TempDir(),
 		"--no-dataplane=false", "--bpf-pin-path", daemonPin(t), "--metrics"}, args...)
 	n.start(t)
 	t.Cleanup(func() { daemontest.StopProcess(n.cmd.Process, n.done) })
