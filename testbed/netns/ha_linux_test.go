@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,12 +15,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/cluster"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane/dataplanetest"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
@@ -47,11 +50,11 @@ const (
 // once the router withdraws its next hop (what BGP does when the node's
 // session drops) every new connection succeeds; an etcd restart loses
 // nothing and writes work again after it; the killed node, started again,
-// reads every rule from etcd and serves its share once announced.
-//
-// Every node announces itself (GET /netlox/v1/cluster lists the three,
-// in agreement); the killed node comes back with another hash seed, and
-// every node's cluster view flags it, the drifting one, as degraded.
+// reads every rule from etcd and serves its share once announced. That
+// restart uses another hash seed, so the membership check must flag it:
+// the other nodes list it as drifting, its own cluster capability is
+// degraded, and restarted with the right seed it clears. (kvBlockSize is
+// per rule and the rules are shared, so only the seed can drift.)
 func TestSeveralNodes(t *testing.T) {
 	dataplanetest.RequirePrivileged(t)
 	etcdtest.Binary(t) // skips (fails in CI) before building anything
@@ -124,8 +127,10 @@ func TestSeveralNodes(t *testing.T) {
 	t.Logf("binaries built after %v", time.Since(start).Round(time.Millisecond))
 	nodes := make([]*haNode, len(lab.Nodes))
 	for i, ns := range lab.Nodes {
-		nodes[i] = launchHANode(t, bins, ns, "--store", "etcd://"+etcd.Endpoint, "--store-timeout", "500ms",
-			"--interfaces", "n0", "--tokenizer-dir", tokDir)
+		// A short lease lets the killed node take its name back soon.
+		nodes[i] = launchHANode(t, bins, ns, []string{haSeedEnv(haSeed)}, "--store", "etcd://"+etcd.Endpoint, "--store-timeout", "500ms",
+			"--interfaces", "n0", "--tokenizer-dir", tokDir, "--node-name", haNodeName(i),
+			"--advertise-addr", haAdvertised(i), "--cluster-ttl", "3s")
 	}
 	// The nodes load their data planes concurrently, as separate hosts would.
 	errs := make(chan error, len(nodes))
@@ -138,7 +143,7 @@ func TestSeveralNodes(t *testing.T) {
 		}
 	}
 	t.Logf("3 nodes up after %v", time.Since(start).Round(time.Millisecond))
-	waitCluster(t, nodes[0], "three nodes in agreement", func(v cluster.View) bool { return len(v.Nodes) == 3 && !v.Drifted && v.Registered })
+	clusterAgrees(t, nodes[0], len(nodes), "")
 
 	// A KV-exact rule created on node 1 is applied by every node. The
 	// first such rule loads its model's tokenizer on each node, which takes
@@ -313,11 +318,12 @@ func TestSeveralNodes(t *testing.T) {
 		}
 	}
 
-	// The killed node comes back: it reads the rules from etcd (including
-	// the one created while it was down), the router announces it again,
-	// and it takes its share of new connections.
+	// The killed node comes back, started with another hash seed: it reads
+	// the rules from etcd (including the one created while it was down),
+	// the router announces it again, and it takes its share of new
+	// connections; the membership check flags its seed.
 	restarted := time.Now()
-	nodes[dead].env = []string{lbrule.SeedEnv + "=lab-seed-of-the-restarted-node"}
+	nodes[dead].env = []string{haSeedEnv(haSeed + "-drifted")}
 	nodes[dead].start(t)
 	if err := nodes[dead].waitUp(30 * time.Second); err != nil {
 		t.Fatal(err)
@@ -337,38 +343,115 @@ func TestSeveralNodes(t *testing.T) {
 	if d := per[dead] - before[dead]; d == 0 {
 		t.Fatalf("the restarted node served none of 30 new connections: %v before, %v after", before, per)
 	}
-	// It came back with another hash seed than the others: every node's
-	// view flags it, and it alone is degraded.
-	for i, n := range nodes {
-		waitCluster(t, n, fmt.Sprintf("node %d sees the seed drift", i+1), func(v cluster.View) bool {
-			if len(v.Nodes) != 3 || len(v.Drift) != 1 || v.Drift[0].Setting != cluster.SettingSeed {
-				return false
-			}
-			return len(v.Drift[0].Drifting) == 1 && v.Drift[0].Drifting[0] == nodes[dead].ns
-		})
-		_, code := n.capability(t, "cluster")
-		if deg := code == cluster.StateDegraded; deg != (i == dead) {
-			t.Fatalf("node %d: cluster capability degraded %v", i+1, deg)
-		}
+	clusterAgrees(t, nodes[0], len(nodes), haNodeName(dead))
+	t.Logf("seed drift of the restarted node flagged on node 1 by %v after its start", time.Since(restarted).Round(time.Millisecond))
+	var c api.Capability
+	waitFor(t, "the restarted node's cluster capability degraded", 5*time.Second, func() bool {
+		c = nodes[dead].capability(t, "cluster")
+		return !c.Ready && c.ReasonCode == cluster.StateDegraded
+	})
+	if !strings.Contains(c.Reason, cluster.SettingSeed) {
+		t.Fatalf("restarted node's cluster capability: %q, want it to name %s", c.Reason, cluster.SettingSeed)
 	}
+	// loxicmd, run where the services are, reads node 3 at its advertised
+	// address and fails the rollout: exit 8 naming the drifting node.
+	out, code := loxicmdIn(t, bins, haAdvertised(2), "get", "cluster")
+	if code != 8 || !onlyMarked(out, haNodeName(dead)) || !strings.Contains(out, cluster.SettingSeed) {
+		t.Fatalf("loxicmd get cluster on node 3 with node %d drifting: exit %d\n%s", dead+1, code, out)
+	}
+
+	// Started again with the right seed (stopped cleanly, so its lease is
+	// revoked at once), the node agrees again.
+	daemontest.StopProcess(nodes[dead].cmd.Process, nodes[dead].done)
+	nodes[dead].env = []string{haSeedEnv(haSeed)}
+	fixed := time.Now()
+	nodes[dead].start(t)
+	if err := nodes[dead].waitUp(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	clusterAgrees(t, nodes[0], len(nodes), "")
+	waitFor(t, "the node restarted with the right seed ready in the cluster", 5*time.Second, func() bool {
+		return nodes[dead].capability(t, "cluster").Ready
+	})
+	t.Logf("restarted with the right seed: drift cleared %v after the restart", time.Since(fixed).Round(time.Millisecond))
 	t.Logf("whole lab run %v", time.Since(start).Round(time.Millisecond))
 }
 
-// waitCluster waits until n's GET /cluster satisfies ok.
-func waitCluster(t *testing.T, n *haNode, what string, ok func(cluster.View) bool) {
+// haSeed is the lab's LLB_KV_NONE_HASH_SEED.
+const haSeed = "4242"
+
+func haSeedEnv(seed string) string { return lbrule.SeedEnv + "=" + seed }
+
+// haNodeName is node i's --node-name (0-based).
+func haNodeName(i int) string { return fmt.Sprintf("node%d", i+1) }
+
+// haAdvertised is node i's --advertise-addr: its API on its lab address.
+func haAdvertised(i int) string { return net.JoinHostPort(HANodeAddr(i).String(), "11111") }
+
+// clusterAgrees waits until n's GET /cluster lists want live nodes, each
+// at its advertised address, and either no drift (drifting "") or only the
+// seed fingerprint, with exactly that node away from the others.
+func clusterAgrees(t *testing.T, n *haNode, want int, drifting string) {
 	t.Helper()
-	var v cluster.View
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if err := json.Unmarshal(n.get(t, "/netlox/v1/cluster"), &v); err != nil {
-			t.Fatal(err)
+	var last []byte
+	ok := func() bool {
+		last = n.get(t, "/netlox/v1/cluster")
+		var v cluster.View
+		if err := json.Unmarshal(last, &v); err != nil {
+			t.Fatalf("%s: GET /cluster: %v\n%s", n.ns, err, last)
 		}
-		if ok(v) {
-			return
+		if !v.Registered || len(v.Nodes) != want {
+			return false
 		}
-		time.Sleep(100 * time.Millisecond)
+		for i, node := range v.Nodes {
+			if node.Name != haNodeName(i) || node.Address != haAdvertised(i) {
+				return false
+			}
+		}
+		if drifting == "" {
+			return !v.Drifted && len(v.Drift) == 0
+		}
+		return v.Drifted && len(v.Drift) == 1 && v.Drift[0].Setting == cluster.SettingSeed &&
+			len(v.Drift[0].Drifting) == 1 && v.Drift[0].Drifting[0] == drifting
 	}
-	t.Fatalf("%s: never %s; last view %+v", n.ns, what, v)
+	deadline := time.Now().Add(15 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: cluster not %d nodes with drift %q within 15s; last view:\n%s", n.ns, want, drifting, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// loxicmdIn runs loxicmd in the test's namespace against the API at addr
+// and returns its output and exit code.
+func loxicmdIn(t *testing.T, b *daemontest.Binaries, addr string, args ...string) (string, int) {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(addr)
+	out, err := exec.Command(b.Loxicmd, append([]string{"-s", host, "-p", port, "--token-file", haTokenFile(t)}, args...)...).CombinedOutput()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("loxicmd: %v", err)
+	}
+	if exit != nil {
+		return string(out), exit.ExitCode()
+	}
+	return string(out), 0
+}
+
+// onlyMarked reports whether the rows loxicmd marks drifting ("*") are
+// all node's, and there is one.
+func onlyMarked(out, node string) bool {
+	marked := 0
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[len(f)-1] == "*" {
+			if !slices.Contains(f, node) {
+				return false
+			}
+			marked++
+		}
+	}
+	return marked > 0
 }
 
 // haPrompt is prompt i: distinct, a few blocks long.
@@ -401,7 +484,7 @@ func complete(c *http.Client, vip, prompt string) error {
 type haNode struct {
 	ns   string
 	args []string // of nsenter, which runs the daemon
-	env  []string // added to the test's environment
+	env  []string // added to the daemon's environment at each start
 	cmd  *exec.Cmd
 	http *http.Client
 	done chan struct{}
@@ -424,16 +507,41 @@ func (n *haNode) Logs() string {
 
 const haAPI = "127.0.0.1:11111"
 
-// launchHANode starts a daemon in namespace ns; it is stopped when the
-// test ends.
-func launchHANode(t *testing.T, b *daemontest.Binaries, ns string, args ...string) *haNode {
+// launchHANode starts a daemon in namespace ns with env added to its
+// environment; it is stopped when the test ends.
+func launchHANode(t *testing.T, b *daemontest.Binaries, ns string, env []string, args ...string) *haNode {
 	t.Helper()
-	n := &haNode{ns: ns, http: nsClient(ns)}
-	n.args = append([]string{"--net=/run/netns/" + ns, b.Loxilb, "--api-addr", haAPI, "--state-dir", t.TempDir(),
-		"--no-dataplane=false", "--bpf-pin-path", daemonPin(t), "--metrics", "--node-name", ns, "--cluster-ttl", "3s"}, args...)
+	n := &haNode{ns: ns, http: nsClient(ns), env: env}
+	n.http.Transport = bearer{n.http.Transport}
+	// The API listens on every address, so it takes a token (in cleartext:
+	// the lab's links are its own): the others reach it at the node's
+	// advertised address, the test at haAPI.
+	n.args = append([]string{"--net=/run/netns/" + ns, b.Loxilb, "--api-addr", "0.0.0.0:11111", "--api-token-file", haTokenFile(t), "--api-allow-cleartext", "--state-dir", t.TempDir(),
+		"--no-dataplane=false", "--bpf-pin-path", daemonPin(t), "--metrics"}, args...)
 	n.start(t)
 	t.Cleanup(func() { daemontest.StopProcess(n.cmd.Process, n.done) })
 	return n
+}
+
+// haToken is every node's API bearer token.
+const haToken = "lab-token-5f0c2a9e41d7b386"
+
+func haTokenFile(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(p, []byte(haToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// bearer adds the lab's API token to each request.
+type bearer struct{ next http.RoundTripper }
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+haToken)
+	return b.next.RoundTrip(r)
 }
 
 // start runs the daemon process; after a kill it starts it again on the
@@ -539,31 +647,25 @@ func (n *haNode) ruleStateErr(vip string) (string, error) {
 
 func (n *haNode) storeReady(t *testing.T) bool {
 	t.Helper()
-	ready, _ := n.capability(t, "rule_store")
-	return ready
+	return n.capability(t, "rule_store").Ready
 }
 
-// capability returns whether n's capability name is ready, and its
-// reason code.
-func (n *haNode) capability(t *testing.T, name string) (ready bool, code string) {
+// capability is n's capability name, as GET /status/capabilities shows it.
+func (n *haNode) capability(t *testing.T, name string) api.Capability {
 	t.Helper()
 	var caps struct {
-		Capabilities []struct {
-			Name       string `json:"name"`
-			Ready      bool   `json:"ready"`
-			ReasonCode string `json:"reason_code"`
-		} `json:"capabilities"`
+		Capabilities []api.Capability `json:"capabilities"`
 	}
 	if err := json.Unmarshal(n.get(t, "/netlox/v1/status/capabilities"), &caps); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range caps.Capabilities {
 		if c.Name == name {
-			return c.Ready, c.ReasonCode
+			return c
 		}
 	}
 	t.Fatalf("%s: no %s capability", n.ns, name)
-	return false, ""
+	return api.Capability{}
 }
 
 // inventory is the number of blocks the node holds for endpoint ep of
