@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/loxilb-llm/loxilb/api"
+	"github.com/loxilb-llm/loxilb/pkg/cluster"
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/diag"
 	"github.com/loxilb-llm/loxilb/pkg/gateway"
@@ -73,7 +74,7 @@ func diagFleet(t *testing.T, sim enginesim.Config, ep2 string) (*httptest.Server
 		t.Fatal(err)
 	}
 	srv, err := api.New(api.Config{}, api.Deps{Rules: ctl,
-		Diagnose: diag.Sources{Rules: ctl.List, Events: events.Status, Seed: seed, TokenizerDir: tokDir,
+		Diagnose: diag.Sources{Rules: ctl.List, Events: events.Status, SeedFingerprint: cluster.SeedFingerprint(seed), TokenizerDir: tokDir,
 			Timeout: 300 * time.Millisecond}.Run})
 	if err != nil {
 		t.Fatal(err)
