@@ -354,7 +354,10 @@ func TestSeveralNodes(t *testing.T) {
 		t.Fatalf("restarted node's cluster capability: %q, want it to name %s", c.Reason, cluster.SettingSeed)
 	}
 	// loxicmd, run where the services are, reads node 3 at its advertised
-	// address and fails the rollout: exit 8 naming the drifting node.
+	// address and fails the rollout: exit 8 naming the drifting node. Each
+	// node re-reads the records every second, so node 3's view is awaited
+	// first.
+	clusterAgrees(t, nodes[2], len(nodes), haNodeName(dead))
 	out, code := loxicmdIn(t, bins, haAdvertised(2), "get", "cluster")
 	if code != 8 || !onlyMarked(out, haNodeName(dead)) || !strings.Contains(out, cluster.SettingSeed) {
 		t.Fatalf("loxicmd get cluster on node 3 with node %d drifting: exit %d\n%s", dead+1, code, out)
