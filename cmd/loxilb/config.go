@@ -15,6 +15,7 @@ import (
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/dispatch"
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
@@ -94,14 +95,8 @@ func (c *config) routingSettings() map[string]string {
 	return out
 }
 
-// seedLookup answers the rule validation's question for the vLLM seed from
-// the value read at start.
-func (c *config) seedLookup(k string) (string, bool) {
-	if k != envSeed {
-		return "", false
-	}
-	return c.seed, c.seed != ""
-}
+// ruleSettings are the settings rule validation depends on, as read at start.
+func (c *config) ruleSettings() lbrule.Settings { return lbrule.Settings{VLLMSeed: c.seed} }
 
 // gatewayCoalesceWait maps the table's 0 (off) onto gateway.Config's
 // negative value; gateway.Config's 0 is the default.

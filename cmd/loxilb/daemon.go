@@ -164,7 +164,7 @@ func (d *daemon) buildProxy() error {
 // buildControl creates the controller, opens the data plane and registers
 // every reconciler, then the capability sources.
 func (d *daemon) buildControl() error {
-	d.ctl = control.New(d.st, d.cfg.seedLookup, d.logger)
+	d.ctl = control.New(d.st, d.cfg.ruleSettings(), d.logger)
 	if err := d.ctl.RegisterMetrics(d.reg); err != nil {
 		return err
 	}
@@ -181,7 +181,7 @@ func (d *daemon) buildControl() error {
 	d.ctl.AddReconciler(d.gw)
 	d.ctl.AddReconciler(d.pd)
 
-	d.caps = &capabilities{env: d.cfg.seedLookup}
+	d.caps = &capabilities{rules: d.cfg.ruleSettings()}
 	d.caps.add(func() []api.Capability { return []api.Capability{kernel.capab} })
 	d.caps.add(func() []api.Capability { return tokenizerCaps(d.tokens) })
 	d.caps.add(func() []api.Capability { return parityCaps(d.events) })
@@ -320,7 +320,7 @@ func (d *daemon) startAPI(apiCtx context.Context, apiCfg api.Config, errc chan e
 			// The proxy counts the requests it forwards, the dispatcher
 			// the legs of P/D requests it runs (which the proxy hands it).
 			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) },
-			Diagnose: diag.Sources{Rules: d.ctl.List, Events: d.events.Status, SeedFingerprint: d.seedFP, SeedProblem: lbrule.SeedPrecondition(cfg.seedLookup),
+			Diagnose: diag.Sources{Rules: d.ctl.List, Events: d.events.Status, SeedFingerprint: d.seedFP, SeedProblem: lbrule.SeedPrecondition(cfg.ruleSettings()),
 				TokenizerDir: cfg.tokenizerDir, SidePort: pdd.SidePort}.Run})
 	if err != nil {
 		return err
