@@ -84,7 +84,7 @@ enum lb_counter {
 	CNT_CT_HIT_ORIG,         /* packet of a known flow, client direction */
 	CNT_CT_HIT_REPLY,        /* packet of a known flow, reply direction */
 	CNT_NEW_FLOW,            /* connection created (selector ran) */
-	CNT_FWD_REDIRECT,        /* sent out with bpf_redirect_neigh after a FIB hit */
+	CNT_FWD_REDIRECT,        /* sent out after a FIB lookup (Go reports it plus CNT_FIB_CACHED) */
 	CNT_FWD_STACK,           /* handed to the stack for forwarding */
 	CNT_FLOW_REOPENED,       /* SYN reused a closed flow's tuple */
 	CNT_DROP_MALFORMED,      /* truncated or bad headers */
@@ -101,7 +101,7 @@ enum lb_counter {
 	CNT_PROXY_ASSIGN_FAILED, /* sk_lookup: bpf_sk_assign refused the socket */
 	CNT_FLOW_STALE,          /* packet of a flow whose endpoint or service is gone: entries dropped */
 	CNT_RST_SENT,            /* TCP RST sent for a mid-stream packet of an unknown flow */
-	CNT_FIB_CACHED,          /* forwarded with the FIB result cached in its conntrack entry */
+	CNT_FIB_CACHED,          /* redirected with the FIB result cached in its conntrack entry */
 	CNT_MAX,
 };
 

@@ -164,8 +164,7 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 			count(CNT_DROP_REWRITE);
 			return TC_ACT_SHOT;
 		}
-		count(CNT_FWD_REDIRECT);
-		count(CNT_FIB_CACHED);
+		count(CNT_FIB_CACHED); /* one counter per packet: Go adds it to fwd_redirect */
 		return bpf_redirect(ct->fib_ifindex, 0);
 	}
 
