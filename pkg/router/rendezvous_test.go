@@ -6,61 +6,6 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/selector"
 )
 
-func TestRendezvousDeterministicAndOrderFree(t *testing.T) {
-	eps := []int{0, 1, 2, 3, 4, 5}
-	rev := []int{5, 4, 3, 2, 1, 0}
-	for k := uint64(0); k < 2000; k++ {
-		a, b := Rendezvous(k, eps), Rendezvous(k, rev)
-		if eps[a] != rev[b] {
-			t.Fatalf("key %d: endpoint %d in one order, %d in the other", k, eps[a], rev[b])
-		}
-	}
-	if Rendezvous(1, nil) != -1 {
-		t.Fatal("no endpoint should give -1")
-	}
-}
-
-func TestRendezvousSpreadsKeys(t *testing.T) {
-	eps := []int{0, 1, 2, 3}
-	const keys = 20000
-	count := make([]int, len(eps))
-	for k := uint64(0); k < keys; k++ {
-		count[Rendezvous(mix64(k), eps)]++
-	}
-	for i, c := range count {
-		// Each endpoint's share within 10% of a quarter (about 12 standard
-		// deviations of a binomial of 20000 draws).
-		if c < keys/4*9/10 || c > keys/4*11/10 {
-			t.Fatalf("endpoint %d won %d of %d keys: %v", i, c, keys, count)
-		}
-	}
-}
-
-// Taking an endpoint out moves only the keys it won, and they spread over
-// the others; putting it back restores every key's endpoint.
-func TestRendezvousRemovalMovesOnlyItsKeys(t *testing.T) {
-	all := []int{0, 1, 2, 3, 4}
-	without := []int{0, 1, 3, 4} // endpoint 2 removed
-	moved := map[int]int{}
-	onRemoved := 0
-	for k := uint64(0); k < 10000; k++ {
-		key := mix64(k ^ 0xabcdef)
-		before := all[Rendezvous(key, all)]
-		after := without[Rendezvous(key, without)]
-		if before != 2 {
-			if after != before {
-				t.Fatalf("key %x moved from %d to %d although endpoint %d stayed", key, before, after, before)
-			}
-			continue
-		}
-		onRemoved++
-		moved[after]++
-	}
-	if onRemoved == 0 || len(moved) != 4 {
-		t.Fatalf("the removed endpoint's %d keys went to %v, want all four others", onRemoved, moved)
-	}
-}
-
 func TestColdKey(t *testing.T) {
 	keys := chain(1, 10)
 	for _, c := range []struct {
@@ -167,7 +112,7 @@ func TestColdRendezvousBounds(t *testing.T) {
 	cs[3].InFlight, cs[3].PrefillTokens = 0, 100 // within the 128 uncached tokens
 	q := append(append([]uint64(nil), sys...), chain(51, 8)...)
 	d := r.Decide(mode3, q, 16, cs, rr(t), selector.Request{})
-	want := []int{1, 3}[Rendezvous(q[11], []int{1, 3})]
+	want, _ := selector.Rendezvous(q[11], []selector.Candidate{{Idx: 1, Healthy: true}, {Idx: 3, Healthy: true}}, nil)
 	if d.EP != want || d.Reason != ReasonLeastPrefill || d.MatchedBlocks != 8 {
 		t.Fatalf("shared system prompt: %+v, want endpoint %d by rendezvous", d, want)
 	}

@@ -260,7 +260,6 @@ type scratch struct {
 	conf  []int     // confirmed (non-speculative) matches, for the watchdog
 	load  []float64
 	tied  []selector.Candidate // misses: the candidates with the least outstanding prefill
-	rv    []int                // cold placement: the eligible endpoints' indexes
 }
 
 type metrics struct {
@@ -454,7 +453,7 @@ func (r *Router) placeMiss(st *serviceState, s *scratch, reason string, keys []u
 func (r *Router) coldPlace(s *scratch, cands []selector.Candidate, keys []uint64, common int, uncached int64, blockSize int, fallback selector.Selector, freq selector.Request) (int, float64, bool) {
 	if r.cfg.ColdRendezvous {
 		if key, ok := coldKey(keys, common, blockSize); ok {
-			if ep, load, ok := r.rendezvousPlace(s, cands, key, uncached); ok {
+			if ep, load, ok := r.rendezvousPlace(cands, key, uncached); ok {
 				return ep, load, true
 			}
 		}
