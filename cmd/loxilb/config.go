@@ -56,6 +56,9 @@ type config struct {
 	// kvParityStrict is strict attestation for rules without
 	// kvParityStrict (gateway.Config.KVParityStrict).
 	kvParityStrict bool
+	// clusterRouting is LOXILB_KV_CLUSTER_ROUTING: nil follows the
+	// store (on when shared), see clusterRoutingOn.
+	clusterRouting *bool
 	logLevel       slog.Level
 	logJSON        bool
 	showVersion    bool
@@ -100,6 +103,16 @@ func (c *config) ruleSettings() lbrule.Settings { return lbrule.Settings{VLLMSee
 
 // gatewayCoalesceWait maps the table's 0 (off) onto gateway.Config's
 // negative value; gateway.Config's 0 is the default.
+// clusterRoutingOn reports whether routing is made consistent across
+// gateway nodes (router.Config.ColdRendezvous, gateway.Config.ClusterLoad):
+// LOXILB_KV_CLUSTER_ROUTING when set, else on with a shared rule store.
+func (c *config) clusterRoutingOn() bool {
+	if c.clusterRouting != nil {
+		return *c.clusterRouting
+	}
+	return c.store.shared()
+}
+
 func (c *config) gatewayCoalesceWait() time.Duration {
 	if c.coalesceWait == 0 {
 		return -1

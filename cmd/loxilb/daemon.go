@@ -118,7 +118,9 @@ func (d *daemon) buildRouting() error {
 	}
 	// The zero-hit watchdog reads the event plane's parity verdicts to tell
 	// uncached prompts from a hash mismatch.
-	rt, err := router.New(cfg.router, d.index, logger, reg, router.WithAttestation(d.events))
+	rcfg := cfg.router
+	rcfg.ColdRendezvous = cfg.clusterRoutingOn()
+	rt, err := router.New(rcfg, d.index, logger, reg, router.WithAttestation(d.events))
 	if err != nil {
 		return err
 	}
@@ -134,7 +136,8 @@ func (d *daemon) buildRouting() error {
 		Receipts: cfg.receipts, Proxy: cfg.proxyConfig(), CoalesceWait: cfg.gatewayCoalesceWait(),
 		PrefillSlots: cfg.prefillSlots, PrefillQueueWait: cfg.prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
-		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: d.events}, d.tokens, d.index, rt, d.prober, d.scraper, logger, reg)
+		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: d.events,
+		ClusterLoad: cfg.clusterRoutingOn()}, d.tokens, d.index, rt, d.prober, d.scraper, logger, reg)
 	return err
 }
 
