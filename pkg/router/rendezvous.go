@@ -46,9 +46,9 @@ func coldKey(keys []uint64, common, blockSize int) (uint64, bool) {
 // within slack tokens of the least (slack is the request's own uncached
 // prompt, so it never waits behind more than one more of itself), and
 // their load is within the bounded-load limits of spill relief (below
-// SpillMinLoad, or load+1 at most ceil(MeanLoadFactor/100·(L+1)/n)). The heaviest rendezvous weight among
-// them wins. ok is false when no candidate is eligible (the caller then
-// places by least work).
+// SpillMinLoad, or load+1 at most ceil(MeanLoadFactor/100·(L+1)/n)). The
+// heaviest rendezvous weight among them wins. ok is false when no
+// candidate is eligible (the caller then places by least work).
 func (r *Router) rendezvousPlace(cands []selector.Candidate, key uint64, slack int64) (int, float64, bool) {
 	var minWork int64 = -1
 	sum, n := 0.0, 0
