@@ -59,9 +59,9 @@ func TestWordCacheBoundedAndExact(t *testing.T) {
 		}
 	}
 	for i := range c.shards {
-		s := &c.shards[i]
-		if s.n > cacheShardCapacity || len(s.words) > cacheWordBytes || len(s.ids) > cacheIDs {
-			t.Fatalf("shard %d over its bounds: %d entries, %d bytes, %d ids", i, s.n, len(s.words), len(s.ids))
+		s := c.shards[i].tab.Load()
+		if s.n > cacheShardCapacity || s.nWords > cacheWordBytes || s.nIDs > cacheIDs {
+			t.Fatalf("shard %d over its bounds: %d entries, %d bytes, %d ids", i, s.n, s.nWords, s.nIDs)
 		}
 	}
 	long := string(make([]byte, cacheMaxWordLen+1))
