@@ -91,8 +91,14 @@ type proc struct {
 	done chan struct{}
 }
 
-func startProc(name string, args ...string) (*proc, error) {
+func startProc(name string, args ...string) (*proc, error) { return startProcEnv(nil, name, args...) }
+
+// startProcEnv is startProc with env added to this process's environment.
+func startProcEnv(env []string, name string, args ...string) (*proc, error) {
 	p := &proc{cmd: exec.Command(name, args...), done: make(chan struct{})}
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
