@@ -4,6 +4,8 @@ import (
 	"path/filepath"
 	"testing"
 	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 func spansEqual(a, b []span) bool {
@@ -102,6 +104,30 @@ func TestDirectScanner(t *testing.T) {
 	} {
 		if _, ok := directScanner(pre); ok {
 			t.Fatalf("%#v takes the direct path", pre)
+		}
+	}
+}
+
+// FuzzNFCIsNormal checks the piecewise NFC check against x/text's.
+func FuzzNFCIsNormal(f *testing.F) {
+	for _, s := range []string{"e\u0301", "abc", "Ünïcödé 中文 🚀", "a\u0301\u0327b", "\u1100\u1161", "x\u0344y", "\xffe\u0301", "", "é\u0301", "\u0958", "A\u030a\u0301"} {
+		f.Add(s)
+	}
+	n := normForm{norm.NFC}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := n.isNormal(s), norm.NFC.IsNormalString(s); got != want {
+			t.Fatalf("%q: isNormal %v, x/text %v", s, got, want)
+		}
+	})
+}
+
+func TestNFCIsNormalCorpus(t *testing.T) {
+	var corpus []string
+	readGolden(t, "corpus.json", &corpus)
+	n := normForm{norm.NFC}
+	for i, s := range corpus {
+		if got, want := n.isNormal(s), norm.NFC.IsNormalString(s); got != want {
+			t.Fatalf("case %d %q: isNormal %v, x/text %v", i, trunc(s), got, want)
 		}
 	}
 }
