@@ -32,6 +32,7 @@ func (n normForm) normalize(s string) string {
 // compose with the run, as "e" with U+0301) independently of the rest:
 // s is normal if and only if every such piece is.
 func (n normForm) isNormal(s string) bool {
+	const nfcGap = 64
 	if n.f != norm.NFC {
 		return n.f.IsNormalString(s)
 	}
@@ -40,9 +41,22 @@ func (n normForm) isNormal(s string) bool {
 			i++
 			continue
 		}
+		// Runs closer than nfcGap bytes go into one piece: each call of
+		// x/text allocates, and any ASCII character is a place to cut.
 		j := i + 1
-		for j < len(s) && s[j] >= utf8.RuneSelf {
-			j++
+		for j < len(s) {
+			if s[j] >= utf8.RuneSelf {
+				j++
+				continue
+			}
+			k := j
+			for k < len(s) && k-j < nfcGap && s[k] < utf8.RuneSelf {
+				k++
+			}
+			if k == len(s) || k-j == nfcGap {
+				break
+			}
+			j = k
 		}
 		if !n.f.IsNormalString(s[max(i-1, 0):j]) {
 			return false
