@@ -96,3 +96,27 @@ func TestWordCacheConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestShortWordsSkipTheCache checks the one- and two-byte shortcut of
+// encodeWord against the merge loop for every such word.
+func TestShortWordsSkipTheCache(t *testing.T) {
+	for _, m := range parityModels {
+		tk := loadStaged(t, m.slug)
+		bm := tk.model
+		for i := 0; i < 1<<16+256; i++ {
+			w := string([]byte{byte(i)})
+			if i >= 256 {
+				w = string([]byte{byte(i >> 8), byte(i)})
+			}
+			want := bm.merge(nil, w)
+			if bm.ignoreMerges {
+				if id, ok := bm.vocab[w]; ok {
+					want = []uint32{id}
+				}
+			}
+			if got := bm.encodeWord(nil, w); !slices.Equal(got, want) {
+				t.Fatalf("%s %q: %v, want %v", m.name, w, got, want)
+			}
+		}
+	}
+}
