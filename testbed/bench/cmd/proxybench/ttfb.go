@@ -276,54 +276,27 @@ func loadAvg() string {
 // engine, and waits until the VIP answers a chat request and the event
 // subscription is up.
 func startKVDaemon(ctx context.Context, bin, stateDir, tokDir, engine string, zmqPort int) (*daemon, error) {
-	api, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	vip, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	p, err := startProcEnv([]string{"LLB_KV_NONE_HASH_SEED=4242"}, bin, "--api-addr", api, "--state-dir", stateDir,
-		"--no-dataplane", "--tokenizer-dir", tokDir, "--metrics", "--log-level", "warn")
-	if err != nil {
-		return nil, err
-	}
-	d := &daemon{proc: p, vip: vip}
 	c := &http.Client{Timeout: 5 * time.Second}
-	base := "http://" + api + "/netlox/v1"
-	if err := p.waitUp(ctx, bin, func() error { return get(c, base+"/version") }); err != nil {
-		d.stop()
-		return nil, err
-	}
-	vh, vp, _ := net.SplitHostPort(vip)
-	eh, ep, _ := net.SplitHostPort(engine)
-	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%s,"protocol":"tcp","mode":4,"sel":0,"model_name":%q,`+
-		`"kvExactMode":3,"kvEngineType":"vllm","kvZmqPort":%d,"kvBlockSize":16},`+
-		`"endpoints":[{"endpointIP":%q,"targetPort":%s,"weight":1}]}`, vh, vp, ttfbModel, zmqPort, eh, ep)
-	resp, err := c.Post(base+"/config/loadbalancer", "application/json", strings.NewReader(rule))
-	if err != nil {
-		d.stop()
-		return nil, fmt.Errorf("create rule: %w", err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		d.stop()
-		return nil, fmt.Errorf("create rule: %d %s", resp.StatusCode, b)
-	}
-	probe := newTTFBTarget("probe", vip, 0)
-	ready := func() error {
-		if _, err := probe.ttfb(ctx, chatBody2k(" probe")); err != nil {
-			return err
-		}
-		return subscribed(c, base+"/metrics")
-	}
-	if err := p.waitUp(ctx, bin+" VIP", ready); err != nil {
-		d.stop()
-		return nil, err
-	}
-	return d, nil
+	var probe *ttfbTarget // one connection for every attempt
+	return startDaemonWith(ctx, bin, daemonSpec{stateDir: stateDir,
+		env:  []string{"LLB_KV_NONE_HASH_SEED=4242"},
+		args: []string{"--tokenizer-dir", tokDir, "--metrics"},
+		rule: func(vh, vp string) string {
+			eh, ep, _ := net.SplitHostPort(engine)
+			return fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%s,"protocol":"tcp","mode":4,"sel":0,"model_name":%q,`+
+				`"kvExactMode":3,"kvEngineType":"vllm","kvZmqPort":%d,"kvBlockSize":16},`+
+				`"endpoints":[{"endpointIP":%q,"targetPort":%s,"weight":1}]}`, vh, vp, ttfbModel, zmqPort, eh, ep)
+		},
+		ready: func(vip, base string) error {
+			if probe == nil {
+				probe = newTTFBTarget("probe", vip, 0)
+			}
+			if _, err := probe.ttfb(ctx, chatBody2k(" probe")); err != nil {
+				return err
+			}
+			return subscribed(c, base+"/metrics")
+		},
+	})
 }
 
 // subscribed succeeds once the daemon's export shows a connected KV event
