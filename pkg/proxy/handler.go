@@ -111,6 +111,7 @@ type exchange struct {
 	local    net.Addr // the address the client connected to
 	reserved int64    // request body bytes held against Server.budget
 	start    time.Time
+	req      Request // what the Picker sees; part of the pooled exchange
 	plan     Plan
 	res      Result
 	wire     wireRequest // the request as sent to the current endpoint
@@ -148,7 +149,7 @@ func (ex *exchange) run() {
 	if lw, ok := ex.w.(*h1Writer); ok {
 		lw.c.arm() // the client connection is quiet from now on
 	}
-	req := &Request{
+	ex.req = Request{
 		Service:    ex.svc.cfg.ID,
 		Method:     r.Method,
 		Path:       r.URL.Path,
@@ -157,6 +158,7 @@ func (ex *exchange) run() {
 		Body:       body,
 		ClientAddr: remoteAddrPort(r.RemoteAddr),
 	}
+	req := &ex.req
 	plan, err := ex.s.picker.Pick(ex.ctx, req)
 	if err != nil {
 		if ex.ctx.Err() != nil {
