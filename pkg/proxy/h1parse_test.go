@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"reflect"
 	"strings"
 	"testing"
@@ -249,6 +250,29 @@ func FuzzH1Head(f *testing.F) {
 			if http.CanonicalHeaderKey(k) != k || strings.ContainsAny(k, " \t:") {
 				t.Fatalf("field name %q not canonical", k)
 			}
+		}
+	})
+}
+
+// FuzzH1ChunkedBody checks the lean chunked body reader: it never panics,
+// never reads past the body's end, and whatever body it accepts,
+// net/http's chunked reader decodes to the same bytes.
+func FuzzH1ChunkedBody(f *testing.F) {
+	f.Add([]byte("3\r\nabc\r\n0\r\n\r\n"))
+	f.Add([]byte("3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-T: 1\r\n\r\nNEXT"))
+	f.Add([]byte("a\r\n0123456789\r\n0\r\n\r\n"))
+	f.Add([]byte("3\nabc\n0\n\n"))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		c := &h1Conn{br: bufio.NewReaderSize(bytes.NewReader(raw), h1BufSize)}
+		var b h1Body
+		b.reset(c, &h1Head{chunked: true, contentLength: -1})
+		got, err := io.ReadAll(io.LimitReader(&b, 1<<20))
+		if err != nil || !b.done {
+			return
+		}
+		want, err := io.ReadAll(httputil.NewChunkedReader(bytes.NewReader(raw)))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("lean body %q, net/http %q (%v)", got, want, err)
 		}
 	})
 }
