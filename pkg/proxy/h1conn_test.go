@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -233,5 +234,31 @@ func TestLeanGracefulShutdown(t *testing.T) {
 	}
 	if err := <-errc; err != nil {
 		t.Errorf("ServeListener: %v", err)
+	}
+}
+
+// TestLeanTLSFallbackKeepsTLS: a TLS connection handed to net/http after
+// the handshake (here an HTTP/1.0 request) is still known to be TLS, so
+// a rule that requires TLS serves it.
+func TestLeanTLSFallbackKeepsTLS(t *testing.T) {
+	pki := newPKI(t)
+	cert, key, _ := pki.leaf(t, "vip", "127.0.0.71")
+	b, _ := echoBackend(t, "plain")
+	px := startProxy(t, "127.0.0.71", Config{}, Service{Security: SecurityTLS, CertFile: cert, KeyFile: key}, newStaticPicker(hostPort(b)))
+	c, err := tls.Dial("tcp", px.addr, &tls.Config{RootCAs: pki.pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(60 * time.Second)) // a hang guard, not a performance limit
+	if _, err := io.WriteString(c, "GET /old HTTP/1.0\r\nHost: vip\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, e := readEcho(t, bufio.NewReader(c), "")
+	if resp.StatusCode != 200 || e.Path != "/old" || e.Header.Get("X-Forwarded-Proto") != "https" {
+		t.Fatalf("status %d path %q proto %q, want 200 /old https", resp.StatusCode, e.Path, e.Header.Get("X-Forwarded-Proto"))
+	}
+	if got := testutil.ToFloat64(px.m.fallback.WithLabelValues(fallbackVersion)); got != 1 {
+		t.Errorf("fallback{version} = %v, want 1", got)
 	}
 }

@@ -291,18 +291,11 @@ func upstreamHop(h http.Header, k string) bool {
 		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", HeaderRoute:
 		return true
 	}
-	for _, v := range h["Connection"] {
-		for v != "" {
-			var tok string
-			tok, v, _ = strings.Cut(v, ",")
-			if asciiEqualFold(strings.TrimSpace(tok), k) {
-				return true
-			}
-		}
-	}
-	return IsRouteHeader(k)
+	return headerHasToken(h["Connection"], k) || IsRouteHeader(k)
 }
 
+// headerHasToken reports whether the comma-separated values vv name tok
+// (case-insensitively).
 func headerHasToken(vv []string, tok string) bool {
 	for _, v := range vv {
 		for v != "" {
