@@ -31,8 +31,7 @@
 // header fields relayed from its own map (minus hop-by-hop ones) instead
 // of copied into a ResponseWriter's (sorted, with a Date field if the
 // endpoint sent none; no Content-Type sniffing). Keep-alive, pipelined requests
-// (answered in order; an answer whose successor is already buffered goes
-// out in the same write), Expect: 100-continue (sent on the first body
+// (answered in order, each answer flushed), Expect: 100-continue (sent on the first body
 // read), chunked request bodies (trailers read and dropped; the body is
 // relayed with a Content-Length), HEAD, Connection: close and the
 // ReadHeaderTimeout/IdleTimeout deadlines behave as under net/http. A

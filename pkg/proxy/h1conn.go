@@ -352,14 +352,9 @@ func (c *h1Conn) serveRequest() bool {
 		return false
 	}
 	c.w.finish()
-	if c.br.Buffered() == 0 || c.closing {
-		// With a pipelined request already buffered the answer may wait
-		// for the next one's, in the same write.
-		if c.bw.Flush() != nil {
-			return false
-		}
-	}
-	return true
+	// Flushed even when a pipelined request is already buffered: that
+	// one may take seconds, or be handed to net/http.
+	return c.bw.Flush() == nil
 }
 
 var chunkedTE = []string{"chunked"}

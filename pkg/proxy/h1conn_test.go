@@ -262,3 +262,19 @@ func TestLeanTLSFallbackKeepsTLS(t *testing.T) {
 		t.Errorf("fallback{version} = %v, want 1", got)
 	}
 }
+
+// TestLeanPipelinedThenFallback: an answer is on the wire before a
+// pipelined request behind it is handed to net/http.
+func TestLeanPipelinedThenFallback(t *testing.T) {
+	b, _ := echoBackend(t, "b0")
+	px := startProxy(t, "127.0.0.10", Config{}, Service{}, newStaticPicker(hostPort(b)))
+	c, br := rawConn(t, px.addr)
+	if _, err := io.WriteString(c, "GET /lean HTTP/1.1\r\nHost: vip\r\n\r\nGET /old HTTP/1.0\r\nHost: vip\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"/lean", "/old"} {
+		if resp, e := readEcho(t, br, ""); resp.StatusCode != 200 || e.Path != want {
+			t.Fatalf("status %d path %q, want 200 %q", resp.StatusCode, e.Path, want)
+		}
+	}
+}
