@@ -129,7 +129,7 @@ func proxyAllocsPerRequest(t testing.TB) float64 {
 func BenchmarkProxySmallRequest(b *testing.B) { proxyAllocsPerRequest(b) }
 
 // maxProxyAllocs bounds the allocations of one small proxied request.
-const maxProxyAllocs = 30
+const maxProxyAllocs = 10
 
 func TestProxySmallRequestAllocs(t *testing.T) {
 	if raceEnabled {

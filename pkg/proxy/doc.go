@@ -20,6 +20,55 @@
 // (Server.InFlight) that the router blends into its score; Prometheus
 // metrics labelled by service and endpoint.
 //
+// Client side: a lean HTTP/1.1 server (h1conn.go, h1parse.go, h1body.go,
+// h1writer.go) serves every listener, plaintext or TLS, in place of
+// net/http's server. One goroutine per connection parses each request
+// head inside the connection's 4 KiB read buffer, with RFC 9112 framing
+// and nothing looser than net/http: one private copy of the head per
+// request holds every string (canonical field names rewritten in place),
+// the header map and its values take two more allocations, and the answer
+// is written straight into the connection's write buffer, the endpoint's
+// header fields relayed from its own map (minus hop-by-hop ones) instead
+// of copied into a ResponseWriter's (sorted, with a Date field if the
+// endpoint sent none; no Content-Type sniffing). Keep-alive, pipelined requests
+// (answered in order, each answer flushed), Expect: 100-continue (sent on the first body
+// read), chunked request bodies (trailers read and dropped; the body is
+// relayed with a Content-Length), HEAD, Connection: close and the
+// ReadHeaderTimeout/IdleTimeout deadlines behave as under net/http. A
+// request body left unread (413, a refused body) closes the connection
+// after the answer, the sending side first so the client reads it.
+// Client-gone detection costs nothing for short requests: 5 ms after its
+// body was read (watchDelay), a read on the client connection starts
+// watching for a reset, which cancels the upstream work; a half-close is
+// remembered, the answer still sent, then the connection closed.
+//
+// What the lean server refuses itself, answered like net/http's own
+// refusals (plain-text status, Connection: close) and counted in
+// loxilb_proxy_conn_rejected_total: bad syntax in the request line or a
+// field, a missing, repeated or invalid Host (bad_request, 400); a
+// Content-Length that is not plain digits, a second Content-Length even
+// with the same value, Transfer-Encoding together with Content-Length
+// (framing, 400: net/http accepts the last two, HAProxy refuses them, and
+// they are the classic smuggling shapes); obs-fold line continuations
+// (obs_fold, 400: net/http joins them); a transfer coding other than one
+// "chunked" (unsupported_te, 501). Malformed chunked framing is a 400 of
+// the request.
+//
+// What it hands to net/http's server, with the bytes already read, for
+// the rest of the connection (counted in loxilb_proxy_http1_fallback_total
+// by reason): any version but HTTP/1.1 (HTTP/1.0, an HTTP/2 preface);
+// request targets other than a plain origin-form path (absolute-form,
+// CONNECT's authority-form, OPTIONS *, percent escapes or other bytes
+// url.URL would rewrite in the path); heads with a bare LF or CR; an
+// Expect other than 100-continue (net/http answers 417); heads larger than
+// the read buffer or with more than 256 fields (net/http's 1 MiB limit and
+// 431 apply); a TLS session that negotiated another protocol than
+// http/1.1 (only http/1.1 is offered). So no form that served before is
+// refused now, and net/http's answers for those forms are unchanged; the
+// stricter refusals above are the only deliberate differences, listed in
+// the corpus test (h1parse_test.go) that checks the parser against
+// net/http's server input by input.
+//
 // Neighbours: the router implements Picker (and uses the tokenizer,
 // blockhash and kvindex packages to decide); control builds Config from
 // the rules and calls Update when endpoints change; the daemon creates
@@ -53,8 +102,7 @@
 // A response gets its status line with its first body byte (event streams
 // at once), so an endpoint failing before that still yields a clean error;
 // a failure after the status line was sent flushes what was relayed and
-// cuts the client connection. A request never ends with net/http's
-// default empty 200.
+// cuts the client connection. A request never ends with an empty 200.
 //
 // Limits against hostile or broken peers (Config): request bodies grow as
 // bytes arrive and all of them together hold at most MaxInflightBodyBytes;
@@ -75,8 +123,10 @@
 // {service,ep,cached}, loxilb_proxy_conn_rejected_total{reason} (no_service,
 // conn_limit, body_memory), loxilb_proxy_upstream_limit_total
 // {service,ep,limit} (response_header_bytes, response_header_timeout,
-// stream_idle, stream_duration) and loxilb_proxy_body_bytes_inflight. A rule removed by
-// Update loses its series.
+// stream_idle, stream_duration), loxilb_proxy_body_bytes_inflight and
+// loxilb_proxy_http1_fallback_total{reason}; conn_rejected also counts the
+// heads the lean server refuses (bad_request, framing, obs_fold,
+// unsupported_te). A rule removed by Update loses its series.
 //
 // Security levels: 0 plaintext; 1 TLS terminated at the proxy; 2 TLS
 // terminated and a new TLS session to the endpoint, whose certificate is

@@ -68,12 +68,18 @@ func (s *Server) gracefulStop() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	if err := s.srv.Shutdown(ctx); err != nil {
+	s.h1Shutdown()
+	err := s.srv.Shutdown(ctx)
+	if err == nil {
+		err = s.h1Wait(ctx)
+	}
+	if err != nil {
 		s.dr.cutting.Store(true)
 		cut := s.dr.active.Load()
 		s.dr.outcomes.WithLabelValues(drainCut).Add(float64(cut))
 		s.logger.Warn("proxy: drain timeout passed, cutting the requests still running",
 			"timeout", grace, "completed", s.dr.done.Load(), "cut", cut, "err", err)
+		s.h1Close()
 		_ = s.srv.Close()
 	} else if n := s.dr.done.Load(); n > 0 {
 		s.logger.Info("proxy: drained", "completed", n, "cut", 0, "took", time.Since(start).Round(time.Millisecond))

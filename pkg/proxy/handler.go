@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -50,24 +51,38 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			defer endRequest(tc, rc)
 		}
 	}
-	ex := exchangePool.Get().(*exchange)
-	*ex = exchange{s: s, w: w, r: r, ctx: ctx, start: time.Now(), t: s.table.Load()}
-	ex.res.Endpoint = -1
-	defer ex.recycle()
-	ex.run()
-	ex.finish()
-	if ex.abort || !ex.wrote {
+	if r.TLS == nil {
+		// A TLS connection the lean server handed over (see handoff).
+		r.TLS, _ = ctx.Value(tlsStateKey{}).(*tls.ConnectionState)
+	}
+	wrote, cut := s.serveExchange(w, r, ctx, localAddr(r))
+	if cut {
 		// After a failed relay the status line is gone; the only honest
 		// signal left is to cut the connection so the client sees a
 		// truncated body instead of a clean end. Whatever was buffered is
 		// sent first, so the cut shows after the bytes that did arrive.
 		// A request that wrote nothing (its client is gone) is cut too:
 		// returning would make net/http send an empty 200.
-		if f, ok := w.(http.Flusher); ok && ex.wrote {
+		if f, ok := w.(http.Flusher); ok && wrote {
 			f.Flush()
 		}
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// serveExchange proxies one request for either server (net/http's or the
+// lean one) under ctx. local is the address the client connected to. It
+// reports whether a response head was written and whether the client
+// connection must be cut instead of ending the response cleanly.
+func (s *Server) serveExchange(w http.ResponseWriter, r *http.Request, ctx context.Context, local net.Addr) (wrote, cut bool) {
+	ex := exchangePool.Get().(*exchange)
+	*ex = exchange{s: s, w: w, r: r, ctx: ctx, local: local, start: time.Now(), t: s.table.Load()}
+	ex.res.Endpoint = -1
+	ex.run()
+	ex.finish()
+	wrote, cut = ex.wrote, ex.abort || !ex.wrote
+	ex.recycle()
+	return wrote, cut
 }
 
 // exchangePool recycles exchange structs: one escapes to the heap per
@@ -93,8 +108,10 @@ type exchange struct {
 	// ctx is what upstream work runs under: it ends when the client
 	// connection is gone, not when the client only half-closed.
 	ctx      context.Context
-	reserved int64 // request body bytes held against Server.budget
+	local    net.Addr // the address the client connected to
+	reserved int64    // request body bytes held against Server.budget
 	start    time.Time
+	req      Request // what the Picker sees; part of the pooled exchange
 	plan     Plan
 	res      Result
 	wire     wireRequest // the request as sent to the current endpoint
@@ -106,11 +123,11 @@ type exchange struct {
 
 func (ex *exchange) run() {
 	r := ex.r
-	ex.svc = ex.t.lookup(localAddr(r))
+	ex.svc = ex.t.lookup(ex.local)
 	if ex.svc == nil {
 		ex.s.m.connRejected.WithLabelValues("no_service").Inc()
 		ex.w.Header().Set("Connection", "close")
-		ex.fail(fmt.Errorf("%w: %v", ErrNoService, localAddr(r)))
+		ex.fail(fmt.Errorf("%w: %v", ErrNoService, ex.local))
 		return
 	}
 	if ex.svc.serverTLS != nil && r.TLS == nil {
@@ -129,7 +146,10 @@ func (ex *exchange) run() {
 		ex.fail(err)
 		return
 	}
-	req := &Request{
+	if lw, ok := ex.w.(*h1Writer); ok {
+		lw.c.arm() // the client connection is quiet from now on
+	}
+	ex.req = Request{
 		Service:    ex.svc.cfg.ID,
 		Method:     r.Method,
 		Path:       r.URL.Path,
@@ -138,6 +158,7 @@ func (ex *exchange) run() {
 		Body:       body,
 		ClientAddr: remoteAddrPort(r.RemoteAddr),
 	}
+	req := &ex.req
 	plan, err := ex.s.picker.Pick(ex.ctx, req)
 	if err != nil {
 		if ex.ctx.Err() != nil {
@@ -359,9 +380,11 @@ func (ex *exchange) relay(ep Endpoint, resp *http.Response) error {
 	if !ex.wrote {
 		ex.commit(resp) // an empty body
 	}
-	h := ex.w.Header()
-	for k, vv := range resp.Trailer {
-		h[http.TrailerPrefix+k] = vv
+	if len(resp.Trailer) > 0 {
+		h := ex.w.Header()
+		for k, vv := range resp.Trailer {
+			h[http.TrailerPrefix+k] = vv
+		}
 	}
 	if scan {
 		tap.finish(&ex.res)
@@ -383,6 +406,15 @@ func (ex *exchange) cutStream(ep Endpoint) {
 
 // commit sends the endpoint's status line and headers to the client.
 func (ex *exchange) commit(resp *http.Response) {
+	if lw, ok := ex.w.(*h1Writer); ok {
+		// The lean server writes the endpoint's fields as they are,
+		// minus hop-by-hop ones, without copying them.
+		lw.upHdr = resp.Header
+		lw.WriteHeader(resp.StatusCode)
+		ex.wrote = true
+		ex.res.Status = resp.StatusCode
+		return
+	}
 	h := ex.w.Header()
 	for k, vv := range resp.Header {
 		if IsRouteHeader(k) {
@@ -456,8 +488,8 @@ func (ex *exchange) finish() {
 			em.usage[0].Inc()
 		}
 	}
-	if lg := ex.s.logger; lg.Enabled(ex.r.Context(), slog.LevelDebug) {
-		lg.LogAttrs(ex.r.Context(), slog.LevelDebug, "proxy: request",
+	if lg := ex.s.logger; lg.Enabled(ex.ctx, slog.LevelDebug) {
+		lg.LogAttrs(ex.ctx, slog.LevelDebug, "proxy: request",
 			slog.String("service", svcLabel), slog.String("ep", epLabel),
 			slog.String("method", ex.r.Method), slog.String("path", ex.r.URL.Path),
 			slog.Int("status", ex.res.Status), slog.Int("attempts", ex.res.Attempts),

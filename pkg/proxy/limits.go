@@ -120,9 +120,19 @@ func (c *trackedConn) unwatch() {
 
 type connKey struct{}
 
+// tlsStateKey carries the TLS state of a connection the lean server
+// handed to net/http after the handshake (net/http sees no *tls.Conn).
+type tlsStateKey struct{}
+
 // connContext is the http.Server's ConnContext hook: it makes the
 // trackedConn reachable from every request on the connection.
 func connContext(ctx context.Context, c net.Conn) context.Context {
+	if hc, ok := c.(*handoffConn); ok {
+		if hc.tls != nil {
+			ctx = context.WithValue(ctx, tlsStateKey{}, hc.tls)
+		}
+		c = hc.tc
+	}
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
 	}

@@ -22,6 +22,7 @@ type metrics struct {
 	connRejected  *prometheus.CounterVec   // reason
 	upstreamLimit *prometheus.CounterVec   // service, ep, limit
 	usageSeen     *prometheus.CounterVec   // service, ep, cached (yes|no)
+	fallback      *prometheus.CounterVec   // reason
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -53,7 +54,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"service", "ep_idx", "direction"}),
 		connRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_proxy_conn_rejected_total",
-			Help: "Client connections or requests refused before routing, by reason (no_service: local address matches no rule; conn_limit: the listener holds MaxConnsPerListener connections, closed at accept; body_memory: request bodies in flight hold MaxInflightBodyBytes, answered 503; client_cert_missing, client_cert_invalid, client_cn_mismatch: a TLS handshake refused by the rule's client-certificate check).",
+			Help: "Client connections or requests refused before routing, by reason (no_service: local address matches no rule; conn_limit: the listener holds MaxConnsPerListener connections, closed at accept; body_memory: request bodies in flight hold MaxInflightBodyBytes, answered 503; client_cert_missing, client_cert_invalid, client_cn_mismatch: a TLS handshake refused by the rule's client-certificate check; bad_request, framing, obs_fold, unsupported_te: a request head the lean HTTP/1.1 server refused, answered 400 (501 for unsupported_te) and closed).",
 		}, []string{"reason"}),
 		upstreamLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_proxy_upstream_limit_total",
@@ -63,11 +64,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "loxilb_ai_usage_reported_total",
 			Help: "Responses whose usage block was extracted, by service, endpoint and whether cached_tokens was present.",
 		}, []string{"service", "ep_idx", "cached"}),
+		fallback: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "loxilb_proxy_http1_fallback_total",
+			Help: "Client connections the lean HTTP/1.1 server handed to net/http's server, by reason (version: not HTTP/1.1; target: not a plain origin-form path; line_end: a bare LF or CR; expect: an expectation other than 100-continue; head_size: a head larger than the 4 KiB read buffer; header_fields: more than 256 fields; protocol: TLS negotiated another protocol).",
+		}, []string{"reason"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.activeStreams, m.upstreamErrs, m.failover, m.bytes, m.connRejected, m.usageSeen, m.upstreamLimit} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.activeStreams, m.upstreamErrs, m.failover, m.bytes, m.connRejected, m.usageSeen, m.upstreamLimit, m.fallback} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if errors.As(err, &are) {

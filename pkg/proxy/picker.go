@@ -148,7 +148,10 @@ type Result struct {
 // safe for that. It should return quickly (it is on the latency path of
 // every request), unless holding the request is the decision (the gateway
 // holds one until an earlier request has computed the prompt prefix both
-// share). ctx is cancelled when the client goes away.
+// share). ctx is cancelled when the client goes away. req is the
+// proxy's to reuse once the request is over (after Plan.Done, or after
+// Dispatch returns): keep what it points to (Header, Body), never req
+// itself.
 //
 // Errors: wrap ErrUnavailable when no healthy endpoint can serve the
 // request (503) and ErrBadRequest when the request is malformed (400);

@@ -40,6 +40,13 @@ type Server struct {
 	rare         *rareLog
 	dr           drainState
 
+	// The lean HTTP/1.1 server (h1conn.go) serves the listeners; srv,
+	// net/http's server, gets only the connections it hands over.
+	h1                             h1State
+	handoff                        *handoffListener
+	handoffOnce                    sync.Once
+	readHeaderTimeout, idleTimeout time.Duration
+
 	// inflight counts requests being relayed per (service, endpoint
 	// index). It lives outside the table so an Update that rebuilds a
 	// service keeps its counts: requests already in flight still finish
@@ -122,6 +129,13 @@ func New(cfg Config, picker Picker, logger *slog.Logger, reg prometheus.Register
 		listening: make(chan struct{}),
 		budget:    bodyBudget{max: cfg.MaxInflightBodyBytes},
 		rare:      newRareLog(logger, 10*time.Second),
+		handoff:   newHandoffListener(),
+		h1: h1State{
+			lns:   map[net.Listener]struct{}{},
+			conns: map[*h1Conn]struct{}{},
+		},
+		readHeaderTimeout: cfg.ReadHeaderTimeout,
+		idleTimeout:       cfg.IdleTimeout,
 	}
 	s.maxConns, s.abortOnClose = cfg.MaxConnsPerListener, cfg.AbortOnClientClose
 	if cfg.ReusePort {
@@ -331,8 +345,7 @@ func (s *Server) ServeListener(ctx context.Context, ln net.Listener) error {
 	}
 	s.mu.Unlock()
 	go func() {
-		err := s.srv.Serve(s.newDemux(ln))
-		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.acceptLoop(s.newDemux(ln), func() bool { return false }); err != nil {
 			s.fail(fmt.Errorf("serve %s: %w", ln.Addr(), err))
 		}
 	}()
@@ -362,6 +375,7 @@ func (s *Server) Close() error {
 	s.shutdown = true
 	close(s.done)
 	s.mu.Unlock()
+	s.h1Close()
 	err := s.srv.Close()
 	s.closeTransports()
 	return err
@@ -438,11 +452,9 @@ func (s *Server) bindMissingLocked(t *table) ([]*ownedListener, error) {
 func (s *Server) serveOwned(ol *ownedListener) {
 	s.logger.Info("proxy: listening", "addr", ol.ln.Addr().String())
 	go func() {
-		err := s.srv.Serve(s.newDemux(ol.ln))
-		if err == nil || errors.Is(err, http.ErrServerClosed) || ol.removed.Load() {
-			return
+		if err := s.acceptLoop(s.newDemux(ol.ln), ol.removed.Load); err != nil {
+			s.fail(fmt.Errorf("serve %s: %w", ol.ln.Addr(), err))
 		}
-		s.fail(fmt.Errorf("serve %s: %w", ol.ln.Addr(), err))
 	}()
 }
 

@@ -182,17 +182,17 @@ func run(ctx context.Context, o options) error {
 			}
 		}
 	}
-	sys := map[string]float64{}
+	sys := map[string]sysCount{}
 	if o.syscalls {
 		for _, c := range cs {
 			if c.pid == 0 {
 				continue
 			}
-			v, err := syscallsPerRequest(ctx, c.pid, script, c.addr, min(o.threads, 64), 64, o.duration)
+			v, detail, err := syscallsPerRequest(ctx, c.pid, script, c.addr, min(o.threads, 64), 64, o.duration)
 			if err != nil {
 				return fmt.Errorf("strace %s: %w", c.name, err)
 			}
-			sys[c.name] = v
+			sys[c.name] = sysCount{total: v, detail: detail}
 		}
 	}
 	table := render(o, cs, res, sys)

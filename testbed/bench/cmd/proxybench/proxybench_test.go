@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -96,5 +97,20 @@ func TestBackendStreamsEvents(t *testing.T) {
 	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" || strings.Count(string(b), "data: ") != 4 ||
 		!strings.HasSuffix(string(b), "data: [DONE]\n\n") {
 		t.Errorf("answer %q (%s), want 3 events and [DONE]", b, ct)
+	}
+}
+
+func TestStraceKinds(t *testing.T) {
+	out := `% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 60.00    0.600000          12     50000           write
+ 40.00    0.400000           4    100000     50000 read
+------ ----------- ----------- --------- --------- ----------------
+100.00    1.000000           6    150000     50000 total
+`
+	got := straceKinds(out)
+	want := []straceKind{{"read", 100000, 50000}, {"write", 50000, 0}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("straceKinds = %+v, want %+v", got, want)
 	}
 }

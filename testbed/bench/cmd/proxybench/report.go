@@ -23,7 +23,13 @@ func median(xs []float64) float64 {
 
 // render prints the medians as a markdown table: one row per contender
 // and concurrency, with the ratio of its requests/s to HAProxy's.
-func render(o options, cs []*contender, res map[key][]sample, sys map[string]float64) string {
+// sysCount is one proxy's system calls per request and the largest kinds.
+type sysCount struct {
+	total  float64
+	detail string
+}
+
+func render(o options, cs []*contender, res map[key][]sample, sys map[string]sysCount) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "proxybench: %s wrk runs, %d threads, %d interleaved repetitions (medians), %d CPUs, %s\n\n",
 		o.duration, o.threads, o.reps, runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339))
@@ -58,10 +64,10 @@ func render(o options, cs []*contender, res map[key][]sample, sys map[string]flo
 		}
 	}
 	if len(sys) > 0 {
-		b.WriteString("\n| contender | syscalls/request (strace -c -f, 64 conns) |\n|---|---:|\n")
+		b.WriteString("\n| contender | syscalls/request (strace -c -f, 64 conns) | most frequent, per request |\n|---|---:|---|\n")
 		for _, c := range cs {
 			if v, ok := sys[c.name]; ok {
-				fmt.Fprintf(&b, "| %s | %.2f |\n", c.name, v)
+				fmt.Fprintf(&b, "| %s | %.2f | %s |\n", c.name, v.total, v.detail)
 			}
 		}
 	}

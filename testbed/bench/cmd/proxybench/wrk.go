@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -121,31 +122,76 @@ func procCPU(pid int) time.Duration {
 // syscallsPerRequest counts the system calls of every thread of pid with
 // `strace -c -f` during one wrk run. strace slows the process down, so
 // only the count per request means anything, not the rate.
-func syscallsPerRequest(ctx context.Context, pid int, script, addr string, threads, n int, d time.Duration) (float64, error) {
+// detail names the largest kinds per request, with the failed ones (a
+// read that found nothing is EAGAIN).
+func syscallsPerRequest(ctx context.Context, pid int, script, addr string, threads, n int, d time.Duration) (total float64, detail string, err error) {
 	out := filepath.Join(os.TempDir(), fmt.Sprintf("proxybench-strace-%d.txt", pid))
 	defer os.Remove(out)
 	st := exec.CommandContext(ctx, "strace", "-c", "-f", "-o", out, "-p", strconv.Itoa(pid))
 	var errb bytes.Buffer
 	st.Stderr = &errb
 	if err := st.Start(); err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	time.Sleep(500 * time.Millisecond) // attached to every thread
 	w, err := runWrk(ctx, script, addr, threads, n, d)
 	_ = st.Process.Signal(syscall.SIGINT)
 	_ = st.Wait()
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	b, rerr := os.ReadFile(out)
 	if rerr != nil {
-		return 0, fmt.Errorf("%w: %s", rerr, errb.String())
+		return 0, "", fmt.Errorf("%w: %s", rerr, errb.String())
 	}
 	calls, err := straceTotal(string(b))
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
-	return float64(calls) / float64(w.requests), nil
+	perReq := float64(w.requests)
+	var parts []string
+	for i, k := range straceKinds(string(b)) {
+		if i == 5 {
+			break
+		}
+		p := fmt.Sprintf("%s %.2f", k.name, float64(k.calls)/perReq)
+		if k.errors > 0 {
+			p += fmt.Sprintf(" (%.2f failed)", float64(k.errors)/perReq)
+		}
+		parts = append(parts, p)
+	}
+	return float64(calls) / perReq, strings.Join(parts, ", "), nil
+}
+
+// straceKind is one line of strace -c's table.
+type straceKind struct {
+	name          string
+	calls, errors int64
+}
+
+// straceKinds returns the system calls of strace -c's table, most
+// frequent first.
+func straceKinds(s string) []straceKind {
+	var out []straceKind
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		// % time, seconds, usecs/call, calls, [errors,] syscall
+		if len(f) < 5 || f[len(f)-1] == "total" || f[len(f)-1] == "syscall" {
+			continue
+		}
+		calls, err := strconv.ParseInt(f[3], 10, 64)
+		if err != nil {
+			continue
+		}
+		k := straceKind{name: f[len(f)-1], calls: calls}
+		if len(f) == 6 {
+			k.errors, _ = strconv.ParseInt(f[4], 10, 64)
+		}
+		out = append(out, k)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].calls > out[j].calls })
+	return out
 }
 
 // straceTotal returns the calls column of strace -c's "total" line.
