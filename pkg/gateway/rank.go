@@ -34,21 +34,33 @@ func newRankTargeting(engineName string, ranks int) *rankTargeting {
 	return &rankTargeting{ranks: ranks, target: spec.Rank}
 }
 
-// chooseRank returns the rank of endpoint ep to send keys to: the one
-// holding the longest prefix, unless a shallower rank would cost the
-// request no more extra prefill than it needs anyway. Ranks whose prefix
-// falls short of the longest by at most the request's uncached blocks on
-// the deepest rank count as tied, and among tied ranks the one the first
-// block the deepest rank does not hold hashes to is taken. So requests
-// that extend the same prefix (a session's next step sent before the
-// engine's events for the previous one arrived, siblings of a shared
-// prompt) meet on one rank; a session whose history is long against its
-// new turn stays on its rank; and new documents or conversations after a
-// shared system prompt spread over the ranks. Preferring the deepest rank
-// outright sent every request sharing a system prompt to the rank that
-// cached it first: that rank's cache churned while its sibling's stayed
-// empty (an endpoint of two ranks cached like one).
-func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uint64) int {
+// chooseRank returns the rank of endpoint ep to send keys to, and the
+// key the placement is remembered by (the first block the deepest rank
+// lacks). The rank is the one holding the longest prefix, unless a
+// shallower rank would cost the request no more extra prefill than it
+// needs anyway: ranks whose prefix falls short of the longest by at most
+// the request's uncached blocks on the deepest rank count as tied. Among
+// tied ranks:
+//
+//  1. a rank a request extending this prefix was sent to within the
+//     speculative TTL (lv's placements), so requests that extend the same
+//     prefix meet on one rank before the engine's events say it holds
+//     it (siblings of a new prompt, a session's next turn whose previous
+//     turn's events lag);
+//  2. else the rank with the fewest requests in flight (lv's load), then
+//     the fewest recent placements;
+//  3. else the rank the first block the deepest rank lacks hashes to.
+//
+// So a session whose history is long against its new turn stays on its
+// rank (no other rank ties), and new documents or conversations whose own
+// text is long against a shared system prompt spread over the ranks by
+// load. Preferring the deepest rank outright sent every request sharing a
+// system prompt to the rank that cached it first (an endpoint of two
+// ranks cached like one); the hash alone left sessions that start
+// together to chance, three or four of an engine's sessions on one rank
+// whose cache then churned while its sibling's had room. lv may be nil
+// (no load known: the hash decides).
+func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uint64, lv *rankSnapshot) (int, uint64) {
 	var depth [engine.MaxDPRanks]int
 	inv.RankPrefixMatch(service, ep, keys, depth[:ranks])
 	best := 0
@@ -57,21 +69,56 @@ func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uin
 	}
 	slack := len(keys) - best // the request's uncached blocks on the deepest rank
 	var tied [engine.MaxDPRanks]int
+	var isTied [engine.MaxDPRanks]bool
 	n := 0
 	for r := 0; r < ranks; r++ {
 		if best-depth[r] <= slack {
 			tied[n] = r
+			isTied[r] = true
 			n++
 		}
 	}
+	key := keys[min(best, len(keys)-1)]
 	if n == 1 {
-		return tied[0]
+		return tied[0], key
 	}
-	k := keys[min(best, len(keys)-1)]
+	if lv != nil && lv.c != nil {
+		// The deepest tied rank's first missing block first: it is the
+		// longest prefix a recent request can have extended.
+		order := tied
+		for i := 1; i < n; i++ { // deepest first; n is a handful
+			for j := i; j > 0 && depth[order[j]] > depth[order[j-1]]; j-- {
+				order[j], order[j-1] = order[j-1], order[j]
+			}
+		}
+		prev := -1
+		for _, t := range order[:n] {
+			d := depth[t]
+			if d == prev || d >= len(keys) {
+				continue
+			}
+			prev = d
+			if r, ok := lv.follow(keys[d]); ok && r < ranks && isTied[r] {
+				return r, key
+			}
+		}
+	}
+	k := key
 	k ^= k >> 33
 	k *= 0xff51afd7ed558ccd
 	k ^= k >> 33
-	return tied[k%uint64(n)]
+	h := int(k % uint64(n))
+	if lv == nil {
+		return tied[h], key
+	}
+	pick := tied[h]
+	for i := 1; i < n; i++ {
+		r := tied[(h+i)%n]
+		if lv.load[r] < lv.load[pick] || lv.load[r] == lv.load[pick] && lv.placed[r] < lv.placed[pick] {
+			pick = r
+		}
+	}
+	return pick, key
 }
 
 // targetEndpoint returns ep rewritten to name rank to its engine: the rank fields

@@ -77,8 +77,9 @@ type scrapeTarget struct {
 }
 
 type sample struct {
-	m  selector.EngineMetrics
-	at time.Time
+	m     selector.EngineMetrics
+	at    time.Time
+	ranks rankSample // per data-parallel rank (rankscrape.go)
 }
 
 var _ EngineMetrics = (*Scraper)(nil)
@@ -196,7 +197,8 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m, hits, hasHits, reason := s.scrape(ctx, t)
+			var ranks rankSample
+			m, hits, hasHits, reason := s.scrape(ctx, t, &ranks)
 			if hasHits {
 				s.mu.Lock()
 				if s.targets[k] == t {
@@ -211,9 +213,12 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 				}
 				return
 			}
+			if ranks.bad != "" {
+				s.errs.WithLabelValues(strconv.FormatUint(uint64(k.service), 10), strconv.Itoa(k.ep), ranks.bad).Inc()
+			}
 			s.mu.Lock()
 			if s.targets[k] == t {
-				s.samples[k] = sample{m: m, at: time.Now()}
+				s.samples[k] = sample{m: m, at: time.Now(), ranks: ranks}
 			}
 			s.mu.Unlock()
 			s.learn(ctx, k, t, m)
@@ -222,9 +227,9 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 	wg.Wait()
 }
 
-// scrape reads one target: its load signals (or the failure reason) and
-// its LMCache hit counter when it exports one.
-func (s *Scraper) scrape(ctx context.Context, t scrapeTarget) (m selector.EngineMetrics, hits float64, hasHits bool, reason string) {
+// scrape reads one target: its load signals (or the failure reason), its
+// per-rank load into ranks, and its LMCache hit counter when it exports one.
+func (s *Scraper) scrape(ctx context.Context, t scrapeTarget, ranks *rankSample) (m selector.EngineMetrics, hits float64, hasHits bool, reason string) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url, nil)
 	if err != nil {
 		return m, 0, false, "request"
@@ -250,6 +255,7 @@ func (s *Scraper) scrape(ctx context.Context, t scrapeTarget) (m selector.Engine
 	if err != nil {
 		return selector.EngineMetrics{}, hits, hasHits, "no_load_metrics"
 	}
+	*ranks = parseRankLoad(t.engine, body)
 	return m, hits, hasHits, ""
 }
 
