@@ -50,8 +50,8 @@ type RankLoad struct {
 	// InFlight is the requests the gateway sent to the rank and has not
 	// seen end.
 	InFlight int `json:"in_flight"`
-	// Placed is the new prefixes placed on the rank within the
-	// speculative TTL.
+	// Placed is the requests sent to the rank within the speculative
+	// TTL.
 	Placed int `json:"placed_recently"`
 	// Running and Waiting are the engine's own per-rank gauges as last
 	// scraped; -1 when the engine publishes none per rank.
@@ -171,6 +171,16 @@ func (rl *rankLoad) ranks(service uint32, ep, ranks int, ttl time.Duration, now 
 		}
 	}
 	return out
+}
+
+// RankLoad returns the load of every data-parallel rank of endpoint ep of
+// the rule with id service, nil unless the rule's requests name a rank.
+func (g *Gateway) RankLoad(service uint32, ep int) []RankLoad {
+	st := g.lookup(service)
+	if st == nil || st.rank == nil || ep < 0 || ep >= len(st.addrs) {
+		return nil
+	}
+	return g.ranks.ranks(service, ep, st.rank.ranks, g.cfg.SpeculativeTTL, time.Now(), g.rankEngine)
 }
 
 // forget drops a removed service's counts; releases of its requests still
