@@ -138,12 +138,12 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		now := time.Now()
 		var lv rankSnapshot
 		g.ranks.snapshot(st.id, d.EP, st.rank.ranks, g.cfg.SpeculativeTTL, now, g.rankEngine, &lv)
-		rank, placedKey := chooseRank(ri, st.id, d.EP, st.rank.ranks, keys, &lv)
+		rank, held := chooseRank(ri, st.id, d.EP, st.rank.ranks, keys, &lv)
 		if ep, ok := st.rank.targetEndpoint(plan.Candidates[0], rank, req.Body); ok {
 			plan.Candidates[0] = ep
 			rc.Rank, rc.RankSet = rank, true
 			g.m.rankTargeted.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(rank)).Inc()
-			rankDone = g.ranks.begin(st.id, d.EP, rank, placedKey, now)
+			rankDone = g.ranks.begin(st.id, d.EP, rank, keys, held, now)
 		}
 	}
 	plan.Receipt = rc.String() + ejectedField(ejected) + untrustedField(view.Untrusted)

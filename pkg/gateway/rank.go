@@ -35,18 +35,20 @@ func newRankTargeting(engineName string, ranks int) *rankTargeting {
 }
 
 // chooseRank returns the rank of endpoint ep to send keys to, and the
-// key the placement is remembered by (the first block the deepest rank
-// lacks). The rank is the one holding the longest prefix, unless a
+// blocks of keys the deepest rank holds (rankLoad.begin remembers the
+// placement by the blocks after them). The rank is the one holding the longest prefix, unless a
 // shallower rank would cost the request no more extra prefill than it
 // needs anyway: ranks whose prefix falls short of the longest by at most
 // the request's uncached blocks on the deepest rank count as tied. Among
 // tied ranks:
 //
-//  1. a rank a request extending this prefix was sent to within the
-//     speculative TTL (lv's placements), so requests that extend the same
-//     prefix meet on one rank before the engine's events say it holds
-//     it (siblings of a new prompt, a session's next turn whose previous
-//     turn's events lag);
+//  1. the rank of a request placed within the speculative TTL (lv's
+//     placements) that had the same prompt up to at least the middle of
+//     this request's uncached blocks, so requests sharing most of what
+//     they need computed meet on one rank before the engine's events say
+//     it holds it (siblings of a new prompt, a session's next turn whose
+//     previous turn's events lag), while requests sharing only a short
+//     prefix (a system prompt before a long conversation) do not;
 //  2. else the rank with the fewest requests in flight (lv's load), then
 //     the fewest recent placements;
 //  3. else the rank the first block the deepest rank lacks hashes to.
@@ -60,7 +62,7 @@ func newRankTargeting(engineName string, ranks int) *rankTargeting {
 // together to chance, three or four of an engine's sessions on one rank
 // whose cache then churned while its sibling's had room. lv may be nil
 // (no load known: the hash decides).
-func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uint64, lv *rankSnapshot) (int, uint64) {
+func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uint64, lv *rankSnapshot) (int, int) {
 	var depth [engine.MaxDPRanks]int
 	inv.RankPrefixMatch(service, ep, keys, depth[:ranks])
 	best := 0
@@ -78,38 +80,21 @@ func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uin
 			n++
 		}
 	}
-	key := keys[min(best, len(keys)-1)]
 	if n == 1 {
-		return tied[0], key
+		return tied[0], best
 	}
-	if lv != nil && lv.c != nil {
-		// The deepest tied rank's first missing block first: it is the
-		// longest prefix a recent request can have extended.
-		order := tied
-		for i := 1; i < n; i++ { // deepest first; n is a handful
-			for j := i; j > 0 && depth[order[j]] > depth[order[j-1]]; j-- {
-				order[j], order[j-1] = order[j-1], order[j]
-			}
-		}
-		prev := -1
-		for _, t := range order[:n] {
-			d := depth[t]
-			if d == prev || d >= len(keys) {
-				continue
-			}
-			prev = d
-			if r, ok := lv.follow(keys[d]); ok && r < ranks && isTied[r] {
-				return r, key
-			}
-		}
+	// A request sharing at least half of its uncached blocks with one
+	// placed a moment ago meets it.
+	if r, ok := lv.follow(keys, best+slack/2); ok && r < ranks && isTied[r] {
+		return r, best
 	}
-	k := key
+	k := keys[min(best, len(keys)-1)]
 	k ^= k >> 33
 	k *= 0xff51afd7ed558ccd
 	k ^= k >> 33
 	h := int(k % uint64(n))
 	if lv == nil {
-		return tied[h], key
+		return tied[h], best
 	}
 	pick := tied[h]
 	for i := 1; i < n; i++ {
@@ -118,7 +103,7 @@ func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uin
 			pick = r
 		}
 	}
-	return pick, key
+	return pick, best
 }
 
 // targetEndpoint returns ep rewritten to name rank to its engine: the rank fields

@@ -127,8 +127,8 @@ func chooseRankNoLoad(inv RankInventory, service uint32, ep, ranks int, keys []u
 func place(rl *rankLoad, inv RankInventory, scraped RankMetrics, keys []uint64, now time.Time) (int, func()) {
 	var lv rankSnapshot
 	rl.snapshot(1, 0, 2, 5*time.Second, now, scraped, &lv)
-	r, k := chooseRank(inv, 1, 0, 2, keys, &lv)
-	return r, rl.begin(1, 0, r, k, now)
+	r, held := chooseRank(inv, 1, 0, 2, keys, &lv)
+	return r, rl.begin(1, 0, r, keys, held, now)
 }
 
 // sessionsHashedTo returns n sessions (a shared 8-block system prompt,
@@ -188,6 +188,20 @@ func TestChooseRankSpreadsSessionsByLoad(t *testing.T) {
 	if per != [2]int{3, 3} {
 		t.Fatalf("6 sessions one after another: per rank %v, want [3 3]", per)
 	}
+	// A cold engine: no rank holds the system prompt yet, and every
+	// session starts with it (today's rule hashes the same first block
+	// for all: 8 of 8 on one rank). Sharing a prefix short against their
+	// own text, they do not follow one another.
+	cold, _ := kvindex.New(kvindex.Config{}, nil)
+	var rl3 rankLoad
+	per = [2]int{}
+	for _, s := range sessionsHashedTo(t, cold, sys, chooseRankNoLoad(cold, 1, 0, 2, sys), 8) {
+		r, _ := place(&rl3, cold, nil, s, now)
+		per[r]++
+	}
+	if per != [2]int{4, 4} {
+		t.Fatalf("8 sessions starting together on a cold engine: per rank %v, want [4 4]", per)
+	}
 }
 
 // The engine's own per-rank gauges count too: requests other gateways
@@ -235,7 +249,7 @@ func TestChooseRankKeepsHistoryAndSiblingsOverLoad(t *testing.T) {
 	}
 	ix.Store(1, 0, 1, hist)
 	for range 6 {
-		rl.begin(1, 0, 1, 42, now)
+		rl.begin(1, 0, 1, []uint64{42}, 0, now)
 	}
 	turn := append(append([]uint64(nil), hist...), 9, 9, 9, 9)
 	if r, _ := place(&rl, ix, nil, turn, now); r != 1 {
@@ -267,8 +281,8 @@ func TestChooseRankKeepsHistoryAndSiblingsOverLoad(t *testing.T) {
 
 func TestRankLoadForget(t *testing.T) {
 	var rl rankLoad
-	done := rl.begin(1, 0, 1, 5, time.Unix(1, 0))
-	rl.begin(2, 0, 1, 5, time.Unix(1, 0))
+	done := rl.begin(1, 0, 1, []uint64{5}, 0, time.Unix(1, 0))
+	rl.begin(2, 0, 1, []uint64{5}, 0, time.Unix(1, 0))
 	rl.forget(1)
 	done() // the release of a forgotten rule's request touches nothing read
 	if got := rl.ranks(1, 0, 2, time.Hour, time.Unix(1, 0), nil); got[1].InFlight != 0 || got[1].Placed != 0 {
@@ -277,7 +291,7 @@ func TestRankLoadForget(t *testing.T) {
 	if got := rl.ranks(2, 0, 2, time.Hour, time.Unix(1, 0), nil); got[1].InFlight != 1 {
 		t.Fatalf("other service lost its load %+v", got)
 	}
-	if f := rl.begin(1, 0, 99, 5, time.Unix(1, 0)); f == nil {
+	if f := rl.begin(1, 0, 99, []uint64{5}, 0, time.Unix(1, 0)); f == nil {
 		t.Fatal("nil release for an out-of-range rank")
 	}
 }

@@ -7,20 +7,23 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/engine"
 )
 
-// rankPlacedCap bounds the new prefixes remembered per endpoint: at the
-// speculative TTL (5s) it covers ~50 new prefixes a second on one
-// endpoint, far more than one engine prefills.
-const rankPlacedCap = 256
+// rankPlacedCap bounds the placement entries remembered per endpoint (two
+// per request): at the speculative TTL (5s) it covers ~50 requests a
+// second on one endpoint, far more than one engine prefills.
+const rankPlacedCap = 512
 
 // rankLoad is the gateway's per-(endpoint, data-parallel rank) load: the
-// requests it has sent to each rank and not yet seen end, and the new
-// prefixes it has placed on each rank recently (the first block the
-// deepest rank lacked, and when). The rank choice reads both: a new
-// prefix goes to the rank with the fewest requests in flight (then the
-// fewest recent placements), and a request extending a prefix placed a
-// moment ago follows it to its rank even before the engine's events say
-// the rank holds it (siblings of one new prefix, a session's next turn
-// whose previous turn's events lag).
+// requests it has sent to each rank and not yet seen end, and the
+// requests it has placed on each rank recently, remembered by two block
+// keys of the part of their prompt no rank held (the middle one and the
+// last one). The rank choice reads both: a request goes to the rank with
+// the fewest requests in flight (then the fewest recent placements),
+// unless it shares most of its uncached part with a request placed a
+// moment ago, which it then follows to its rank even before the engine's
+// events say the rank holds it (siblings of one new prompt, a session's
+// next turn whose previous turn's events lag). Sharing only a prefix that
+// is short against the request's own text (a system prompt before a
+// long conversation or document) does not make it follow.
 type rankLoad struct {
 	mu sync.Mutex
 	m  map[heldKey]*rankCounts
@@ -41,6 +44,7 @@ type rankCounts struct {
 type placement struct {
 	key  uint64
 	rank int8
+	last bool  // the request's last block: one per request, counted as a placement
 	at   int64 // unix nanoseconds; 0: empty slot
 }
 
@@ -72,17 +76,33 @@ type rankSnapshot struct {
 
 // follow returns the rank key was placed on within the TTL; ok is false
 // when none.
-func (s *rankSnapshot) follow(key uint64) (int, bool) {
+//
+// It looks for keys[p], deepest first, for p from len(keys)-1 down to
+// from: a placement remembered by one of them had the same prompt up to
+// that block.
+func (s *rankSnapshot) follow(keys []uint64, from int) (int, bool) {
 	if s == nil || s.c == nil {
 		return 0, false
 	}
 	s.rl.mu.Lock()
 	defer s.rl.mu.Unlock()
-	i, ok := s.c.byKey[key]
-	if !ok || s.c.placed[i].at <= s.cutoff {
-		return 0, false
+	for p := len(keys) - 1; p >= max(from, 0); p-- {
+		if i, ok := s.c.byKey[keys[p]]; ok && s.c.placed[i].at > s.cutoff {
+			return int(s.c.placed[i].rank), true
+		}
 	}
-	return int(s.c.placed[i].rank), true
+	return 0, false
+}
+
+// remember writes one placement entry over the ring's oldest.
+func (c *rankCounts) remember(key uint64, rank int, last bool, now time.Time) {
+	old := c.placed[c.next]
+	if old.at != 0 && c.byKey[old.key] == c.next {
+		delete(c.byKey, old.key)
+	}
+	c.placed[c.next] = placement{key: key, rank: int8(rank), last: last, at: now.UnixNano()}
+	c.byKey[key] = c.next
+	c.next = (c.next + 1) % rankPlacedCap
 }
 
 func (rl *rankLoad) counts(service uint32, ep int) *rankCounts {
@@ -98,24 +118,24 @@ func (rl *rankLoad) counts(service uint32, ep int) *rankCounts {
 	return c
 }
 
-// begin counts a request on rank of ep, remembers that key (the first
-// block the deepest rank lacked) was placed there, and returns the
+// begin counts a request on rank of ep, remembers that keys (whose first
+// best blocks the deepest rank held) were placed there, and returns the
 // function that uncounts the request; calling it more than once is
 // harmless.
-func (rl *rankLoad) begin(service uint32, ep, rank int, key uint64, now time.Time) func() {
+func (rl *rankLoad) begin(service uint32, ep, rank int, keys []uint64, best int, now time.Time) func() {
 	if rank < 0 || rank >= engine.MaxDPRanks {
 		return func() {}
 	}
 	rl.mu.Lock()
 	c := rl.counts(service, ep)
 	c.inflight[rank]++
-	old := c.placed[c.next]
-	if old.at != 0 && c.byKey[old.key] == c.next {
-		delete(c.byKey, old.key)
+	if n := len(keys); n > 0 {
+		mid := min(max(best, 0)+(n-max(best, 0))/2, n-1)
+		if mid < n-1 {
+			c.remember(keys[mid], rank, false, now)
+		}
+		c.remember(keys[n-1], rank, true, now)
 	}
-	c.placed[c.next] = placement{key: key, rank: int8(rank), at: now.UnixNano()}
-	c.byKey[key] = c.next
-	c.next = (c.next + 1) % rankPlacedCap
 	rl.mu.Unlock()
 	var once sync.Once
 	return func() {
@@ -151,7 +171,7 @@ func (rl *rankLoad) snapshot(service uint32, ep, ranks int, ttl time.Duration, n
 		return
 	}
 	for _, p := range c.placed {
-		if p.at > s.cutoff && int(p.rank) < ranks {
+		if p.last && p.at > s.cutoff && int(p.rank) < ranks {
 			s.placed[p.rank]++
 		}
 	}
