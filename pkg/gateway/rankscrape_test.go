@@ -1,7 +1,17 @@
 package gateway
 
 import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 )
 
 // The exposition of an SGLang server with two data-parallel ranks and two
@@ -71,5 +81,42 @@ func TestLabelValue(t *testing.T) {
 		if got != c.want || has != c.has {
 			t.Errorf("labelValue(%q, %q) = %q, %v; want %q, %v", c.line, c.label, got, has, c.want, c.has)
 		}
+	}
+}
+
+// The scraper keeps an SGLang endpoint's per-rank gauges next to its
+// totals, and refuses (and counts) a rank label out of range without
+// losing the totals.
+func TestScraperRankMetrics(t *testing.T) {
+	body := sglangDPMetrics
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(body)) }))
+	defer srv.Close()
+	ap := netip.MustParseAddrPort(srv.Listener.Addr().String())
+	s, err := NewScraper(ScraperConfig{MaxAge: time.Hour}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := &lbrule.Rule{Service: lbrule.ServiceArgs{Mode: 4, KVEngine: "sglang"}, Endpoints: []lbrule.Endpoint{{IP: ap.Addr().String(), Port: int(ap.Port())}}}
+	if err := s.Reconcile(context.Background(), []control.Service{{ID: 3, Rule: rule}}); err != nil {
+		t.Fatal(err)
+	}
+	s.scrapeAll(context.Background())
+	run, wait := make([]int, 2), make([]int, 2)
+	if !s.RankMetrics(3, 0, run, wait) || run[0] != 3 || run[1] != 1 || wait[0] != 2 || wait[1] != 0 {
+		t.Fatalf("per-rank %v %v", run, wait)
+	}
+	body = "sglang:num_running_reqs{dp_rank=\"9\"} 1\n"
+	s.scrapeAll(context.Background())
+	if s.RankMetrics(3, 0, run, wait) {
+		t.Fatal("per-rank gauges kept from a sample whose rank label is out of range")
+	}
+	if m, ok := s.Metrics(3, 0); !ok || m.Running != 1 {
+		t.Fatalf("endpoint totals lost with the per-rank gauges: %+v %v", m, ok)
+	}
+	if n := testutil.ToFloat64(s.errs.WithLabelValues("3", "0", rankBadLabel)); n != 1 {
+		t.Fatalf("%v bad rank labels counted, want 1", n)
+	}
+	if s.RankMetrics(4, 0, run, wait) {
+		t.Fatal("per-rank gauges of an unknown endpoint")
 	}
 }
