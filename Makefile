@@ -6,7 +6,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 STATE_DIR ?= $(CURDIR)/.state
 FUZZEXECS ?= 10000x
 
-.PHONY: help build run test test-unit test-allocs fuzz-smoke check-generated gen-docs gen-bpf regen-parity bench bench-proxy bench-routing bench-soak demo fmt vet clean
+.PHONY: help build run test test-unit test-allocs fuzz-smoke check-generated gen-docs gen-bpf regen-parity bench bench-proxy bench-ttfb bench-routing bench-soak demo fmt vet clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -66,8 +66,15 @@ bench: ## hot-path micro-benchmarks (tokenize, hash, inventory, routing, proxy) 
 # and runs for ~3 minutes. ARGS='-compare /path/to/other/loxilb' measures a
 # second daemon build in the same run; ARGS='-syscalls' adds strace counts;
 # ARGS='-sse 32' streams every answer as 32 paced events (CPU per chunk).
-bench-proxy: build ## wrk side by side: the daemon's mode-4 proxy vs HAProxy vs direct at 8, 64, 256 connections
+# It ends with bench-ttfb.
+bench-proxy: build ## wrk side by side: the daemon's mode-4 proxy vs HAProxy vs direct at 8, 64, 256 connections; then bench-ttfb
 	$(GO) run ./testbed/bench/cmd/proxybench -bin $(BIN)/loxilb $(ARGS)
+	$(GO) run ./testbed/bench/cmd/proxybench -ttfb -bin $(BIN)/loxilb $(TTFB_ARGS)
+
+# Needs no wrk or haproxy; ~1 minute. TTFB_ARGS='-compare /path/to/other/loxilb'
+# measures a second daemon build in the same run.
+bench-ttfb: build ## time a KV-exact rule adds to a 2k-token chat request's first byte: the daemon's VIP vs a vLLM emulator directly
+	$(GO) run ./testbed/bench/cmd/proxybench -ttfb -bin $(BIN)/loxilb $(TTFB_ARGS)
 
 bench-routing: build ## routing-quality benchmark through the real daemon; results in testbed/bench/results
 	$(GO) run ./testbed/bench/cmd/llmbench -bin $(BIN) -out testbed/bench/results $(ARGS)

@@ -42,13 +42,12 @@ func reformat(t *testing.T, seed string) string {
 // for byte, across a restart, for a rule that failed to load as well.
 func TestCreateBodyReadBack(t *testing.T) {
 	dir := t.TempDir()
-	env := &envMap{m: map[string]string{lbrule.SeedEnv: "12345"}}
-	serve := func() (*httptest.Server, *store.Bolt) {
+	serve := func(seed string) (*httptest.Server, *store.Bolt) {
 		st, err := store.OpenBolt(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctl := control.New(st, env.lookup, nil)
+		ctl := control.New(st, lbrule.Settings{VLLMSeed: seed}, nil)
 		_ = ctl.Load(t.Context()) // a rule that fails to load is listed, failed
 		srv, err := api.New(api.Config{}, api.Deps{Rules: ctl})
 		if err != nil {
@@ -58,7 +57,7 @@ func TestCreateBodyReadBack(t *testing.T) {
 		t.Cleanup(ts.Close)
 		return ts, st
 	}
-	ts, st := serve()
+	ts, st := serve("12345")
 	sglang := reformat(t, readSeed(t, "seed_sglang_single.json"))
 	vllm := reformat(t, readSeed(t, "seed_vllm_pd.json"))
 	for _, b := range []string{sglang, vllm} {
@@ -105,9 +104,7 @@ func TestCreateBodyReadBack(t *testing.T) {
 	// both bodies still read back byte for byte.
 	ts.Close()
 	st.Close()
-	env.set(lbrule.SeedEnv, "")
-	delete(env.m, lbrule.SeedEnv)
-	ts, st = serve()
+	ts, st = serve("")
 	defer st.Close()
 	check(true)
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/store"
 )
 
@@ -29,7 +30,7 @@ func TestCapabilityReadyMetric(t *testing.T) {
 			{Name: "kv_quarantine:1/0", ReasonCode: "quarantined"},
 		}
 	}
-	if _, err := api.New(api.Config{}, api.Deps{Rules: control.New(st, nil, nil), Registerer: reg, Gatherer: reg, Capabilities: caps}); err != nil {
+	if _, err := api.New(api.Config{}, api.Deps{Rules: control.New(st, lbrule.Settings{}, nil), Registerer: reg, Gatherer: reg, Capabilities: caps}); err != nil {
 		t.Fatal(err)
 	}
 	n, err := testutil.GatherAndCount(reg, "loxilb_capability_ready")

@@ -9,6 +9,7 @@ import (
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/cluster"
 	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/store"
 )
 
@@ -25,7 +26,7 @@ func TestClusterSingleNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctl := control.New(st, func(string) (string, bool) { return "", false }, nil)
+	ctl := control.New(st, lbrule.Settings{}, nil)
 	for _, tc := range []struct {
 		deps api.Deps
 		want int

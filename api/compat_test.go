@@ -8,7 +8,7 @@ import (
 // A loxilb rule file with every field: created, echoed on read-back, and
 // the inert fields named in the create response and in the capabilities.
 func TestFullSchemaCreateEchoInert(t *testing.T) {
-	ts, _ := newServer(t, "")
+	ts := newServer(t, "", "")
 	body := readSeed(t, "loxilb_full_schema.json")
 	code, res := do(t, ts, "POST", "/config/loadbalancer", body)
 	if code != 200 || res["result"] != "Success" {
@@ -69,7 +69,7 @@ func TestFullSchemaCreateEchoInert(t *testing.T) {
 }
 
 func TestFullSchemaRejections(t *testing.T) {
-	ts, _ := newServer(t, "")
+	ts := newServer(t, "", "")
 	base := readSeed(t, "loxilb_full_schema.json")
 	cases := map[string]struct {
 		from, to string

@@ -19,6 +19,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/gateway"
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/store"
 	"github.com/loxilb-llm/loxilb/testbed/enginesim"
 	"github.com/loxilb-llm/loxilb/testbed/fleet"
@@ -44,13 +45,7 @@ func diagFleet(t *testing.T, sim enginesim.Config, ep2 string) (*httptest.Server
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	env := func(k string) (string, bool) {
-		if k == "LLB_KV_NONE_HASH_SEED" {
-			return seed, true
-		}
-		return "", false
-	}
-	ctl := control.New(st, env, nil)
+	ctl := control.New(st, lbrule.Settings{VLLMSeed: seed}, nil)
 	index, err := kvindex.New(kvindex.Config{}, nil)
 	if err != nil {
 		t.Fatal(err)

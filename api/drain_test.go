@@ -8,6 +8,7 @@ import (
 
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/store"
 )
 
@@ -20,7 +21,7 @@ func TestDrainRoute(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	srv, err := api.New(api.Config{}, api.Deps{Rules: control.New(st, func(string) (string, bool) { return "", false }, nil),
+	srv, err := api.New(api.Config{}, api.Deps{Rules: control.New(st, lbrule.Settings{}, nil),
 		Gatherer: prometheus.NewRegistry(), InFlight: func(uint32, int) int { return 2 },
 		KVTrust: func(_ uint32, ep int) (string, bool) { return "hash_mismatch", ep == 1 }})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/store"
 )
 
@@ -27,7 +28,7 @@ func serveReal(t *testing.T, cfg api.Config) (addr string, reg *prometheus.Regis
 	}
 	t.Cleanup(func() { st.Close() })
 	reg = prometheus.NewRegistry()
-	srv, err := api.New(cfg, api.Deps{Rules: control.New(st, nil, nil), Registerer: reg, Gatherer: reg})
+	srv, err := api.New(cfg, api.Deps{Rules: control.New(st, lbrule.Settings{}, nil), Registerer: reg, Gatherer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

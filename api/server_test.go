@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,20 +19,6 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/store"
 )
 
-type envMap struct {
-	sync.Mutex
-	m map[string]string
-}
-
-func (e *envMap) lookup(k string) (string, bool) {
-	e.Lock()
-	defer e.Unlock()
-	v, ok := e.m[k]
-	return v, ok
-}
-
-func (e *envMap) set(k, v string) { e.Lock(); e.m[k] = v; e.Unlock() }
-
 type fakeKV struct{}
 
 func (fakeKV) Snapshot(uint32, int, int) ([]uint64, int) { return []uint64{1234567890123456789}, 42 }
@@ -43,15 +28,17 @@ type fakePrefill struct{}
 
 func (fakePrefill) PrefillBudget(_ uint32, ep int) (int, string) { return 8 + ep, "server_info" }
 
-func newServer(t *testing.T, token string) (*httptest.Server, *envMap) {
+// newServer serves the API over a fresh store with the daemon's vLLM seed
+// set to seed ("" is unset).
+func newServer(t *testing.T, token, seed string) *httptest.Server {
 	t.Helper()
 	st, err := store.OpenBolt(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	env := &envMap{m: map[string]string{}}
-	ctl := control.New(st, env.lookup, nil)
+	settings := lbrule.Settings{VLLMSeed: seed}
+	ctl := control.New(st, settings, nil)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "loxilb_test_total", Help: "t"}))
 	srv, err := api.New(api.Config{Token: token, Version: "test"}, api.Deps{Rules: ctl, KV: fakeKV{}, Prefill: fakePrefill{}, Gatherer: reg,
@@ -63,7 +50,7 @@ func newServer(t *testing.T, token string) (*httptest.Server, *envMap) {
 		},
 		Capabilities: func() []api.Capability {
 			c := api.Capability{Name: "kv_exact_vllm", Ready: true}
-			if e := lbrule.SeedPrecondition(env.lookup); e != nil {
+			if e := lbrule.SeedPrecondition(settings); e != nil {
 				c.Ready, c.ReasonCode, c.Reason = false, e.Reason, e.Msg
 			}
 			return []api.Capability{c}
@@ -73,7 +60,7 @@ func newServer(t *testing.T, token string) (*httptest.Server, *envMap) {
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	return ts, env
+	return ts
 }
 
 func do(t *testing.T, ts *httptest.Server, method, path, body string, hdr ...string) (int, map[string]any) {
@@ -101,7 +88,7 @@ func readSeed(t *testing.T, name string) string {
 }
 
 func TestSpecBodiesAndReadBack(t *testing.T) {
-	ts, env := newServer(t, "")
+	ts := newServer(t, "", "")
 	vllm := readSeed(t, "seed_vllm_pd.json")
 	code, body := do(t, ts, "POST", "/config/loadbalancer", vllm)
 	if code != http.StatusPreconditionFailed || body["reason_code"] != "KV_EXACT_SEED_UNSET" {
@@ -111,11 +98,11 @@ func TestSpecBodiesAndReadBack(t *testing.T) {
 	if c := caps["capabilities"].([]any)[0].(map[string]any); c["ready"] != false || c["reason_code"] != "KV_EXACT_SEED_UNSET" {
 		t.Fatalf("capability should be not ready: %v", c)
 	}
-	env.set(lbrule.SeedEnv, strings.Repeat("s", 24))
+	ts = newServer(t, "", strings.Repeat("s", 24))
 	if code, body = do(t, ts, "POST", "/config/loadbalancer", vllm); code != 412 || body["reason_code"] != "KV_EXACT_SEED_TOO_LONG" {
 		t.Fatalf("too long: %d %v", code, body)
 	}
-	env.set(lbrule.SeedEnv, "12345")
+	ts = newServer(t, "", "12345")
 	if code, body = do(t, ts, "POST", "/config/loadbalancer", vllm); code != 200 || body["result"] != "Success" {
 		t.Fatalf("with seed: %d %v", code, body)
 	}
@@ -185,8 +172,7 @@ func TestSpecBodiesAndReadBack(t *testing.T) {
 }
 
 func TestRejectionStatuses(t *testing.T) {
-	ts, env := newServer(t, "")
-	env.set(lbrule.SeedEnv, "1")
+	ts := newServer(t, "", "1")
 	base := readSeed(t, "seed_sglang_single.json")
 	cases := map[string]struct {
 		body  string
@@ -209,7 +195,7 @@ func TestRejectionStatuses(t *testing.T) {
 }
 
 func TestAuthAndMetrics(t *testing.T) {
-	ts, _ := newServer(t, "s3cret")
+	ts := newServer(t, "s3cret", "")
 	if code, _ := do(t, ts, "GET", "/config/loadbalancer/all", ""); code != 401 {
 		t.Errorf("no token: %d", code)
 	}
@@ -245,15 +231,15 @@ func port(ts *httptest.Server) int {
 func TestNonLoopbackNeedsToken(t *testing.T) {
 	st, _ := store.OpenBolt(t.TempDir())
 	defer st.Close()
-	_, err := api.New(api.Config{Addr: "0.0.0.0:11111"}, api.Deps{Rules: control.New(st, nil, nil)})
+	_, err := api.New(api.Config{Addr: "0.0.0.0:11111"}, api.Deps{Rules: control.New(st, lbrule.Settings{}, nil)})
 	if err == nil {
 		t.Fatal("non-loopback bind without token accepted")
 	}
 	// A token in cleartext off loopback is refused unless accepted explicitly.
-	if _, err := api.New(api.Config{Addr: "0.0.0.0:11111", Token: "x"}, api.Deps{Rules: control.New(st, nil, nil)}); !errors.Is(err, api.ErrCleartextToken) {
+	if _, err := api.New(api.Config{Addr: "0.0.0.0:11111", Token: "x"}, api.Deps{Rules: control.New(st, lbrule.Settings{}, nil)}); !errors.Is(err, api.ErrCleartextToken) {
 		t.Fatalf("want ErrCleartextToken, got %v", err)
 	}
-	if _, err := api.New(api.Config{Addr: "0.0.0.0:11111", Token: "x", AllowCleartext: true}, api.Deps{Rules: control.New(st, nil, nil)}); err != nil {
+	if _, err := api.New(api.Config{Addr: "0.0.0.0:11111", Token: "x", AllowCleartext: true}, api.Deps{Rules: control.New(st, lbrule.Settings{}, nil)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := (api.Config{Addr: "[::]:11111", Token: "x", TLSCert: "c.pem", TLSKey: "k.pem"}).Validate(); err != nil {
@@ -307,7 +293,7 @@ func TestMetricsSwitchSurvivesRestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv, err := api.New(api.Config{}, api.Deps{Rules: control.New(st, func(string) (string, bool) { return "", false }, nil),
+		srv, err := api.New(api.Config{}, api.Deps{Rules: control.New(st, lbrule.Settings{}, nil),
 			Gatherer: prometheus.NewRegistry(), Settings: st})
 		if err != nil {
 			t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/api/client"
 	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/store"
 )
 
@@ -52,7 +53,7 @@ func TestHTTPSAndToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	srv, err := api.New(api.Config{Token: "tok", TLSCert: cert, TLSKey: key}, api.Deps{Rules: control.New(st, nil, nil)})
+	srv, err := api.New(api.Config{Token: "tok", TLSCert: cert, TLSKey: key}, api.Deps{Rules: control.New(st, lbrule.Settings{}, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

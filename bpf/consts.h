@@ -50,13 +50,19 @@
 #define CT_SYN_TIMEOUT 60
 #define CT_FIN_TIMEOUT 10
 
+/* Conntrack times (last_seen, fib_stamp) count units of 2^CT_TIME_SHIFT ns
+ * (~1.05 ms) of the coarse CLOCK_MONOTONIC. */
+#define CT_TIME_SHIFT 20
+
 /* A FIB result cached in a conntrack entry is used while lb_fib_gen is
- * unchanged and for at most FIB_TTL units of 2^FIB_TTL_SHIFT ns (~1 s): Go
- * bumps the generation on routing and neighbour changes, and the lifetime
- * bounds what no notification announces (a path-MTU exception, or changes
- * while no daemon watches). */
-#define FIB_TTL_SHIFT 20
+ * unchanged and for at most FIB_TTL time units (~1 s): Go bumps the
+ * generation on routing and neighbour changes, and the lifetime bounds
+ * what no notification announces (a path-MTU exception, or changes while
+ * no daemon watches). FIB_IDLE_MAX: a flow idle for that many units
+ * (~34 s) looks its FIB result up again, which keeps the 16-bit stamp's
+ * comparison exact (see fib_cached). */
 #define FIB_TTL 1000
+#define FIB_IDLE_MAX 32768
 
 /* Ports handed out for full NAT (mode 2) when the client port collides. */
 #define SNAT_PORT_MIN 32768
@@ -78,7 +84,7 @@ enum lb_counter {
 	CNT_CT_HIT_ORIG,         /* packet of a known flow, client direction */
 	CNT_CT_HIT_REPLY,        /* packet of a known flow, reply direction */
 	CNT_NEW_FLOW,            /* connection created (selector ran) */
-	CNT_FWD_REDIRECT,        /* sent out with bpf_redirect_neigh after a FIB hit */
+	CNT_FWD_REDIRECT,        /* sent out after a FIB lookup (Go reports it plus CNT_FIB_CACHED) */
 	CNT_FWD_STACK,           /* handed to the stack for forwarding */
 	CNT_FLOW_REOPENED,       /* SYN reused a closed flow's tuple */
 	CNT_DROP_MALFORMED,      /* truncated or bad headers */
@@ -95,7 +101,7 @@ enum lb_counter {
 	CNT_PROXY_ASSIGN_FAILED, /* sk_lookup: bpf_sk_assign refused the socket */
 	CNT_FLOW_STALE,          /* packet of a flow whose endpoint or service is gone: entries dropped */
 	CNT_RST_SENT,            /* TCP RST sent for a mid-stream packet of an unknown flow */
-	CNT_FIB_CACHED,          /* forwarded with the FIB result cached in its conntrack entry */
+	CNT_FIB_CACHED,          /* redirected with the FIB result cached in its conntrack entry */
 	CNT_MAX,
 };
 

@@ -81,12 +81,14 @@ static __always_inline int filter_match(const struct pkt *p)
 	return (f->bits[(h >> 6) & (FILTER_BITS / 64 - 1)] & (1ULL << (h & 63))) != 0;
 }
 
-/* fib_gen reads the FIB generation (0 when unreadable: nothing is cached). */
-static __always_inline __u32 fib_gen(void)
+/* fib_gen reads the low 16 bits of the FIB generation, the part a
+ * conntrack entry keeps (0 when unreadable, or when those bits are 0:
+ * nothing is cached or used then). */
+static __always_inline __u16 fib_gen(void)
 {
 	__u32 zero = 0;
 	__u32 *g = bpf_map_lookup_elem(&lb_fib_gen, &zero);
-	return g ? *g : 0;
+	return g ? (__u16)*g : 0;
 }
 
 /* fib_cached reports whether ct holds a FIB result valid for this packet:
@@ -94,24 +96,37 @@ static __always_inline __u32 fib_gen(void)
  * FIB's MTU check already passed. The length test needs no GSO test
  * before it (whose skb_shared_info read is a cache miss of its own): a
  * GSO packet whose total length passes has segments that pass too, and
- * larger ones ask the FIB, which skips the MTU check for GSO. */
-static __always_inline int fib_cached(const struct ct_val *ct, const struct pkt *p, __u32 gen, __u32 stamp, __u32 iif)
+ * larger ones ask the FIB, which skips the MTU check for GSO.
+ *
+ * The stamp is 16 bits of a ~1 ms clock, so it wraps every ~69 s; the
+ * difference is still exact because a result is only used by a flow
+ * whose previous packet came less than FIB_IDLE_MAX units ago (active),
+ * and every lookup that is not stored clears fib_gen: so while fib_gen is
+ * set, the flow's last packet came less than FIB_TTL after the stamp, and
+ * the packet at hand less than FIB_TTL + FIB_IDLE_MAX < 2^16 units after
+ * it. A 16-bit generation repeats after 65,536 changes, which cannot all
+ * come within one FIB_TTL. */
+static __always_inline int fib_cached(const struct ct_val *ct, const struct pkt *p, __u16 gen, __u16 stamp, __u32 iif,
+				      int active)
 {
-	return gen && ct->fib_gen == gen && stamp - ct->fib_stamp < FIB_TTL && ct->fib_iif == iif &&
-	       ct->fib_tos == p->tos && p->tot_len <= ct->fib_len;
+	return gen && active && ct->fib_gen == gen && (__u16)(stamp - ct->fib_stamp) < FIB_TTL &&
+	       ct->fib_iif == iif && ct->fib_tos == p->tos && p->tot_len <= ct->fib_len;
 }
 
 /* fib_store caches a successful lookup in ct. It is written by whichever CPU
  * misses, so the generation goes last and is cleared first: a reader sees
- * either the old complete result or an invalid entry. */
+ * either the old complete result or an invalid entry. Devices whose index
+ * does not fit 16 bits are not cached. */
 static __always_inline void fib_store(struct ct_val *ct, const struct bpf_fib_lookup *fib, const struct pkt *p,
-				      __u32 gen, __u32 stamp, __u32 iif)
+				      __u16 gen, __u16 stamp, __u32 iif)
 {
 	__u16 len = p->tot_len;
 	if (ct->fib_gen == gen && ct->fib_ifindex == fib->ifindex && ct->fib_iif == iif && ct->fib_tos == p->tos &&
 	    ct->fib_len > len)
 		len = ct->fib_len; /* same path: keep the largest length seen */
 	ct->fib_gen = 0;
+	if (fib->ifindex > 0xffff || iif > 0xffff)
+		return;
 	asm volatile("" ::: "memory");
 	ct->fib_ifindex = fib->ifindex;
 	ct->fib_iif = iif;
@@ -130,8 +145,11 @@ static __always_inline void fib_store(struct ct_val *ct, const struct bpf_fib_lo
  * otherwise the stack routes it. dsr_nh is the DSR
  * endpoint used as next hop (the destination stays the VIP). ct, when
  * given, is the flow's entry for this direction: a resolved FIB result is
- * cached there and reused by the next packets (see fib_cached). */
-static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u32 dsr_nh, struct ct_val *ct, __u64 now)
+ * cached there and reused by the next packets (see fib_cached); tick is the
+ * conntrack clock now, active whether the flow's previous packet is recent
+ * enough for the cache to be used. */
+static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u32 dsr_nh, struct ct_val *ct, __u32 tick,
+				      int active)
 {
 	if (!cfg_fib_forward && !dsr_nh) {
 		count(CNT_FWD_STACK);
@@ -139,15 +157,14 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 	}
 
 	__u32 iif = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
-	__u32 gen = fib_gen(); /* read before the lookup: a change after it invalidates */
-	__u32 stamp = (__u32)(now >> FIB_TTL_SHIFT);
-	if (ct && p->ttl > 1 && fib_cached(ct, p, gen, stamp, iif)) {
+	__u16 gen = fib_gen(); /* read before the lookup: a change after it invalidates */
+	__u16 stamp = (__u16)tick;
+	if (ct && p->ttl > 1 && fib_cached(ct, p, gen, stamp, iif, active)) {
 		if (dec_ttl(skb, p, ct->fib_dmac)) {
 			count(CNT_DROP_REWRITE);
 			return TC_ACT_SHOT;
 		}
-		count(CNT_FWD_REDIRECT);
-		count(CNT_FIB_CACHED);
+		count(CNT_FIB_CACHED); /* one counter per packet: Go adds it to fwd_redirect */
 		return bpf_redirect(ct->fib_ifindex, 0);
 	}
 
@@ -165,9 +182,15 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 	fib.ifindex = iif;
 
 	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
-	if ((rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) && p->ttl > 1) {
-		if (rc == BPF_FIB_LKUP_RET_SUCCESS && ct && gen && !gso)
+	if (ct) {
+		/* Whatever the outcome, the entry's cache now holds this lookup
+		 * or nothing (fib_cached relies on it). */
+		if (rc == BPF_FIB_LKUP_RET_SUCCESS && gen && !gso && p->ttl > 1)
 			fib_store(ct, &fib, p, gen, stamp, iif);
+		else if (ct->fib_gen)
+			ct->fib_gen = 0;
+	}
+	if ((rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) && p->ttl > 1) {
 		/* When the neighbour is known, write the MACs too and skip the
 		 * neighbour lookup bpf_redirect_neigh would repeat. */
 		__u8 macs[2 * ETH_ALEN];
@@ -357,8 +380,9 @@ static __always_inline int ct_hit(struct __sk_buff *skb, struct pkt *p, struct c
 	/* The coarse clock reads the tick-updated time (no clocksource read:
 	 * kvm-clock or hpet cost tens to hundreds of ns); its lag of at most
 	 * one tick does not matter against timeouts of seconds. */
-	__u64 now = bpf_ktime_get_coarse_ns();
-	ct->last_seen_ns = now;
+	__u32 tick = (__u32)(bpf_ktime_get_coarse_ns() >> CT_TIME_SHIFT);
+	int active = tick - ct->last_seen < FIB_IDLE_MAX;
+	ct->last_seen = tick;
 	/* Plain adds: a flow direction's packets are handled by one CPU at a
 	 * time in practice (RSS, one veth queue), and an atomic read-modify-
 	 * write costs more than the rare lost increment of a statistic. */
@@ -370,14 +394,14 @@ static __always_inline int ct_hit(struct __sk_buff *skb, struct pkt *p, struct c
 	__u8 after = ct->state;
 
 	if (ct->flags & CT_F_DSR)
-		return lb_forward(skb, p, ct->new_daddr, ct, now);
+		return lb_forward(skb, p, ct->new_daddr, ct, tick, active);
 	if (apply_xlate(skb, p, ct)) {
 		count(CNT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}
 	if (after >= CT_FIN && after != before)
 		peer_close(p, after);
-	return lb_forward(skb, p, 0, ct, now);
+	return lb_forward(skb, p, 0, ct, tick, active);
 }
 
 struct lc_scan {
@@ -540,12 +564,10 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 	fk.proto = p->proto;
 
 	struct ct_val fv = {};
-	fv.last_seen_ns = now;
-	fv.timeout_s = svc->timeout_s;
+	fv.last_seen = (__u32)(now >> CT_TIME_SHIFT);
 	fv.svc_idx = idx;
 	fv.cell = cell;
 	fv.epoch = *epoch;
-	fv.mode = mode;
 	fv.state = CT_NEW;
 
 	if (mode == MODE_DSR) {
@@ -611,12 +633,12 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 	svc_account(idx, skb->len, 1);
 
 	if (mode == MODE_DSR)
-		return lb_forward(skb, p, be_addr, NULL, now);
+		return lb_forward(skb, p, be_addr, NULL, 0, 0);
 	if (apply_xlate(skb, p, &fv)) {
 		count(CNT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}
-	return lb_forward(skb, p, 0, NULL, now);
+	return lb_forward(skb, p, 0, NULL, 0, 0);
 }
 
 /* ct_forget removes a finished flow's entries before its tuple is reused. */

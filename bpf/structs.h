@@ -45,38 +45,45 @@ struct ct_key {
 	__u8 pad[3];
 };
 
+/* One conntrack entry's value: 64 bytes, so with the kernel's 48-byte
+ * element header and the 16-byte key an LRU hash element is 128 bytes and
+ * two aligned cache lines (header and key, then this value) instead of the
+ * three or four an 88-byte value spread over. A hit reads and writes only
+ * this line after the key compare. Fields are narrowed for it: svc_idx and
+ * cell fit a byte (MAX_SERVICES 256, MAX_EPS 64), times are in units of
+ * 2^CT_TIME_SHIFT ns, and the FIB cache keeps 16 bits of generation,
+ * devices and stamp (see fib_cached for why that is exact). */
 struct ct_val {
-	__u64 last_seen_ns; /* CLOCK_MONOTONIC (coarse) of the last packet */
 	__u64 pkts;
 	__u64 bytes;
 	__u32 new_saddr;
 	__u32 new_daddr;    /* for DSR: the endpoint used as next hop */
 	__u16 new_sport;
 	__u16 new_dport;
-	__u32 timeout_s;    /* inactivity timeout once established */
-	__u16 svc_idx;
-	__u16 cell;         /* the endpoint's cell: counter and epoch in lb_active_conns/lb_ep_epoch */
+	__u32 last_seen;    /* coarse CLOCK_MONOTONIC >> CT_TIME_SHIFT (~1 ms) of the last packet; wraps after 52 days */
+	__u32 epoch;        /* lb_ep_epoch of the cell when the flow started; stale once it differs */
+	__u8 svc_idx;       /* the service's index (< MAX_SERVICES); its timeout applies */
+	__u8 cell;          /* the endpoint's cell: counter and epoch in lb_active_conns/lb_ep_epoch */
 	__u8 flags;         /* CT_F_* */
 	__u8 state;         /* CT_* */
-	__u8 mode;
-	__u8 pad;
-	__u32 epoch;        /* lb_ep_epoch of the cell when the flow started; stale once it differs */
 	/* The FIB result for this direction's rewritten packets, so a hit
-	 * forwards without bpf_fib_lookup. Valid while fib_gen equals
-	 * lb_fib_gen (0: empty), within FIB_TTL of fib_stamp, for packets
-	 * arriving on fib_iif with TOS fib_tos and at most fib_len bytes (the
-	 * largest length the FIB's MTU check passed). */
-	__u32 fib_gen;
-	__u32 fib_ifindex;  /* egress device */
-	__u32 fib_iif;      /* ingress device the lookup was made for */
+	 * forwards without bpf_fib_lookup. Valid while fib_gen equals the low
+	 * 16 bits of lb_fib_gen (0: empty), within FIB_TTL of fib_stamp, for
+	 * packets arriving on fib_iif with TOS fib_tos and at most fib_len
+	 * bytes (the largest length the FIB's MTU check passed). Results for
+	 * devices with an ifindex above 65535 are not cached. */
+	__u16 fib_gen;
+	__u16 fib_ifindex;  /* egress device */
+	__u16 fib_iif;      /* ingress device the lookup was made for */
+	__u16 fib_len;
 	__u8 fib_dmac[6];
 	__u8 fib_smac[6];
-	__u32 fib_stamp;    /* coarse clock >> FIB_TTL_SHIFT at the lookup */
-	__u16 fib_len;
+	__u16 fib_stamp;    /* low 16 bits of the last_seen clock at the lookup */
 	__u8 fib_tos;
-	__u8 pad2;
-	__u32 pad3;
+	__u8 pad;
 };
+
+_Static_assert(sizeof(struct ct_val) == 64, "a conntrack value is one cache line");
 
 struct affinity_key {
 	__u32 client;

@@ -15,6 +15,7 @@ import (
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/dispatch"
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
@@ -55,6 +56,9 @@ type config struct {
 	// kvParityStrict is strict attestation for rules without
 	// kvParityStrict (gateway.Config.KVParityStrict).
 	kvParityStrict bool
+	// clusterRouting is LOXILB_KV_CLUSTER_ROUTING: nil follows the
+	// store (on when shared), see clusterRoutingOn.
+	clusterRouting *bool
 	logLevel       slog.Level
 	logJSON        bool
 	showVersion    bool
@@ -94,17 +98,21 @@ func (c *config) routingSettings() map[string]string {
 	return out
 }
 
-// seedLookup answers the rule validation's question for the vLLM seed from
-// the value read at start.
-func (c *config) seedLookup(k string) (string, bool) {
-	if k != envSeed {
-		return "", false
-	}
-	return c.seed, c.seed != ""
-}
+// ruleSettings are the settings rule validation depends on, as read at start.
+func (c *config) ruleSettings() lbrule.Settings { return lbrule.Settings{VLLMSeed: c.seed} }
 
 // gatewayCoalesceWait maps the table's 0 (off) onto gateway.Config's
 // negative value; gateway.Config's 0 is the default.
+// clusterRoutingOn reports whether routing is made consistent across
+// gateway nodes (router.Config.ColdRendezvous, gateway.Config.ClusterLoad):
+// LOXILB_KV_CLUSTER_ROUTING when set, else on with a shared rule store.
+func (c *config) clusterRoutingOn() bool {
+	if c.clusterRouting != nil {
+		return *c.clusterRouting
+	}
+	return c.store.shared()
+}
+
 func (c *config) gatewayCoalesceWait() time.Duration {
 	if c.coalesceWait == 0 {
 		return -1

@@ -144,6 +144,31 @@ func TestStoreFlagsValidated(t *testing.T) {
 	if cfg, _ := parseFlags(nil, noEnv, io.Discard); cfg.store.shared() || cfg.proxyConfig().ReusePort {
 		t.Fatal("default store is not the embedded one")
 	}
+	// Cluster routing follows the store unless set.
+	if !cfg.clusterRoutingOn() {
+		t.Fatal("cluster routing should be on with an etcd store")
+	}
+	if cfg, _ := parseFlags(nil, noEnv, io.Discard); cfg.clusterRoutingOn() {
+		t.Fatal("cluster routing should be off alone")
+	}
+	on := func(k string) (string, bool) {
+		if k == "LOXILB_KV_CLUSTER_ROUTING" {
+			return "on", true
+		}
+		return "", false
+	}
+	if cfg, err := parseFlags(nil, on, io.Discard); err != nil || !cfg.clusterRoutingOn() {
+		t.Fatalf("LOXILB_KV_CLUSTER_ROUTING=on alone: %v", err)
+	}
+	off := func(k string) (string, bool) {
+		if k == "LOXILB_KV_CLUSTER_ROUTING" {
+			return "off", true
+		}
+		return env(k)
+	}
+	if cfg, err := parseFlags(nil, off, io.Discard); err != nil || cfg.clusterRoutingOn() {
+		t.Fatalf("LOXILB_KV_CLUSTER_ROUTING=off with etcd: %v", err)
+	}
 }
 
 // TestClusterFlags: the node name, address and lease are checked at

@@ -118,7 +118,9 @@ func (d *daemon) buildRouting() error {
 	}
 	// The zero-hit watchdog reads the event plane's parity verdicts to tell
 	// uncached prompts from a hash mismatch.
-	rt, err := router.New(cfg.router, d.index, logger, reg, router.WithAttestation(d.events))
+	rcfg := cfg.router
+	rcfg.ColdRendezvous = cfg.clusterRoutingOn()
+	rt, err := router.New(rcfg, d.index, logger, reg, router.WithAttestation(d.events))
 	if err != nil {
 		return err
 	}
@@ -134,7 +136,8 @@ func (d *daemon) buildRouting() error {
 		Receipts: cfg.receipts, Proxy: cfg.proxyConfig(), CoalesceWait: cfg.gatewayCoalesceWait(),
 		PrefillSlots: cfg.prefillSlots, PrefillQueueWait: cfg.prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
-		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: d.events}, d.tokens, d.index, rt, d.prober, d.scraper, logger, reg)
+		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: d.events,
+		ClusterLoad: cfg.clusterRoutingOn()}, d.tokens, d.index, rt, d.prober, d.scraper, logger, reg)
 	return err
 }
 
@@ -164,7 +167,7 @@ func (d *daemon) buildProxy() error {
 // buildControl creates the controller, opens the data plane and registers
 // every reconciler, then the capability sources.
 func (d *daemon) buildControl() error {
-	d.ctl = control.New(d.st, d.cfg.seedLookup, d.logger)
+	d.ctl = control.New(d.st, d.cfg.ruleSettings(), d.logger)
 	if err := d.ctl.RegisterMetrics(d.reg); err != nil {
 		return err
 	}
@@ -181,7 +184,7 @@ func (d *daemon) buildControl() error {
 	d.ctl.AddReconciler(d.gw)
 	d.ctl.AddReconciler(d.pd)
 
-	d.caps = &capabilities{env: d.cfg.seedLookup}
+	d.caps = &capabilities{rules: d.cfg.ruleSettings()}
 	d.caps.add(func() []api.Capability { return []api.Capability{kernel.capab} })
 	d.caps.add(func() []api.Capability { return tokenizerCaps(d.tokens) })
 	d.caps.add(func() []api.Capability { return parityCaps(d.events) })
@@ -327,7 +330,7 @@ func (d *daemon) startAPI(apiCtx context.Context, apiCfg api.Config, errc chan e
 			// The proxy counts the requests it forwards, the dispatcher
 			// the legs of P/D requests it runs (which the proxy hands it).
 			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) },
-			Diagnose: diag.Sources{Rules: d.ctl.List, Events: d.events.Status, SeedFingerprint: d.seedFP, SeedProblem: lbrule.SeedPrecondition(cfg.seedLookup),
+			Diagnose: diag.Sources{Rules: d.ctl.List, Events: d.events.Status, SeedFingerprint: d.seedFP, SeedProblem: lbrule.SeedPrecondition(cfg.ruleSettings()),
 				TokenizerDir: cfg.tokenizerDir, SidePort: pdd.SidePort}.Run})
 	if err != nil {
 		return err

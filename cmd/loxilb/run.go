@@ -237,7 +237,7 @@ func parityCaps(m *kvevents.Manager) []api.Capability {
 
 // capabilities assembles GET /status/capabilities from every stage.
 type capabilities struct {
-	env     func(string) (string, bool)
+	rules   lbrule.Settings
 	mu      sync.Mutex
 	sources []func() []api.Capability
 }
@@ -250,7 +250,7 @@ func (c *capabilities) add(f func() []api.Capability) {
 
 func (c *capabilities) list() []api.Capability {
 	vllm := api.Capability{Name: "kv_exact_vllm", Ready: true}
-	if e := lbrule.SeedPrecondition(c.env); e != nil {
+	if e := lbrule.SeedPrecondition(c.rules); e != nil {
 		vllm.Ready, vllm.ReasonCode, vllm.Reason = false, e.Reason, e.Msg
 	}
 	out := []api.Capability{vllm}

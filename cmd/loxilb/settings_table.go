@@ -132,6 +132,8 @@ func (c *config) settings() []*setting {
 			meaning: "skip Tier 1.5 when the best cached prefix is shorter (0 = off)"},
 		{env: "LOXILB_KV_SPILL_RELIEF", table: tabRouting, val: toggleVal(&c.router.SpillRelief),
 			meaning: "tri-state: unset = on for `kvExactMode` 3, off for 1; `on`/`off` force it"},
+		{env: "LOXILB_KV_CLUSTER_ROUTING", table: tabRouting, val: toggleVal(&c.clusterRouting),
+			meaning: "tri-state: unset = on with a shared rule store (`--store etcd://`), off alone; makes several gateway nodes agree without talking: a cold prefix (a miss, or a prompt every endpoint holds alike up to its new part) goes to the endpoint with the highest rendezvous-hash weight of its first blocks among those within the bounded-load limits and within its own prefill of the least outstanding prefill work, and each endpoint's load adds what other nodes sent (engine running+waiting at the last scrape less this node's own requests then) to this node's in-flight count (see Several nodes in ARCHITECTURE.md)"},
 		{env: "LOXILB_KV_MEAN_LOAD_FACTOR", table: tabRouting, val: intVal(&c.router.MeanLoadFactor, rd.MeanLoadFactor, 100, 1000).in("percent"),
 			meaning: "spill cap in percent of the fleet mean load (no worker above twice the mean)"},
 		{env: "LOXILB_KV_SPILL_MIN_LOAD", table: tabRouting, val: intVal(&c.router.SpillMinLoad, rd.SpillMinLoad, 0, 1000),

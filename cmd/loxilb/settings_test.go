@@ -99,8 +99,8 @@ func TestSettingsFromEnvironment(t *testing.T) {
 	if err := pd.Validate(); err != nil {
 		t.Error(err)
 	}
-	if v, ok := cfg.seedLookup(envSeed); cfg.maxBlocks != 5000 || v != "12345" || !ok {
-		t.Errorf("max blocks %d, seed %q %v", cfg.maxBlocks, v, ok)
+	if v := cfg.ruleSettings().VLLMSeed; cfg.maxBlocks != 5000 || v != "12345" {
+		t.Errorf("max blocks %d, seed %q", cfg.maxBlocks, v)
 	}
 
 	for _, v := range []string{"0", "false", "off", "no"} {

@@ -101,7 +101,7 @@ func benchCreate(b *testing.B, rules, ct int) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	env := func(string) (string, bool) { return "", false }
+	env := lbrule.Settings{}
 	for i := range rules {
 		r, err := lbrule.Decode([]byte(benchRule(i, i < benchKernelRules)))
 		if err == nil {

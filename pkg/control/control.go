@@ -63,10 +63,10 @@ var ErrApply = errors.New("rule could not be applied")
 
 // Controller owns the rule table.
 type Controller struct {
-	store  store.Store
-	env    lbrule.LookupEnv
-	logger *slog.Logger
-	now    func() time.Time
+	store    store.Store
+	settings lbrule.Settings
+	logger   *slog.Logger
+	now      func() time.Time
 
 	retryMin, retryMax time.Duration
 	m                  *ctlMetrics
@@ -85,13 +85,13 @@ type Controller struct {
 	recs   []Reconciler
 }
 
-// New builds a controller over st. env is the environment lookup used for
-// launch preconditions (os.LookupEnv in the daemon).
-func New(st store.Store, env lbrule.LookupEnv, logger *slog.Logger, opts ...Option) *Controller {
+// New builds a controller over st. settings are the daemon settings rule
+// validation depends on (the vLLM seed's launch precondition).
+func New(st store.Store, settings lbrule.Settings, logger *slog.Logger, opts ...Option) *Controller {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	c := &Controller{store: st, env: env, logger: logger, now: time.Now, services: map[uint32]Service{},
+	c := &Controller{store: st, settings: settings, logger: logger, now: time.Now, services: map[uint32]Service{},
 		invalid: map[uint32]error{}, status: map[uint32]RuleStatus{}, stored: map[uint32]string{}, wake: make(chan struct{}, 1),
 		retryMin: DefaultRetryMin, retryMax: DefaultRetryMax, m: newCtlMetrics()}
 	for _, o := range opts {
@@ -179,7 +179,7 @@ func (c *Controller) syncLocked(recs []store.Record) []error {
 		svc := Service{ID: rec.ID, Rule: raw, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt, CreateBody: rec.CreateBody,
 			Draining: keepDraining(raw, rec.Draining)}
 		if err == nil {
-			svc.Rule, err = lbrule.Prepare(raw, c.env)
+			svc.Rule, err = lbrule.Prepare(raw, c.settings)
 		}
 		delete(c.invalid, rec.ID)
 		if err != nil {
@@ -293,7 +293,7 @@ func (c *Controller) Create(ctx context.Context, body []byte) (Service, bool, er
 	if err != nil {
 		return Service{}, false, err
 	}
-	r, err := lbrule.Prepare(raw, c.env)
+	r, err := lbrule.Prepare(raw, c.settings)
 	if err != nil {
 		return Service{}, false, err
 	}

@@ -32,7 +32,7 @@ func newCtl(t *testing.T, dir string) (*Controller, *recorder, store.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := New(st, func(string) (string, bool) { return "", false }, nil)
+	c := New(st, lbrule.Settings{}, nil)
 	rec := &recorder{}
 	c.AddReconciler(rec)
 	if err := c.Load(context.Background()); err != nil {

@@ -12,7 +12,7 @@ import (
 
 func prepared(t *testing.T, r *lbrule.Rule) *lbrule.Rule {
 	t.Helper()
-	p, err := lbrule.Prepare(r, func(string) (string, bool) { return "", false })
+	p, err := lbrule.Prepare(r, lbrule.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func TestPrecheckRefusesWithoutConsumingAnID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := New(st, func(string) (string, bool) { return "", false }, nil)
+	c := New(st, lbrule.Settings{}, nil)
 	dp := fake.New()
 	c.AddReconciler(&KernelReconciler{DP: dp})
 	if err := c.Load(ctx); err != nil {

@@ -54,7 +54,7 @@ func newNode(t *testing.T, ep, prefix string) *node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	n := &node{ctl: New(st, func(string) (string, bool) { return "", false }, nil), rec: &lockedRecorder{}, st: st}
+	n := &node{ctl: New(st, lbrule.Settings{}, nil), rec: &lockedRecorder{}, st: st}
 	n.ctl.AddReconciler(n.rec)
 	if err := n.ctl.Load(context.Background()); err != nil {
 		t.Fatal(err)
@@ -175,7 +175,7 @@ func TestSharedStoreDamagedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	b := New(st, func(string) (string, bool) { return "", false }, nil)
+	b := New(st, lbrule.Settings{}, nil)
 	rec := &lockedRecorder{}
 	b.AddReconciler(rec)
 	if err := b.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "stored rule 9 cannot be read") {

@@ -60,18 +60,18 @@ func ruleOn(port int) string {
 	return strings.Replace(body, `"port":2090`, fmt.Sprintf(`"port":%d`, port), 1)
 }
 
-func noSeed(string) (string, bool) { return "", false }
+var noSeed = lbrule.Settings{}
 
 // storeRules creates the rules through a controller whose stage accepts
 // everything, then closes the store, as a daemon that stops.
-func storeRules(t *testing.T, dir string, env lbrule.LookupEnv, bodies ...string) {
+func storeRules(t *testing.T, dir string, settings lbrule.Settings, bodies ...string) {
 	t.Helper()
 	st, err := store.OpenBolt(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	c := New(st, env, nil)
+	c := New(st, settings, nil)
 	for _, b := range bodies {
 		if _, _, err := c.Create(context.Background(), []byte(b)); err != nil {
 			t.Fatal(err)
@@ -232,7 +232,7 @@ const vllmBody = `{"serviceArguments":{"externalIP":"127.0.0.20","port":2095,"pr
 // VIP:port (409 rather than stored twice), and can be deleted.
 func TestInvalidStoredRuleIsListedAndDeletable(t *testing.T) {
 	dir := t.TempDir()
-	seeded := func(k string) (string, bool) { return "42", k == lbrule.SeedEnv }
+	seeded := lbrule.Settings{VLLMSeed: "42"}
 	storeRules(t, dir, seeded, body, vllmBody)
 	st, err := store.OpenBolt(dir)
 	if err != nil {

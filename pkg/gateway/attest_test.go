@@ -163,7 +163,7 @@ func TestDrainedEndpointGetsNothing(t *testing.T) {
 	if rc := pickN(t, f, prompt, 1)[0]; rc.EP != 1 || rc.Tier != router.TierKV {
 		t.Fatalf("before the drain: %+v", rc)
 	}
-	r, _ := lbrule.Prepare(rule(3, "Qwen/Qwen3-0.6B"), func(string) (string, bool) { return "1", true })
+	r, _ := lbrule.Prepare(rule(3, "Qwen/Qwen3-0.6B"), lbrule.Settings{VLLMSeed: "1"})
 	if err := f.g.Reconcile(context.Background(), []control.Service{{ID: 1, Rule: r, Draining: []string{"127.0.0.79:8000"}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestDrainedPDEndpoints(t *testing.T) {
 		Endpoints: []lbrule.Endpoint{{IP: "127.0.0.78", Port: 8000, Weight: 1, Role: lbrule.RolePrefill}, {IP: "127.0.0.79", Port: 8000, Weight: 1, Role: lbrule.RolePrefill},
 			{IP: "127.0.0.80", Port: 8000, Weight: 1, Role: lbrule.RoleDecode}, {IP: "127.0.0.81", Port: 8000, Weight: 1, Role: lbrule.RoleDecode}}}
 	f := newFixture(t)
-	p, err := lbrule.Prepare(r, func(string) (string, bool) { return "1", true })
+	p, err := lbrule.Prepare(r, lbrule.Settings{VLLMSeed: "1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,12 @@
 //	        -> (queued while the endpoint's prefill slots are taken, shortest
 //	           predicted prefill first: prefill admission, prefillq.go)
 //
+// Candidates' load is this node's in-flight requests (open, held,
+// queued) and the engines' scraped running/waiting (scrape.go); with
+// several gateway nodes (Config.ClusterLoad) the in-flight count also
+// carries what the others sent, as of the last scrape, so every node ranks
+// endpoints alike.
+//
 // It also holds the reconcilers that keep the other stages in step with the
 // rule set: proxy listeners, KV-event subscriptions, inventories and health
 // probes. Control calls them with the complete desired set after each change.

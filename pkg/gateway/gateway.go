@@ -59,6 +59,16 @@ type EngineMetrics interface {
 	Metrics(service uint32, ep int) (selector.EngineMetrics, bool)
 }
 
+// OtherNodesLoad is implemented by engine-metrics sources that can tell
+// the load other gateway nodes put on an endpoint (*Scraper): Others is
+// the engine's running+waiting at the last fresh scrape less this node's
+// in-flight count then (ok false without a fresh sample), and
+// SetSelfInFlight gives the source that count. Config.ClusterLoad uses it.
+type OtherNodesLoad interface {
+	Others(service uint32, ep int) (int, bool)
+	SetSelfInFlight(f func(service uint32, ep int) int)
+}
+
 // ProxyTable is the proxy's configuration entry point (*proxy.Server).
 type ProxyTable interface {
 	Update(cfg proxy.Config) error
@@ -135,6 +145,19 @@ type Config struct {
 	// Parity supplies the verdicts strict attestation acts on; nil turns
 	// it off whatever the rules say.
 	Parity ParityVerdicts
+	// ClusterLoad blends other gateway nodes' load into each candidate's
+	// in-flight count (LOXILB_KV_CLUSTER_ROUTING; on with a shared rule
+	// store): in-flight = this node's open, held and queued requests +
+	// others, where others = max(0, engine running+waiting at the last
+	// scrape − this node's open requests at that scrape). The engines'
+	// gauges are what every node reads alike, the local count is what
+	// changed since, so every node ranks endpoints by nearly the same
+	// load and its own decisions count at once. Off, a node alone sees
+	// max(its in-flight, running+waiting) (selector.Load), which lags its
+	// own decisions by up to a scrape interval when the engine's count is
+	// the larger. Needs an engine-metrics source implementing
+	// OtherNodesLoad.
+	ClusterLoad bool
 }
 
 // Defaults of the request bounds.
@@ -172,6 +195,7 @@ type Gateway struct {
 	router  *router.Router
 	health  HealthView
 	engine  EngineMetrics
+	others  OtherNodesLoad // ClusterLoad's source; nil when off
 	logger  *slog.Logger
 	m       *metrics
 	table   atomic.Pointer[map[uint32]*service]
@@ -250,6 +274,15 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 		unknownLog: logLimiter{every: logEvery}, rejectLog: logLimiter{every: logEvery}}
 	g.prefill.slots = max(cfg.PrefillSlots, PrefillAuto)
 	g.prefill.learner, _ = engine.(SlotLearner)
+	if o, ok := engine.(OtherNodesLoad); ok && cfg.ClusterLoad {
+		g.others = o
+		o.SetSelfInFlight(func(service uint32, ep int) int {
+			if pt := g.proxyTable(); pt != nil {
+				return pt.InFlight(service, ep)
+			}
+			return 0
+		})
+	}
 	g.rankEngine, _ = engine.(RankMetrics)
 	if reg != nil {
 		for _, c := range []prometheus.Collector{&g.prefill, slotsCollector{g}} {

@@ -61,7 +61,7 @@ func newFixtureAt(t testing.TB, dir string, cfg Config, engine EngineMetrics, ru
 	}
 	var svcs []control.Service
 	for i, r := range rules {
-		p, err := lbrule.Prepare(r, func(string) (string, bool) { return "1", true })
+		p, err := lbrule.Prepare(r, lbrule.Settings{VLLMSeed: "1"})
 		if err != nil {
 			t.Fatal(err)
 		}

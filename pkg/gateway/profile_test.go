@@ -56,7 +56,7 @@ func TestModelProfileCompletionsBOS(t *testing.T) {
 		}
 		r := rule(3, model)
 		r.Service.KVEngine, r.Service.KVModelProfile = "sglang", profile
-		p, err := lbrule.Prepare(r, func(string) (string, bool) { return "", false })
+		p, err := lbrule.Prepare(r, lbrule.Settings{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -47,7 +47,7 @@ func TestReconcileHeldPortIsOneRulesFailure(t *testing.T) {
 		r := rule(0, "")
 		r.Service.ExternalIP = host
 		r.Service.Port, _ = strconv.Atoi(port)
-		p, err := lbrule.Prepare(r, func(string) (string, bool) { return "1", true })
+		p, err := lbrule.Prepare(r, lbrule.Settings{VLLMSeed: "1"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,7 +83,7 @@ func TestHealthReconcileOctaviaEndpointFields(t *testing.T) {
 	r := rule(0, "")
 	r.Service.ProbeType, r.Service.ProbeReq = "http", "/health"
 	r.Endpoints[0].MonitorAddress, r.Endpoints[0].URLPath = "127.0.0.99", "/healthz"
-	p, err := lbrule.Prepare(r, func(string) (string, bool) { return "1", true })
+	p, err := lbrule.Prepare(r, lbrule.Settings{VLLMSeed: "1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,6 +65,11 @@ type Scraper struct {
 	// lmLast is each endpoint's last lmcache:num_hit_tokens (lmcache.go).
 	lmLast map[epKey]float64
 	lmHits *prometheus.CounterVec
+	// self, when set, counts this node's requests open to an endpoint;
+	// each sample records it as the scrape's answer arrives, so Others
+	// can tell this node's share of the engine's running+waiting from
+	// what other nodes sent (SetSelfInFlight).
+	self atomic.Pointer[func(service uint32, ep int) int]
 }
 
 type epKey struct {
@@ -77,12 +83,16 @@ type scrapeTarget struct {
 }
 
 type sample struct {
-	m     selector.EngineMetrics
-	at    time.Time
+	m  selector.EngineMetrics
+	at time.Time
+	// self is this node's in-flight count to the endpoint when the
+	// sample's answer arrived (0 without SetSelfInFlight).
+	self  int
 	ranks rankSample // per data-parallel rank (rankscrape.go)
 }
 
 var _ EngineMetrics = (*Scraper)(nil)
+var _ OtherNodesLoad = (*Scraper)(nil)
 var _ control.Reconciler = (*Scraper)(nil)
 
 // NewScraper builds a scraper.
@@ -171,6 +181,31 @@ func (s *Scraper) Metrics(service uint32, ep int) (selector.EngineMetrics, bool)
 	return smp.m, true
 }
 
+// SetSelfInFlight gives the scraper this node's count of requests open to
+// an endpoint (the proxy's in-flight table), read as each scrape's answer
+// arrives. Safe to call at any time; nil stops recording it.
+func (s *Scraper) SetSelfInFlight(f func(service uint32, ep int) int) {
+	if f == nil {
+		s.self.Store(nil)
+		return
+	}
+	s.self.Store(&f)
+}
+
+// Others estimates the requests other gateway nodes have on an endpoint:
+// the engine's running+waiting at the last fresh scrape less this node's
+// in-flight count at that moment, at least 0. ok is false without a fresh
+// sample.
+func (s *Scraper) Others(service uint32, ep int) (int, bool) {
+	s.mu.RLock()
+	smp, ok := s.samples[epKey{service, ep}]
+	s.mu.RUnlock()
+	if !ok || time.Since(smp.at) > s.cfg.MaxAge {
+		return 0, false
+	}
+	return max(smp.m.Running+smp.m.Waiting-smp.self, 0), true
+}
+
 // Run scrapes every target each interval until ctx ends.
 func (s *Scraper) Run(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.Interval)
@@ -216,9 +251,13 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 			if ranks.bad != "" {
 				s.errs.WithLabelValues(strconv.FormatUint(uint64(k.service), 10), strconv.Itoa(k.ep), ranks.bad).Inc()
 			}
+			self := 0
+			if f := s.self.Load(); f != nil {
+				self = (*f)(k.service, k.ep)
+			}
 			s.mu.Lock()
 			if s.targets[k] == t {
-				s.samples[k] = sample{m: m, at: time.Now(), ranks: ranks}
+				s.samples[k] = sample{m: m, at: time.Now(), self: self, ranks: ranks}
 			}
 			s.mu.Unlock()
 			s.learn(ctx, k, t, m)

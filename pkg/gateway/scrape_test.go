@@ -73,3 +73,44 @@ func TestScraperFollowsRules(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// Others is the engine's running+waiting less this node's own in-flight
+// count when the sample arrived: the load other gateway nodes put there.
+func TestScraperOthersSubtractsSelf(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("vllm:num_requests_running 7\nvllm:num_requests_waiting 1\n"))
+	}))
+	defer srv.Close()
+	ap := netip.MustParseAddrPort(srv.Listener.Addr().String())
+	s, err := NewScraper(ScraperConfig{Interval: time.Hour}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := &lbrule.Rule{Service: lbrule.ServiceArgs{Mode: 4, KVEngine: "vllm"}, Endpoints: []lbrule.Endpoint{{IP: ap.Addr().String(), Port: int(ap.Port())}}}
+	if err := s.Reconcile(context.Background(), []control.Service{{ID: 3, Rule: rule}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Others(3, 0); ok {
+		t.Fatal("others before any sample")
+	}
+	for _, c := range []struct {
+		self, want int
+		set        bool
+	}{{0, 8, false}, {3, 5, true}, {20, 0, true}} {
+		if c.set {
+			self := c.self
+			s.SetSelfInFlight(func(service uint32, ep int) int {
+				if service == 3 && ep == 0 {
+					return self
+				}
+				return 0
+			})
+		} else {
+			s.SetSelfInFlight(nil)
+		}
+		s.scrapeAll(context.Background())
+		if o, ok := s.Others(3, 0); !ok || o != c.want {
+			t.Fatalf("self %d: others %d %v, want %d", c.self, o, ok, c.want)
+		}
+	}
+}

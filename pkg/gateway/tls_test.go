@@ -144,7 +144,7 @@ func TestBackendMutualTLSThroughGateway(t *testing.T) {
 		r.Endpoints = r.Endpoints[:1]
 		r.Endpoints[0].IP = epHost
 		r.Endpoints[0].Port, _ = strconv.Atoi(epPort)
-		p, err := lbrule.Prepare(r, func(string) (string, bool) { return "1", true })
+		p, err := lbrule.Prepare(r, lbrule.Settings{VLLMSeed: "1"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -26,7 +26,7 @@ func TestFullSchemaRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := Prepare(r, func(string) (string, bool) { return "", false })
+	p, err := Prepare(r, Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestFullSchemaRoundTrip(t *testing.T) {
 	// The read-back body is itself a valid create body.
 	if r2, err := Decode(out); err != nil {
 		t.Fatalf("read-back does not decode: %v", err)
-	} else if _, err := Prepare(r2, func(string) (string, bool) { return "", false }); err != nil {
+	} else if _, err := Prepare(r2, Settings{}); err != nil {
 		t.Fatalf("read-back does not validate: %v", err)
 	}
 }
@@ -155,7 +155,7 @@ func TestCompatFieldsInvalid(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.mut(r)
-		_, err = Prepare(r, func(string) (string, bool) { return "", false })
+		_, err = Prepare(r, Settings{})
 		var re *RuleError
 		if !errors.As(err, &re) || !errors.Is(err, c.class) || !strings.HasSuffix(re.Field, c.field) || re.Msg == "" {
 			t.Errorf("%s: got %v, want %v naming %s", c.name, err, c.class, c.field)
@@ -164,13 +164,13 @@ func TestCompatFieldsInvalid(t *testing.T) {
 	// icmp is ping's other name.
 	r, _ := Decode(fullSchema(t))
 	r.Service.ProbeType = "ICMP"
-	if p, err := Prepare(r, func(string) (string, bool) { return "", false }); err != nil || p.Service.ProbeType != "icmp" {
+	if p, err := Prepare(r, Settings{}); err != nil || p.Service.ProbeType != "icmp" {
 		t.Errorf("probetype icmp: %v", err)
 	}
 	// udp and sctp probe types are accepted (and reported inert).
 	r, _ = Decode(fullSchema(t))
 	r.Service.ProbeType = "udp"
-	if _, err := Prepare(r, func(string) (string, bool) { return "", false }); err != nil {
+	if _, err := Prepare(r, Settings{}); err != nil {
 		t.Errorf("probetype udp: %v", err)
 	}
 	found := false

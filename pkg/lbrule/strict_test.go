@@ -133,7 +133,7 @@ func TestConfigMistakesAreInvalid(t *testing.T) {
 // environment's fault (412 with a reason), found before any stage builds a
 // hasher from it (which failed as a 500).
 func TestSeedNotUTF8IsPrecondition(t *testing.T) {
-	_, err := Prepare(baseVLLM(), env(map[string]string{SeedEnv: "a\xffb"}))
+	_, err := Prepare(baseVLLM(), Settings{VLLMSeed: "a\xffb"})
 	var re *RuleError
 	if !errors.As(err, &re) || !errors.Is(err, ErrPrecondition) || re.Reason != ReasonSeedInvalid {
 		t.Fatalf("want 412 %s, got %v", ReasonSeedInvalid, err)

@@ -14,15 +14,19 @@ import (
 // engine's PYTHONHASHSEED).
 const SeedEnv = "LLB_KV_NONE_HASH_SEED"
 
-// LookupEnv reads one environment variable; os.LookupEnv in the daemon.
-type LookupEnv func(string) (string, bool)
+// Settings are the daemon settings rule validation depends on, read once at
+// start by the daemon (validation never reads the environment itself).
+type Settings struct {
+	// VLLMSeed is SeedEnv's value; empty means unset.
+	VLLMSeed string
+}
 
 // SeedPrecondition is the one predicate behind both the 412 on vLLM KV-exact
 // rules and the kv_exact_vllm capability entry, so the two never disagree.
 // It returns nil when the seed is usable.
-func SeedPrecondition(env LookupEnv) *RuleError {
-	seed, ok := env(SeedEnv)
-	if !ok || seed == "" {
+func SeedPrecondition(s Settings) *RuleError {
+	seed := s.VLLMSeed
+	if seed == "" {
 		return &RuleError{Class: ErrPrecondition, Reason: ReasonSeedUnset,
 			Msg: "vllm kvExactMode requires non-empty Gateway " + SeedEnv + " matching engine PYTHONHASHSEED (set it in the daemon's environment and restart; the rule body cannot satisfy this)"}
 	}
@@ -39,7 +43,7 @@ func SeedPrecondition(env LookupEnv) *RuleError {
 
 // Prepare validates a decoded rule and returns a normalized copy with every
 // default applied. All semantic checks of a rule live here.
-func Prepare(in *Rule, env LookupEnv) (*Rule, error) {
+func Prepare(in *Rule, settings Settings) (*Rule, error) {
 	r := in.Clone()
 	r.ServiceID, r.Status, r.CreateBody = 0, nil, nil
 	if err := validateService(r); err != nil {
@@ -56,7 +60,7 @@ func Prepare(in *Rule, env LookupEnv) (*Rule, error) {
 	}
 	normalize(r)
 	if r.Engine() == string(engine.VLLM) && (r.Service.KVExactMode == KVExactPD || r.Service.KVExactMode == KVExactSingle) {
-		if err := SeedPrecondition(env); err != nil {
+		if err := SeedPrecondition(settings); err != nil {
 			return nil, err
 		}
 	}

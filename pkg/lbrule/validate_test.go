@@ -8,11 +8,7 @@ import (
 	"testing"
 )
 
-func env(m map[string]string) LookupEnv {
-	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
-}
-
-var seeded = env(map[string]string{SeedEnv: "12345"})
+var seeded = Settings{VLLMSeed: "12345"}
 
 func mustDecodeFile(t *testing.T, path string) *Rule {
 	t.Helper()
@@ -54,7 +50,7 @@ func TestDefaults(t *testing.T) {
 	for eng, algo := range map[string]string{"sglang": "sha256_sglang", "trtllm": "blockhash_trtllm"} {
 		r := baseSingle()
 		r.Service.KVEngine, r.Service.KVHashAlgo = eng, ""
-		got, err := Prepare(r, nil)
+		got, err := Prepare(r, Settings{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,14 +204,14 @@ func TestRejections(t *testing.T) {
 
 func TestSeedPrecondition(t *testing.T) {
 	for name, c := range map[string]struct {
-		env    LookupEnv
+		env    Settings
 		reason string
 	}{
-		"unset":        {env(nil), ReasonSeedUnset},
-		"empty":        {env(map[string]string{SeedEnv: ""}), ReasonSeedUnset},
-		"too long":     {env(map[string]string{SeedEnv: strings.Repeat("x", 24)}), ReasonSeedTooLong},
-		"23 is fine":   {env(map[string]string{SeedEnv: strings.Repeat("x", 23)}), ""},
-		"vllm default": {env(map[string]string{SeedEnv: "vllm-none-hash"}), ""},
+		"unset":        {Settings{}, ReasonSeedUnset},
+		"empty":        {Settings{VLLMSeed: ""}, ReasonSeedUnset},
+		"too long":     {Settings{VLLMSeed: strings.Repeat("x", 24)}, ReasonSeedTooLong},
+		"23 is fine":   {Settings{VLLMSeed: strings.Repeat("x", 23)}, ""},
+		"vllm default": {Settings{VLLMSeed: "vllm-none-hash"}, ""},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Prepare(basePD(), c.env)
@@ -232,7 +228,7 @@ func TestSeedPrecondition(t *testing.T) {
 		})
 	}
 	// SGLang and TRT-LLM do not use the vLLM seed.
-	if _, err := Prepare(baseSingle(), env(nil)); err != nil {
+	if _, err := Prepare(baseSingle(), Settings{}); err != nil {
 		t.Errorf("sglang needs no seed: %v", err)
 	}
 }

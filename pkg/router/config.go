@@ -61,6 +61,16 @@ type Config struct {
 	// Range 0..1, default 0.8 (llm-d's; Dynamo uses 0.75). It takes effect
 	// when the inventory reports tiers (TieredInventory).
 	TierWeightCPU float64
+	// ColdRendezvous places cold prefixes (a miss, or a hit whose prefix
+	// every healthy candidate holds alike) by rendezvous hashing of their
+	// first blocks over the candidates within the bounded-load limits,
+	// instead of by the least outstanding prefill work with the fallback
+	// selector breaking ties, so several gateway nodes place siblings of a
+	// new prefix on one endpoint without coordination (rendezvous.go).
+	// Off by default: one node alone knows all the work it sent, and the
+	// daemon turns it on with a shared (etcd) rule store
+	// (LOXILB_KV_CLUSTER_ROUTING).
+	ColdRendezvous bool
 }
 
 // DefaultTierWeightCPU is the default Config.TierWeightCPU.

@@ -30,6 +30,11 @@
 // and a restarted engine is still seeded, but a long session is not moved
 // off its history next to a mildly loaded holder.
 //
+// With several gateway nodes (Config.ColdRendezvous), a cold prefix is
+// placed by rendezvous hashing of its first blocks over the candidates
+// within the bounded-load limits (rendezvous.go), so every node sends
+// siblings of a new prefix to the same endpoint without coordination.
+//
 // The router is pure logic: no HTTP, no goroutines. Its only state is per
 // service (cold-seed tick, zero-hit run, the running medians of a hit's
 // uncached work, prompt length and cached prefix) and is dropped by Forget.

@@ -435,14 +435,30 @@ func leastLoaded(cands []selector.Candidate, w selector.LoadWeights) (int, bool)
 // (measured: a 50/50 mix of document questions and one-shot prompts had
 // a worse TTFT p99 than round robin), and its own prefill delays every
 // request queued behind it there.
-func (r *Router) placeMiss(st *serviceState, s *scratch, reason string, total, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
-	ep, load, ok := r.leastWork(s, cands, fallback, freq)
+func (r *Router) placeMiss(st *serviceState, s *scratch, reason string, keys []uint64, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
+	total := len(keys)
+	ep, load, ok := r.coldPlace(s, cands, keys, 0, int64(total*blockSize), blockSize, fallback, freq)
 	if !ok {
 		return r.fallback(st, ReasonNoHealthy, total, blockSize, cands, fallback, freq)
 	}
 	d := Decision{EP: ep, Tier: TierFallback, TotalBlocks: total, BlockSize: blockSize, From: -1, Load: load, Reason: reason}
 	r.m.miss.WithLabelValues(st.label, d.Reason).Inc()
 	return d
+}
+
+// coldPlace places a request whose blocks past the first common ones no
+// candidate holds: by rendezvous over the eligible candidates when
+// Config.ColdRendezvous is set (rendezvous.go), else, or when none is
+// eligible or the request has no block, by leastWork.
+func (r *Router) coldPlace(s *scratch, cands []selector.Candidate, keys []uint64, common int, uncached int64, blockSize int, fallback selector.Selector, freq selector.Request) (int, float64, bool) {
+	if r.cfg.ColdRendezvous {
+		if key, ok := coldKey(keys, common, blockSize); ok {
+			if ep, load, ok := r.rendezvousPlace(cands, key, uncached); ok {
+				return ep, load, true
+			}
+		}
+	}
+	return r.leastWork(s, cands, fallback, freq)
 }
 
 // leastWork returns the healthy candidate (its Idx and load) with the
@@ -502,8 +518,9 @@ func (r *Router) evenMatch(s *scratch) bool {
 // (typically a shared system prompt before a one-shot question): overlap
 // cannot choose, and what the request costs anywhere is its uncached rest,
 // so it joins the shortest prefill queue, exactly as a miss does.
-func (r *Router) placeEven(st *serviceState, s *scratch, warm, warmUncached, total, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
-	ep, load, _ := r.leastWork(s, cands, fallback, freq)
+func (r *Router) placeEven(st *serviceState, s *scratch, keys []uint64, warm, warmUncached, blockSize int, cands []selector.Candidate, fallback selector.Selector, freq selector.Request) Decision {
+	total := len(keys)
+	ep, load, _ := r.coldPlace(s, cands, keys, s.match[warm], int64(warmUncached), blockSize, fallback, freq)
 	d := Decision{EP: ep, Tier: TierKV, MatchedBlocks: s.match[warm], CPUBlocks: min(max(s.cpu[warm], 0), s.match[warm]), TotalBlocks: total, BlockSize: blockSize,
 		From: -1, Load: load, Reason: ReasonLeastPrefill}
 	if r.cfg.LoadPenalty == LoadPenaltyAdaptive {
@@ -540,6 +557,12 @@ func (r *Router) spillRelief(svc ServiceView) bool {
 //     prefill work (Candidate.PrefillTokens), then the least load; the
 //     fallback selector breaks ties (see placeMiss). So does a hit whose
 //     prefix every healthy candidate holds alike (reason least_prefill).
+//     With ColdRendezvous (several gateway nodes) both instead go to the
+//     candidate with the highest rendezvous weight for the request's first
+//     blocks past the common prefix, among those whose prefill work is
+//     within the request's own uncached tokens of the least and whose load
+//     is within the spill cap of step 3 (see rendezvousPlace), so every
+//     node sends siblings of a new prefix to the same endpoint.
 //
 //  2. Blend. Each healthy candidate scores
 //
@@ -620,7 +643,7 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 	s := r.scratch.Get().(*scratch)
 	defer r.scratch.Put(s)
 	if total == 0 {
-		return r.placeMiss(st, s, ReasonShortPrompt, total, blockSize, cands, fallback, freq)
+		return r.placeMiss(st, s, ReasonShortPrompt, keys, blockSize, cands, fallback, freq)
 	}
 	excluded := r.gather(s, svc, cands)
 	n := len(s.eps)
@@ -640,11 +663,11 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 	r.confirmHit(st, svc, keys, s)
 	minBlocks := r.minBlocks(total, blockSize)
 	if s.match[warm] < minBlocks {
-		return r.placeMiss(st, s, ReasonShallow, total, blockSize, cands, fallback, freq)
+		return r.placeMiss(st, s, ReasonShallow, keys, blockSize, cands, fallback, freq)
 	}
 	warmUncached := (total - s.match[warm]) * blockSize
 	if n > 1 && r.evenMatch(s) {
-		return r.placeEven(st, s, warm, warmUncached, total, blockSize, cands, fallback, freq)
+		return r.placeEven(st, s, keys, warm, warmUncached, blockSize, cands, fallback, freq)
 	}
 
 	// 2. Blend.
@@ -742,10 +765,10 @@ func (r *Router) placeNoHit(st *serviceState, s *scratch, svc ServiceView, keys 
 		}
 	}
 	if !nonEmpty {
-		return r.placeMiss(st, s, ReasonEmptyInventory, total, blockSize, cands, fallback, freq)
+		return r.placeMiss(st, s, ReasonEmptyInventory, keys, blockSize, cands, fallback, freq)
 	}
 	r.zeroHit(st, svc, s.eps)
-	return r.placeMiss(st, s, ReasonNoMatch, total, blockSize, cands, fallback, freq)
+	return r.placeMiss(st, s, ReasonNoMatch, keys, blockSize, cands, fallback, freq)
 }
 
 // minBlocks is the shallowest match that counts as a hit:

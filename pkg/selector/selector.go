@@ -270,8 +270,14 @@ func keyHash(req Request) (uint64, bool) {
 	return 0, false
 }
 
-// rendezvous returns the healthy candidate with the highest score for h.
-func rendezvous(h uint64, cands []Candidate, filter func(*Candidate) bool) (int, bool) {
+// Rendezvous returns the Idx of the healthy candidate (passing filter,
+// when not nil) with the highest rendezvous (highest-random-weight) score
+// mix64(h ^ mix64(Idx+φ)) for the key hash h; ok is false when none
+// qualifies. Every caller with the same h and the same qualifying set gets
+// the same endpoint, whatever the order of cands; taking an endpoint out
+// of the set moves only the keys it won. The KV router places cold
+// prefixes with it, the hash and gpu-aware selectors key on it.
+func Rendezvous(h uint64, cands []Candidate, filter func(*Candidate) bool) (int, bool) {
 	best, bestScore, found := -1, uint64(0), false
 	for i := range cands {
 		c := &cands[i]
@@ -325,7 +331,7 @@ func (s *hashSel) Pick(req Request, cands []Candidate) (int, bool) {
 	if !ok {
 		return s.fallback.Pick(req, cands)
 	}
-	return rendezvous(h, cands, nil)
+	return Rendezvous(h, cands, nil)
 }
 
 // leastConn (sel 4) picks the fewest in-flight requests; among ties it starts
@@ -373,5 +379,5 @@ func (s *gpuAware) Pick(req Request, cands []Candidate) (int, bool) {
 		return -1, false
 	}
 	h, _ := keyHash(req)
-	return rendezvous(h, cands, func(c *Candidate) bool { return Load(*c, s.w) <= minLoad+eps })
+	return Rendezvous(h, cands, func(c *Candidate) bool { return Load(*c, s.w) <= minLoad+eps })
 }

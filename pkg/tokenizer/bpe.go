@@ -183,6 +183,22 @@ func (m *bpeModel) encodeWord(dst []uint32, word string) []uint32 {
 	if word == "" {
 		return dst
 	}
+	// One or two bytes of a byte-level model need no cache: one symbol
+	// cannot merge, and two merge if and only if their pair has a rank.
+	// With ignore_merges a two-byte word in the vocabulary is taken as
+	// is even without that merge, so it goes the long way.
+	if m.byteLevel && len(word) <= 2 {
+		a := m.byteIDs[word[0]]
+		if len(word) == 1 && a >= 0 {
+			return append(dst, uint32(a))
+		}
+		if b := m.byteIDs[word[len(word)-1]]; len(word) == 2 && a >= 0 && b >= 0 && !m.ignoreMerges {
+			if mg, ok := m.merges.get(uint32(a), uint32(b)); ok {
+				return append(dst, mg.newID)
+			}
+			return append(dst, uint32(a), uint32(b))
+		}
+	}
 	if out, ok := m.cache.appendCached(dst, word); ok {
 		return out
 	}

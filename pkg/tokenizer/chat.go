@@ -62,7 +62,7 @@ type chatTemplate struct {
 var contentLoop = regexp.MustCompile(`for\s+\w+\s+in\s+[\w.]*?(?:\.content|\[\s*['"]content['"]\s*\])`)
 
 func compileChatTemplate(src string) (*chatTemplate, error) {
-	t, err := jinja.Compile(rewriteTojson(src))
+	t, err := jinja.Compile(splitConcatOutputs(rewriteTojson(src)))
 	if err != nil {
 		return nil, fmt.Errorf("compile chat_template: %w", err)
 	}

@@ -18,18 +18,23 @@
 //
 //  1. added tokens are cut out first, leftmost-longest, honouring special,
 //     lstrip, rstrip, single_word and normalized;
-//  2. the normalizer (NFC for Qwen) runs on the text between them;
+//  2. the normalizer (NFC for Qwen) runs on the text between them (the NFC
+//     check skips ASCII, which NFC leaves alone);
 //  3. the Split pre-tokenizer regex runs with github.com/dlclark/regexp2 in
 //     its default (.NET) mode, whose \s is Unicode White_Space like
 //     Oniguruma's (RE2 mode would treat U+2028, U+3000... as non-space). For
 //     the Qwen and Llama-3 patterns an allocation-free hand-written scanner
 //     is used instead; it is checked to produce the same pieces as regexp2
-//     on the parity corpus and by a fuzz target;
+//     on the parity corpus and by a fuzz target. When the pre-tokenizer is
+//     that scanner alone (plus a ByteLevel step that does not split), the
+//     encoder walks its matches directly instead of listing the pieces;
 //  4. BPE merges by (rank, position): the lowest rank first, ties leftmost
 //     (ordering by rank alone changes ids for runs such as "aaaa" or
 //     whitespace). Results are cached per piece; ignore_merges is honoured.
 //     The merge ranks and the per-piece cache are flat open-addressing
 //     tables (flat.go), not Go maps: map probing was ~45% of encode time.
+//     The per-piece cache is read without a lock (writers append and then
+//     publish a slot atomically); one- and two-byte pieces skip it.
 //     The ids of each whole stretch between added tokens are cached too
 //     (segcache.go): a chat template puts each message in such a stretch,
 //     so a conversation's next turn encodes only its new messages;
@@ -50,7 +55,11 @@
 // order). A body is read once, by a reflection-free scanner (jsonscan.go,
 // held to encoding/json by fuzz targets): the top level into
 // RequestFields (ParseRequest; the gateway's routing key reads the same
-// fields), the messages straight into template values. The tojson filter is replaced by a Python json.dumps equivalent:
+// fields), the messages straight into template values. Output tags that
+// only concatenate a string literal with variables and literals (each
+// message line of the Qwen templates) are split into one tag per operand
+// before compiling (concat.go): the library copies the growing string at
+// every "+". The tojson filter is replaced by a Python json.dumps equivalent:
 // the library's own tojson(indent=N) sorts keys and escapes HTML
 // characters, which breaks Llama-3.1/3.2 tool prompts.
 //

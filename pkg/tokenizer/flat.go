@@ -5,6 +5,7 @@ import (
 	"hash/maphash"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 )
 
 // The BPE hot path does two lookups per piece and per merge step: the word
@@ -79,12 +80,20 @@ func (t *mergeTable) get(left, right uint32) (merge, bool) {
 }
 
 // wordCache memoises BPE results per pre-tokenized piece, as HuggingFace's
-// BPE cache does. It is sharded to keep lock hold times short under
-// concurrent requests, and bounded: a full shard is simply cleared, which
-// keeps memory fixed without LRU bookkeeping on the hot path. Each shard is
-// a flat table whose slots point into two arenas (word bytes, ids), so an
-// entry costs no allocation of its own and a lookup no pointer chase
-// beyond the arenas.
+// BPE cache does. It is sharded to keep writers apart, and bounded: a full
+// shard is replaced by an empty one, which keeps memory fixed without LRU
+// bookkeeping on the hot path. Each shard is a flat table whose slots point
+// into two fixed arenas (word bytes, ids), so an entry costs no allocation
+// of its own.
+//
+// Reads take no lock. A lookup is one per piece of every prompt, and a
+// read lock's two atomic adds on a shared counter cost as much as the
+// lookup itself (more once several cores contend for the line). Writers
+// serialise on the shard's mutex and only ever append: the entry's bytes
+// and ids go into arena space no published slot covers, then its slot's
+// hash is stored atomically, which publishes it. A published slot never
+// changes; clearing swaps in a new table, and readers still holding the
+// old one finish on it.
 type wordCache struct {
 	seed   maphash.Seed
 	shards [cacheShards]cacheShard
@@ -103,16 +112,24 @@ const (
 )
 
 type cacheShard struct {
-	mu    sync.RWMutex
-	n     int
-	slots []wordSlot
-	words []byte
-	ids   []uint32
+	mu  sync.Mutex // serialises writers; readers only load tab
+	tab atomic.Pointer[cacheTable]
 }
 
-// wordSlot is one entry; hash 0 marks a free slot.
+// cacheTable is one generation of a shard. Its arenas are fixed arrays, so
+// appending never moves bytes a reader may be comparing.
+type cacheTable struct {
+	slots [cacheSlots]wordSlot
+	words [cacheWordBytes]byte
+	ids   [cacheIDs]uint32
+	// Owned by the writer holding the shard's mutex.
+	n, nWords, nIDs int
+}
+
+// wordSlot is one entry; hash 0 marks a free slot. The other fields are
+// written before hash and never after.
 type wordSlot struct {
-	hash       uint64
+	hash       atomic.Uint64
 	word, nw   uint32 // offset and length in words
 	idOff, nID uint32 // offset and length in ids
 }
@@ -127,22 +144,20 @@ func (c *wordCache) hash(w string) uint64 {
 	return maphash.String(c.seed, w) | 1<<63
 }
 
-// appendCached appends the cached ids of w to dst. The copy happens under
-// the shard's read lock: a put may clear and reuse the arenas right after.
+// appendCached appends the cached ids of w to dst.
 func (c *wordCache) appendCached(dst []uint32, w string) ([]uint32, bool) {
 	if len(w) > cacheMaxWordLen {
 		return dst, false
 	}
 	h := c.hash(w)
-	s := &c.shards[h%cacheShards]
-	s.mu.RLock()
-	if i, ok := s.find(h, w); ok {
-		e := &s.slots[i]
-		dst = append(dst, s.ids[e.idOff:e.idOff+e.nID]...)
-		s.mu.RUnlock()
-		return dst, true
+	t := c.shards[h%cacheShards].tab.Load()
+	if t == nil {
+		return dst, false
 	}
-	s.mu.RUnlock()
+	if i, ok := t.find(h, w); ok {
+		e := &t.slots[i]
+		return append(dst, t.ids[e.idOff:e.idOff+e.nID]...), true
+	}
 	return dst, false
 }
 
@@ -154,43 +169,42 @@ func (c *wordCache) put(w string, ids []uint32) {
 	s := &c.shards[h%cacheShards]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.slots == nil {
-		s.slots = make([]wordSlot, cacheSlots)
+	t := s.tab.Load()
+	if t == nil {
+		t = new(cacheTable)
+		s.tab.Store(t)
 	}
-	i, found := s.find(h, w)
+	i, found := t.find(h, w)
 	if found {
 		return // another request put it first: same word, same ids
 	}
-	if s.n >= cacheShardCapacity || len(s.words)+len(w) > cacheWordBytes || len(s.ids)+len(ids) > cacheIDs {
-		s.clear()
-		i, _ = s.find(h, w)
+	if t.n >= cacheShardCapacity || t.nWords+len(w) > cacheWordBytes || t.nIDs+len(ids) > cacheIDs {
+		t = new(cacheTable)
+		s.tab.Store(t)
+		i, _ = t.find(h, w)
 	}
-	s.slots[i] = wordSlot{hash: h, word: uint32(len(s.words)), nw: uint32(len(w)), idOff: uint32(len(s.ids)), nID: uint32(len(ids))}
-	s.words = append(s.words, w...)
-	s.ids = append(s.ids, ids...)
-	s.n++
+	e := &t.slots[i]
+	e.word, e.nw = uint32(t.nWords), uint32(len(w))
+	e.idOff, e.nID = uint32(t.nIDs), uint32(len(ids))
+	t.nWords += copy(t.words[t.nWords:], w)
+	t.nIDs += copy(t.ids[t.nIDs:], ids)
+	t.n++
+	e.hash.Store(h) // publishes the entry
 }
 
 // find returns the slot holding w, or the free slot where it belongs.
-func (s *cacheShard) find(h uint64, w string) (int, bool) {
-	if s.slots == nil {
-		return 0, false
-	}
+func (t *cacheTable) find(h uint64, w string) (int, bool) {
 	const mask = cacheSlots - 1
 	for i := int(h>>32) & mask; ; i = (i + 1) & mask {
-		e := &s.slots[i]
-		if e.hash == 0 {
+		e := &t.slots[i]
+		eh := e.hash.Load()
+		if eh == 0 {
 			return i, false
 		}
-		if e.hash == h && int(e.nw) == len(w) && string(s.words[e.word:e.word+e.nw]) == w {
+		if eh == h && int(e.nw) == len(w) && string(t.words[e.word:e.word+e.nw]) == w {
 			return i, true
 		}
 	}
-}
-
-func (s *cacheShard) clear() {
-	clear(s.slots)
-	s.n, s.words, s.ids = 0, s.words[:0], s.ids[:0]
 }
 
 // reset empties the cache (benchmarks).
@@ -198,9 +212,7 @@ func (c *wordCache) reset() {
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
-		if s.slots != nil {
-			s.clear()
-		}
+		s.tab.Store(nil)
 		s.mu.Unlock()
 	}
 }

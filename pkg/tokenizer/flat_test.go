@@ -59,9 +59,9 @@ func TestWordCacheBoundedAndExact(t *testing.T) {
 		}
 	}
 	for i := range c.shards {
-		s := &c.shards[i]
-		if s.n > cacheShardCapacity || len(s.words) > cacheWordBytes || len(s.ids) > cacheIDs {
-			t.Fatalf("shard %d over its bounds: %d entries, %d bytes, %d ids", i, s.n, len(s.words), len(s.ids))
+		s := c.shards[i].tab.Load()
+		if s.n > cacheShardCapacity || s.nWords > cacheWordBytes || s.nIDs > cacheIDs {
+			t.Fatalf("shard %d over its bounds: %d entries, %d bytes, %d ids", i, s.n, s.nWords, s.nIDs)
 		}
 	}
 	long := string(make([]byte, cacheMaxWordLen+1))
@@ -95,4 +95,28 @@ func TestWordCacheConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// TestShortWordsSkipTheCache checks the one- and two-byte shortcut of
+// encodeWord against the merge loop for every such word.
+func TestShortWordsSkipTheCache(t *testing.T) {
+	for _, m := range parityModels {
+		tk := loadStaged(t, m.slug)
+		bm := tk.model
+		for i := 0; i < 1<<16+256; i++ {
+			w := string([]byte{byte(i)})
+			if i >= 256 {
+				w = string([]byte{byte(i >> 8), byte(i)})
+			}
+			want := bm.merge(nil, w)
+			if bm.ignoreMerges {
+				if id, ok := bm.vocab[w]; ok {
+					want = []uint32{id}
+				}
+			}
+			if got := bm.encodeWord(nil, w); !slices.Equal(got, want) {
+				t.Fatalf("%s %q: %v, want %v", m.name, w, got, want)
+			}
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
 )
@@ -17,10 +18,52 @@ type normalizer interface {
 type normForm struct{ f norm.Form }
 
 func (n normForm) normalize(s string) string {
-	if n.f.IsNormalString(s) {
+	if n.isNormal(s) {
 		return s
 	}
 	return n.f.String(s)
+}
+
+// isNormal is n.f.IsNormalString(s), with the ASCII between other text
+// skipped for NFC: a prompt is mostly ASCII, and x/text looks every byte
+// up. An ASCII character is unchanged by NFC, has combining class 0 and is
+// never the second of a composition, so NFC acts on each run of
+// non-ASCII text together with the ASCII character before it (which may
+// compose with the run, as "e" with U+0301) independently of the rest:
+// s is normal if and only if every such piece is.
+func (n normForm) isNormal(s string) bool {
+	const nfcGap = 64
+	if n.f != norm.NFC {
+		return n.f.IsNormalString(s)
+	}
+	for i := 0; i < len(s); {
+		if s[i] < utf8.RuneSelf {
+			i++
+			continue
+		}
+		// Runs closer than nfcGap bytes go into one piece: each call of
+		// x/text allocates, and any ASCII character is a place to cut.
+		j := i + 1
+		for j < len(s) {
+			if s[j] >= utf8.RuneSelf {
+				j++
+				continue
+			}
+			k := j
+			for k < len(s) && k-j < nfcGap && s[k] < utf8.RuneSelf {
+				k++
+			}
+			if k == len(s) || k-j == nfcGap {
+				break
+			}
+			j = k
+		}
+		if !n.f.IsNormalString(s[max(i-1, 0):j]) {
+			return false
+		}
+		i = j
+	}
+	return true
 }
 
 type normSequence []normalizer

@@ -168,6 +168,7 @@ func TestParityRegexpPath(t *testing.T) {
 			if split.m, err = newRegexMatcher(pattern); err != nil {
 				t.Fatal(err)
 			}
+			tk.scan = nil // the pieces come from the regex again
 			var want [][]uint32
 			readGolden(t, "ids_"+m.name+".json", &want)
 			for i, s := range corpus {

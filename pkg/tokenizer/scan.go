@@ -24,6 +24,29 @@ func fastMatcherFor(pattern string) matcher {
 	return nil
 }
 
+// directScanner reports whether pre is a known pattern's Split (isolated,
+// not inverted), alone or followed by a ByteLevel step that neither adds a
+// prefix space nor splits again: the pieces are then exactly the
+// scanner's matches, in order, and the encoder can walk them directly.
+func directScanner(pre preTokenizer) (bpeScanner, bool) {
+	if q, ok := pre.(*preSequence); ok {
+		if len(q.steps) != 2 {
+			return bpeScanner{}, false
+		}
+		bl, ok := q.steps[1].(*byteLevelPre)
+		if !ok || bl.addPrefixSpace || bl.regex != nil {
+			return bpeScanner{}, false
+		}
+		pre = q.steps[0]
+	}
+	sp, ok := pre.(*splitPre)
+	if !ok || sp.behavior != behaviorIsolated || sp.invert {
+		return bpeScanner{}, false
+	}
+	sc, ok := sp.m.(bpeScanner)
+	return sc, ok
+}
+
 // bpeScanner matches exactly what regexp2 (default mode) matches for
 // qwenPattern / llama3Pattern, without allocating: the regex engine
 // allocates per match and dominates encode time. Character classes use the
@@ -101,6 +124,26 @@ func lowerAt(s string, i int) (rune, int) {
 }
 
 func (m bpeScanner) matchAt(s string, i int) int {
+	// ASCII fast paths for the pieces most text is made of: a word, a
+	// space and a word, a digit. Each is what the general path below
+	// returns for these inputs (the contractions start with '\'', which
+	// takes the general path).
+	if c := s[i]; c < utf8.RuneSelf {
+		switch asciiClass[c] {
+		case clsLetter:
+			return scanLetters(s, i+1)
+		case clsNumber:
+			if m.maxDigits == 1 {
+				return i + 1
+			}
+		case clsSpace:
+			if c == ' ' && i+1 < len(s) {
+				if d := s[i+1]; d < utf8.RuneSelf && asciiClass[d] == clsLetter {
+					return scanLetters(s, i+2)
+				}
+			}
+		}
+	}
 	r0, n0 := decodeAt(s, i)
 	c0 := classOf(r0)
 
@@ -123,11 +166,11 @@ func (m bpeScanner) matchAt(s string, i int) int {
 
 	// [^\r\n\p{L}\p{N}]?\p{L}+
 	if c0 == clsLetter {
-		return scanClass(s, i+n0, clsLetter)
+		return scanLetters(s, i+n0)
 	}
 	if r0 != '\r' && r0 != '\n' && c0 != clsNumber && i+n0 < len(s) {
 		if r1, n1 := decodeAt(s, i+n0); classOf(r1) == clsLetter {
-			return scanClass(s, i+n0+n1, clsLetter)
+			return scanLetters(s, i+n0+n1)
 		}
 	}
 
@@ -195,11 +238,34 @@ func (m bpeScanner) matchAt(s string, i int) int {
 // scanClass advances j over runes of class cls.
 func scanClass(s string, j int, cls int) int {
 	for j < len(s) {
-		r, n := decodeAt(s, j)
+		if c := s[j]; c < utf8.RuneSelf {
+			if int(asciiClass[c]) != cls {
+				break
+			}
+			j++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[j:])
 		if classOf(r) != cls {
 			break
 		}
 		j += n
+	}
+	return j
+}
+
+// scanLetters is scanClass(s, j, clsLetter) with the ASCII loop on its
+// own: a word is most of what the scanner reads.
+func scanLetters(s string, j int) int {
+	for j < len(s) {
+		c := s[j]
+		if c >= utf8.RuneSelf {
+			return scanClass(s, j, clsLetter)
+		}
+		if asciiClass[c] != clsLetter {
+			break
+		}
+		j++
 	}
 	return j
 }

@@ -1,8 +1,11 @@
 package tokenizer
 
 import (
+	"path/filepath"
 	"testing"
 	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 func spansEqual(a, b []span) bool {
@@ -62,4 +65,69 @@ func FuzzScannerMatchesRegexp(f *testing.F) {
 			t.Fatalf("llama3 %q: scanner %v regexp2 %v", s, got, want)
 		}
 	})
+}
+
+// TestDirectScanner checks that the staged models take the direct path
+// (the scanner's matches fed straight to BPE) and that it gives the ids
+// of the general path, which materialises the pre-tokenizer's pieces.
+func TestDirectScanner(t *testing.T) {
+	var corpus []string
+	readGolden(t, "corpus.json", &corpus)
+	for _, m := range parityModels {
+		t.Run(m.name, func(t *testing.T) {
+			direct, err := Load(filepath.Join(stagedDir, m.slug))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if direct.scan == nil {
+				t.Fatal("a known split pattern does not take the direct path")
+			}
+			pieces, err := Load(filepath.Join(stagedDir, m.slug))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pieces.scan = nil
+			for i, s := range corpus {
+				if got, want := direct.Encode(s, false), pieces.Encode(s, false); !equalIDs(got, want) {
+					t.Fatalf("case %d %q: direct path differs at token %d", i, trunc(s), firstDiff(got, want))
+				}
+			}
+		})
+	}
+	// Any other pre-tokenizer keeps the general path.
+	for _, pre := range []preTokenizer{
+		&byteLevelPre{regex: newSplitPre(bpeScanner{maxDigits: 1}, behaviorIsolated, false)},
+		newSplitPre(bpeScanner{maxDigits: 1}, behaviorRemoved, false),
+		newSplitPre(bpeScanner{maxDigits: 1}, behaviorIsolated, true),
+		newSplitPre(literalMatcher{lit: " "}, behaviorIsolated, false),
+		newPreSequence([]preTokenizer{newSplitPre(bpeScanner{maxDigits: 1}, behaviorIsolated, false), &byteLevelPre{addPrefixSpace: true}}),
+	} {
+		if _, ok := directScanner(pre); ok {
+			t.Fatalf("%#v takes the direct path", pre)
+		}
+	}
+}
+
+// FuzzNFCIsNormal checks the piecewise NFC check against x/text's.
+func FuzzNFCIsNormal(f *testing.F) {
+	for _, s := range []string{"e\u0301", "abc", "Ünïcödé 中文 🚀", "a\u0301\u0327b", "\u1100\u1161", "x\u0344y", "\xffe\u0301", "", "é\u0301", "\u0958", "A\u030a\u0301"} {
+		f.Add(s)
+	}
+	n := normForm{norm.NFC}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := n.isNormal(s), norm.NFC.IsNormalString(s); got != want {
+			t.Fatalf("%q: isNormal %v, x/text %v", s, got, want)
+		}
+	})
+}
+
+func TestNFCIsNormalCorpus(t *testing.T) {
+	var corpus []string
+	readGolden(t, "corpus.json", &corpus)
+	n := normForm{norm.NFC}
+	for i, s := range corpus {
+		if got, want := n.isNormal(s), norm.NFC.IsNormalString(s); got != want {
+			t.Fatalf("case %d %q: isNormal %v, x/text %v", i, trunc(s), got, want)
+		}
+	}
 }

@@ -31,6 +31,9 @@ type core struct {
 	normMatch  *addedMatcher // added tokens with normalized=true: split after normalization
 	normalizer normalizer
 	pre        preTokenizer
+	// scan, when set, is the whole of pre (see directScanner): encoding
+	// walks its matches without materialising the pieces.
+	scan       *bpeScanner
 	model      *bpeModel
 	post       postProcessor
 	decoder    decoderKind
@@ -129,6 +132,9 @@ func LoadJSON(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 	var byteLevel bool
 	if t.pre, byteLevel, err = parsePreTokenizer(raw.PreTokenizer, 0); err != nil {
 		return nil, fmt.Errorf("tokenizer.json: %w", err)
+	}
+	if sc, ok := directScanner(t.pre); ok {
+		t.scan = &sc
 	}
 	if t.decoder, err = parseDecoder(raw.Decoder); err != nil {
 		return nil, fmt.Errorf("tokenizer.json: %w", err)
@@ -374,6 +380,17 @@ func (t *Tokenizer) encodePlain(dst []uint32, sc *encodeScratch, s string, limit
 	if t.pre == nil {
 		dst = t.model.encodeWord(dst, s)
 		return dst, limit < 0 || len(dst) <= limit
+	}
+	if t.scan != nil {
+		for i := 0; i < len(s); {
+			end := t.scan.matchAt(s, i)
+			dst = t.model.encodeWord(dst, s[i:end])
+			if limit >= 0 && len(dst) > limit {
+				return dst, false
+			}
+			i = end
+		}
+		return dst, true
 	}
 	sc.pieces = t.pre.split(sc.pieces[:0], s)
 	ok := true

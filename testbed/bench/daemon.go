@@ -95,15 +95,15 @@ func freePort() (int, error) {
 
 // startDaemon runs loxilb proxy-only (no BPF, no root) with its API on a
 // free loopback port and waits until the API answers.
-func startDaemon(ctx context.Context, bin, stateDir, tokenizerDir string, env []string) (*daemon, error) {
+func startDaemon(ctx context.Context, bin, stateDir, tokenizerDir string, env []string, args ...string) (*daemon, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
 	d := &daemon{port: port, done: make(chan struct{})}
-	d.cmd = exec.Command(bin, "--api-addr", fmt.Sprintf("127.0.0.1:%d", port), "--state-dir", stateDir,
+	d.cmd = exec.Command(bin, append([]string{"--api-addr", fmt.Sprintf("127.0.0.1:%d", port), "--state-dir", stateDir,
 		"--no-dataplane", "--tokenizer-dir", tokenizerDir, "--metrics", "--log-level", "warn",
-		"--proxy-receipts", "on-request") // the report reads every request's receipt
+		"--proxy-receipts", "on-request"}, args...)...) // the report reads every request's receipt
 	d.cmd.Env = append(os.Environ(), env...)
 	d.cmd.Stdout, d.cmd.Stderr = d, d
 	if err := d.cmd.Start(); err != nil {
@@ -221,3 +221,54 @@ func (d *daemon) metric(name string) (float64, error) {
 }
 
 var errMetricAbsent = errors.New("metric absent")
+
+// EtcdBinary is the etcd server several gateway nodes share (Debian's
+// etcd-server): $LOXILB_ETCD_BIN, else /usr/bin/etcd.
+func EtcdBinary() string {
+	if b := os.Getenv("LOXILB_ETCD_BIN"); b != "" {
+		return b
+	}
+	return "/usr/bin/etcd"
+}
+
+// startEtcd runs a one-member etcd on free loopback ports with its data in
+// dir and waits until it takes client connections. The returned daemon's
+// port is etcd's client port (its url method does not apply).
+func startEtcd(ctx context.Context, dir string) (*daemon, error) {
+	client, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	peer, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cu, pu := fmt.Sprintf("http://127.0.0.1:%d", client), fmt.Sprintf("http://127.0.0.1:%d", peer)
+	d := &daemon{port: client, done: make(chan struct{})}
+	d.cmd = exec.Command(EtcdBinary(), "--name", "bench", "--data-dir", dir,
+		"--listen-client-urls", cu, "--advertise-client-urls", cu,
+		"--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
+		"--initial-cluster", "bench="+pu, "--initial-cluster-state", "new")
+	d.cmd.Stdout, d.cmd.Stderr = d, d
+	if err := d.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start etcd (%s; Debian package etcd-server): %w", EtcdBinary(), err)
+	}
+	go func() { _ = d.cmd.Wait(); close(d.done) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", client), 100*time.Millisecond); err == nil {
+			c.Close()
+			return d, nil
+		}
+		select {
+		case <-d.done:
+			return nil, fmt.Errorf("etcd exited at start:\n%s", d.Logs())
+		case <-ctx.Done():
+			d.stop()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	d.stop()
+	return nil, fmt.Errorf("etcd did not come up in 20s:\n%s", d.Logs())
+}

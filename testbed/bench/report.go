@@ -55,7 +55,9 @@ type ArmResult struct {
 	OutputTokPerSec  float64      `json:"output_tok_per_sec"`
 	WallSeconds      float64      `json:"wall_seconds"`
 	// PerEndpoint is requests served by each engine (its own counter).
-	PerEndpoint     []int   `json:"requests_per_endpoint"`
+	PerEndpoint []int `json:"requests_per_endpoint"`
+	// PerNode is requests each gateway node proxied (several nodes only).
+	PerNode         []int   `json:"requests_per_node,omitempty"`
 	MaxOverMeanLoad float64 `json:"max_over_mean_load"`
 	// EndpointsPerGroup is the mean number of distinct endpoints a prefix
 	// group (burst, session, shared prefix) was routed to, from receipts.
@@ -299,6 +301,9 @@ func (r *Report) WriteTable(w io.Writer) {
 		for _, a := range wr.Arms {
 			if a.PrefillBudgets != nil {
 				fmt.Fprintf(w, "   %s prefill budgets per endpoint (slots source): %s; %d requests queued in the gateway\n", a.Arm, strings.Join(a.PrefillBudgets, ", "), a.PrefillQueued)
+			}
+			if a.PerNode != nil {
+				fmt.Fprintf(w, "   %s requests per gateway node: %v\n", a.Arm, a.PerNode)
 			}
 		}
 		for _, a := range wr.Arms {

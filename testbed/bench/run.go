@@ -90,6 +90,20 @@ type Arm struct {
 	// Rule holds extra serviceArguments fields, as JSON members
 	// ("chwbl_mean_load_factor":125); rules created through the API only.
 	Rule string `json:"rule,omitempty"`
+	// Nodes is how many gateway nodes serve the VIP (0 or 1: one daemon
+	// with its embedded store). Several share an etcd store (Debian's
+	// etcd-server) and the rule, and each binds the VIP with
+	// SO_REUSEPORT, so the kernel hashes every client connection onto
+	// one of them by its 4-tuple, as an ECMP route does per flow.
+	Nodes int `json:"nodes,omitempty"`
+}
+
+// OnNodes returns the arm served by n gateway nodes, named arm@Nn.
+func (a Arm) OnNodes(n int) Arm {
+	a.Nodes = n
+	a.Name = fmt.Sprintf("%s@%dn", a.Name, n)
+	a.Label = fmt.Sprintf("%s, %d gateway nodes", a.Label, n)
+	return a
 }
 
 // Arms compared by the default suite.
@@ -388,16 +402,19 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 	}
 	defer os.RemoveAll(state)
 	env := append([]string{"LLB_KV_NONE_HASH_SEED=" + f.HashSeed}, arm.Env...)
-	d, err := startDaemon(ctx, o.Bin.Loxilb, state, o.TokenizerDir, env)
+	nodes, err := startNodes(ctx, o, state, arm, env)
 	if err != nil {
 		return ArmResult{}, err
 	}
-	defer d.stop()
+	defer nodes.stop()
+	d := nodes.d[0]
 	if err := createRule(ctx, o, d, f, arm); err != nil {
 		return ArmResult{}, err
 	}
-	if err := waitReady(ctx, d, f, arm); err != nil {
-		return ArmResult{}, err
+	for _, n := range nodes.d {
+		if err := waitReady(ctx, n, f, arm); err != nil {
+			return ArmResult{}, err
+		}
 	}
 	if o.RestartAfterSubscribe {
 		restart()
@@ -405,12 +422,14 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512, MaxConnsPerHost: 0,
 		DisableCompression: true}, Timeout: 120 * time.Second}
 	defer client.CloseIdleConnections()
-	// One request shorter than a block loads the model's tokenizer in the
+	// A request shorter than a block loads the model's tokenizer in the
 	// gateway (a one-time start-up cost, not routing) and caches nothing;
-	// counters are deltas from after it.
-	if sm := doRequest(ctx, client, f.vip(), Req{Tokens: []uint32{1000, 1001, 1002}, MaxTokens: 1, Group: -1}); sm.err != "" {
-		return ArmResult{}, fmt.Errorf("warm-up request: %s", sm.err)
+	// counters are deltas from after it. Every node gets one: each is sent
+	// on a new connection until every node has served one.
+	if err := nodes.warmUp(ctx, f); err != nil {
+		return ArmResult{}, err
 	}
+	nodesBefore := nodes.requests()
 	before := fl.stats()
 
 	var mu sync.Mutex
@@ -472,8 +491,17 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 	wg.Wait()
 	wall := time.Since(start)
 	after := fl.stats()
-	spills, _ := d.metric("loxilb_pd_kv_tier15_spills_total")
+	spills := 0.0
+	for _, n := range nodes.d {
+		v, _ := n.metric("loxilb_pd_kv_tier15_spills_total")
+		spills += v
+	}
 	ar := summarize(arm, samples, before, after, wall, spills)
+	if len(nodes.d) > 1 {
+		for i, v := range nodes.requests() {
+			ar.PerNode = append(ar.PerNode, v-nodesBefore[i])
+		}
+	}
 	if arm.KVExactMode != 0 {
 		if ar.PrefillBudgets, ar.PrefillQueued, err = d.prefillBudgets(f.Engines); err != nil {
 			return ArmResult{}, fmt.Errorf("prefill budgets: %w", err)
@@ -483,6 +511,91 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 		ar.TTFTLaterTurnsMs = nil
 	}
 	return ar, nil
+}
+
+// nodes are an arm's gateway daemons (and the etcd they share when there
+// are several).
+type nodes struct {
+	d    []*daemon
+	etcd *daemon
+}
+
+// startNodes starts arm.Nodes daemons (at least one) with their state
+// under dir: one alone on its embedded store, several on a fresh etcd,
+// each with its own node name.
+func startNodes(ctx context.Context, o Options, dir string, arm Arm, env []string) (*nodes, error) {
+	ns := &nodes{}
+	if arm.Nodes <= 1 {
+		d, err := startDaemon(ctx, o.Bin.Loxilb, dir, o.TokenizerDir, env)
+		if err != nil {
+			return nil, err
+		}
+		ns.d = []*daemon{d}
+		return ns, nil
+	}
+	etcdDir := filepath.Join(dir, "etcd")
+	e, err := startEtcd(ctx, etcdDir)
+	if err != nil {
+		return nil, err
+	}
+	ns.etcd = e
+	for k := 0; k < arm.Nodes; k++ {
+		state := filepath.Join(dir, fmt.Sprintf("node%d", k+1))
+		if err := os.MkdirAll(state, 0o700); err != nil {
+			ns.stop()
+			return nil, err
+		}
+		d, err := startDaemon(ctx, o.Bin.Loxilb, state, o.TokenizerDir, env,
+			"--store", fmt.Sprintf("etcd://127.0.0.1:%d", e.port), "--node-name", fmt.Sprintf("bench-%d", k+1))
+		if err != nil {
+			ns.stop()
+			return nil, fmt.Errorf("node %d: %w", k+1, err)
+		}
+		ns.d = append(ns.d, d)
+	}
+	return ns, nil
+}
+
+func (ns *nodes) stop() {
+	var wg sync.WaitGroup
+	for _, d := range ns.d {
+		wg.Add(1)
+		go func() { defer wg.Done(); d.stop() }()
+	}
+	wg.Wait()
+	if ns.etcd != nil {
+		ns.etcd.stop()
+	}
+}
+
+// requests returns each node's count of proxied requests.
+func (ns *nodes) requests() []int {
+	out := make([]int, len(ns.d))
+	for i, d := range ns.d {
+		v, _ := d.metric("loxilb_ai_requests_total")
+		out[i] = int(v)
+	}
+	return out
+}
+
+// warmUp sends sub-block requests, each on a new connection, until every
+// node has served one (at most 40 per node).
+func (ns *nodes) warmUp(ctx context.Context, f FleetConfig) error {
+	for try := 0; try < 40*len(ns.d); try++ {
+		c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 60 * time.Second}
+		sm := doRequest(ctx, c, f.vip(), Req{Tokens: []uint32{1000, 1001, 1002}, MaxTokens: 1, Group: -1})
+		if sm.err != "" {
+			return fmt.Errorf("warm-up request: %s", sm.err)
+		}
+		all := true
+		for _, v := range ns.requests() {
+			all = all && v > 0
+		}
+		if all {
+			return nil
+		}
+	}
+	return fmt.Errorf("warm-up: not every node served a request: %v", ns.requests())
 }
 
 // doRequest streams one completion (a chat completion when r.Chat is set)

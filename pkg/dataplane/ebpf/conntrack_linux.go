@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/loxilb-llm/loxilb/pkg/dataplane"
 )
 
 func (d *Dataplane) gcLoop() {
@@ -31,10 +33,26 @@ func monotonicNow() uint64 {
 	return uint64(ts.Nano())
 }
 
-// ctTimeout is how long an entry may stay idle in its state.
-func ctTimeout(v *lbCtVal) time.Duration {
-	est := time.Duration(v.TimeoutS) * time.Second
-	switch v.State {
+// ctTick is a conntrack entry's clock (CT_TIME_SHIFT in bpf/consts.h):
+// CLOCK_MONOTONIC in units of 2^20 ns, truncated to 32 bits.
+func ctTick(ns uint64) uint32 { return uint32(ns >> ctTimeShift) }
+
+// ctIdle is how long ago an entry stamped last was last seen at now (both
+// ctTick values). The difference is taken modulo 2^32 as a signed number,
+// so a stamp written after now was read counts as idle 0; the clock wraps
+// every ~52 days, far beyond the longest timeout (MaxInactivity).
+func ctIdle(now, last uint32) time.Duration {
+	d := int32(now - last)
+	if d <= 0 {
+		return 0
+	}
+	return time.Duration(int64(d) << ctTimeShift)
+}
+
+// ctTimeout is how long an entry may stay idle in its state; est is its
+// service's inactivity timeout (for established flows).
+func ctTimeout(state uint8, est time.Duration) time.Duration {
+	switch state {
 	case ctEst:
 		return est
 	case ctNew:
@@ -68,11 +86,25 @@ func (d *Dataplane) GC() int {
 	d.mu.Lock()
 	ct, epochs, conns := d.objs.LbConntrack, d.objs.LbEpEpoch, d.objs.LbActiveConns
 	closed := d.closed
+	// An entry's inactivity timeout is its service's, current one (entries
+	// keep only the service index): entries of a removed service are
+	// stale by their epoch and go first.
+	timeouts := make(map[uint8]time.Duration, len(d.services))
+	for _, st := range d.services {
+		timeouts[uint8(st.idx)] = dataplane.InactivityFor(st.svc)
+	}
 	d.mu.Unlock()
 	if ct == nil || epochs == nil || closed {
 		return 0
 	}
-	now := monotonicNow()
+	timeoutOf := func(k *lbCtKey, v *lbCtVal) time.Duration {
+		est, ok := timeouts[v.SvcIdx]
+		if !ok {
+			est = dataplane.InactivityFor(dataplane.Service{Proto: protoName(k.Proto)})
+		}
+		return ctTimeout(v.State, est)
+	}
+	now := ctTick(monotonicNow())
 	epochOf := map[uint32]uint32{}
 	stale := func(v *lbCtVal) bool {
 		key := uint32(v.SvcIdx)*maxEPs + uint32(v.Cell)
@@ -97,7 +129,7 @@ func (d *Dataplane) GC() int {
 		switch {
 		case stale(&v):
 			dead = append(dead, k)
-		case now > v.LastSeenNs && time.Duration(now-v.LastSeenNs) > ctTimeout(&v):
+		case ctIdle(now, v.LastSeen) > timeoutOf(&k, &v):
 			expired[k] = v
 		default:
 			live[k] = true

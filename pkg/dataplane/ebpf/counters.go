@@ -50,7 +50,9 @@ const (
 	ctClosed   = 3
 	ctSYNSecs  = 60
 	ctFINSecs  = 10
-	// FIB_TTL: lifetime of a cached FIB result, in its stamp's units.
+	// CT_TIME_SHIFT: conntrack times count units of 2^ctTimeShift ns.
+	ctTimeShift = 20
+	// FIB_TTL: lifetime of a cached FIB result, in conntrack time units.
 	fibTTLUnits = 1000
 	// One-arm SNAT ports (SNAT_LOCAL_PORT_MIN/SPAN).
 	snatLocalPortMin = 61000

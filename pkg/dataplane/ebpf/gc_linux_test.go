@@ -51,8 +51,7 @@ func TestCtTimeout(t *testing.T) {
 		{ctFin, 240, 10 * time.Second},
 		{ctClosed, 1, time.Second},
 	} {
-		v := lbCtVal{State: c.state, TimeoutS: c.timeout}
-		if got := ctTimeout(&v); got != c.want {
+		if got := ctTimeout(c.state, time.Duration(c.timeout)*time.Second); got != c.want {
 			t.Errorf("state %d timeout %d: %v, want %v", c.state, c.timeout, got, c.want)
 		}
 	}
@@ -68,5 +67,30 @@ func TestByteOrderHelpers(t *testing.T) {
 	}
 	if beKey(3, 1, 5) != (3*2+1)*maxEPs+5 {
 		t.Fatal("backend key layout")
+	}
+}
+
+// TestCtIdle: entry times are a 32-bit clock of ~1 ms units; the idle time
+// survives its wrap, and a stamp written after the GC read the clock is not
+// idle at all.
+func TestCtIdle(t *testing.T) {
+	unit := time.Duration(1) << ctTimeShift
+	for _, c := range []struct {
+		name      string
+		now, last uint32
+		want      time.Duration
+	}{
+		{"same tick", 500, 500, 0},
+		{"a second", 2000, 1000, 1000 * unit},
+		{"across the wrap", 5, 0xffff_fffb, 10 * unit},
+		{"stamped after the read", 1000, 1001, 0},
+		{"stamped after the read, across the wrap", 0xffff_ffff, 2, 0},
+	} {
+		if got := ctIdle(c.now, c.last); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+	if ctTick(uint64(3)<<ctTimeShift+5) != 3 || ctTick(uint64(1)<<(32+ctTimeShift)) != 0 {
+		t.Fatal("tick of a time")
 	}
 }

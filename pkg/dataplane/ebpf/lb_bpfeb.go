@@ -49,31 +49,27 @@ type lbCtKey struct {
 
 type lbCtVal struct {
 	_          structs.HostLayout
-	LastSeenNs uint64
 	Pkts       uint64
 	Bytes      uint64
 	NewSaddr   uint32
 	NewDaddr   uint32
 	NewSport   uint16
 	NewDport   uint16
-	TimeoutS   uint32
-	SvcIdx     uint16
-	Cell       uint16
+	LastSeen   uint32
+	Epoch      uint32
+	SvcIdx     uint8
+	Cell       uint8
 	Flags      uint8
 	State      uint8
-	Mode       uint8
-	Pad        uint8
-	Epoch      uint32
-	FibGen     uint32
-	FibIfindex uint32
-	FibIif     uint32
+	FibGen     uint16
+	FibIfindex uint16
+	FibIif     uint16
+	FibLen     uint16
 	FibDmac    [6]uint8
 	FibSmac    [6]uint8
-	FibStamp   uint32
-	FibLen     uint16
+	FibStamp   uint16
 	FibTos     uint8
-	Pad2       uint8
-	Pad3       uint32
+	Pad        uint8
 }
 
 type lbLbCounter uint32

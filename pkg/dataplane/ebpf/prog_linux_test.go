@@ -121,7 +121,7 @@ func (f *fixture) oneArmSYN(syn pkt, be netip.Addr, bport uint16) uint16 {
 // flush deletes every conntrack entry of service idx.
 func (f *fixture) flush(idx uint16) {
 	for k, v := range f.ct() {
-		if v.SvcIdx == idx {
+		if uint16(v.SvcIdx) == idx {
 			f.d.objs.LbConntrack.Delete(k)
 		}
 	}

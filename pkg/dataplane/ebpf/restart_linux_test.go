@@ -269,11 +269,16 @@ func TestIncompatiblePinnedMapRecreated(t *testing.T) {
 		return
 	}
 	pin := testPin(t)
+	// The test's mount namespace has no bpffs until a data plane mounts it.
+	if err := ensureBPFFS(pin); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.MkdirAll(pin, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range []*ebpf.MapSpec{
-		{Name: "lb_conntrack", Type: ebpf.LRUHash, KeySize: 16, ValueSize: 48, MaxEntries: 1024},
+		// The 88-byte value before the conntrack entry was packed into one cache line.
+		{Name: "lb_conntrack", Type: ebpf.LRUHash, KeySize: 16, ValueSize: 88, MaxEntries: 1024},
 		{Name: "lb_counters", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 21},
 		{Name: "lb_rr_cursor", Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: dataplane.MaxServices},
 	} {

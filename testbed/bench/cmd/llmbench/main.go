@@ -42,6 +42,7 @@ func run() error {
 		engine    = flag.String("engine", "vllm", "emulated engine kind of the fleet: vllm (4 engines) or sglang (4 engines x 2 data-parallel ranks, the same KV capacity)")
 		netOctet  = flag.Int("net", 0, "third octet of the fleet's loopback addresses 127.0.N.x (0: the suite's own), so two runs can share a machine")
 		env       = flag.String("env", "", "extra daemon environment for every arm, KEY=VALUE[,KEY=VALUE], e.g. LOXILB_KV_LOAD_PENALTY=64")
+		nodes     = flag.Int("nodes", 1, "also run every arm on this many gateway nodes sharing an etcd store (Debian etcd-server) and the VIP, connections spread over them by the kernel's SO_REUSEPORT hash of each connection's 4-tuple, as ECMP does; the arm is named arm@Nn and runs beside the single-node one in the same run")
 	)
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -107,6 +108,19 @@ func run() error {
 	}
 	if *runs > 0 {
 		s.Runs = *runs
+	}
+	if *nodes < 1 || *nodes > 8 {
+		return fmt.Errorf("-nodes %d: want 1..8", *nodes)
+	}
+	if *nodes > 1 {
+		if *loxicmd {
+			return errors.New("-nodes creates the shared rule through the API: drop -loxicmd")
+		}
+		var both []bench.Arm
+		for _, a := range s.Arms {
+			both = append(both, a, a.OnNodes(*nodes))
+		}
+		s.Arms = both
 	}
 	if *env != "" {
 		for i := range s.Arms {

@@ -16,10 +16,17 @@
 // second daemon build as a fourth contender in the same run, to measure a
 // change against its base.
 //
+// -ttfb measures something else: what a KV-exact rule adds to the time to
+// first byte of a ~2k-token chat request (ttfb.go); -compare works there
+// too.
+//
 //	make bench-proxy
 //	make bench-proxy ARGS='-duration 10s -conns 64 -compare /tmp/loxilb-main'
+//	make bench-ttfb
+//	make bench-ttfb TTFB_ARGS='-compare /tmp/loxilb-main'
 //
-// Needs wrk and haproxy (apt-get install wrk haproxy); strace for -syscalls.
+// Needs wrk and haproxy (apt-get install wrk haproxy); strace for -syscalls;
+// -ttfb needs neither.
 // Everything listens on 127.0.0.1.
 package main
 
@@ -48,6 +55,10 @@ type options struct {
 	sse      int           // events per streamed response; 0: small JSON answers
 	sseGap   time.Duration // pause before each event, as an engine decoding
 	out      string
+	// -ttfb: the added time to first byte of a KV-exact chat request.
+	ttfb         bool
+	ttfbRequests int
+	tokenizers   string
 }
 
 func main() {
@@ -78,6 +89,9 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.sse, "sse", 0, "answer every request with an event stream of this many events, each flushed (CPU per chunk is reported)")
 	fs.DurationVar(&o.sseGap, "sse-gap", time.Millisecond, "with -sse, the pause before each event, so each crosses the proxy on its own as decoded tokens do")
 	fs.StringVar(&o.out, "out", "", "also write the table (markdown) to this file")
+	fs.BoolVar(&o.ttfb, "ttfb", false, "instead: the time a KV-exact rule adds to a 2k-token chat request's time to first byte (VIP vs the vLLM emulator directly)")
+	fs.IntVar(&o.ttfbRequests, "ttfb-requests", 200, "with -ttfb, requests per target and body kind in each repetition")
+	fs.StringVar(&o.tokenizers, "tokenizers", "", "with -ttfb, the staged tokenizers (default: the repository's testdata/tokenizers)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -88,13 +102,16 @@ func parseFlags(args []string) (options, error) {
 		}
 		o.conns = append(o.conns, n)
 	}
-	if o.reps < 1 || o.duration < time.Second || o.threads < 1 || o.sse < 0 {
-		return o, fmt.Errorf("-reps >= 1, -duration >= 1s, -threads >= 1 and -sse >= 0 please")
+	if o.reps < 1 || o.duration < time.Second || o.threads < 1 || o.sse < 0 || o.ttfbRequests < 1 {
+		return o, fmt.Errorf("-reps >= 1, -duration >= 1s, -threads >= 1, -sse >= 0 and -ttfb-requests >= 1 please")
 	}
 	return o, nil
 }
 
 func run(ctx context.Context, o options) error {
+	if o.ttfb {
+		return runTTFB(ctx, o)
+	}
 	for _, tool := range []string{"wrk", "haproxy"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("%s not found (apt-get install %s)", tool, tool)

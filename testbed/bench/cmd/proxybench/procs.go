@@ -91,8 +91,14 @@ type proc struct {
 	done chan struct{}
 }
 
-func startProc(name string, args ...string) (*proc, error) {
+func startProc(name string, args ...string) (*proc, error) { return startProcEnv(nil, name, args...) }
+
+// startProcEnv is startProc with env added to this process's environment.
+func startProcEnv(env []string, name string, args ...string) (*proc, error) {
 	p := &proc{cmd: exec.Command(name, args...), done: make(chan struct{})}
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -141,6 +147,31 @@ type daemon struct {
 }
 
 func startDaemon(ctx context.Context, bin, stateDir, backend string) (*daemon, error) {
+	c := &http.Client{Timeout: 5 * time.Second}
+	return startDaemonWith(ctx, bin, daemonSpec{stateDir: stateDir,
+		rule: func(vh, vp string) string {
+			bh, bp, _ := net.SplitHostPort(backend)
+			return fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%s,"protocol":"tcp","mode":4,"sel":0},`+
+				`"endpoints":[{"endpointIP":%q,"targetPort":%s,"weight":1}]}`, vh, vp, bh, bp)
+		},
+		ready: func(vip, _ string) error { return post(c, "http://"+vip+"/v1/completions") },
+	})
+}
+
+// daemonSpec is how startDaemonWith runs the daemon: extra environment
+// and flags, the rule it creates (given the VIP's host and port), and
+// the check that says the VIP is ready (given the VIP and the API base).
+type daemonSpec struct {
+	stateDir string
+	env      []string
+	args     []string
+	rule     func(vipHost, vipPort string) string
+	ready    func(vip, apiBase string) error
+}
+
+// startDaemonWith runs the daemon proxy-only on free loopback ports,
+// creates the rule and waits until ready succeeds.
+func startDaemonWith(ctx context.Context, bin string, spec daemonSpec) (*daemon, error) {
 	api, err := freeAddr()
 	if err != nil {
 		return nil, err
@@ -149,7 +180,8 @@ func startDaemon(ctx context.Context, bin, stateDir, backend string) (*daemon, e
 	if err != nil {
 		return nil, err
 	}
-	p, err := startProc(bin, "--api-addr", api, "--state-dir", stateDir, "--no-dataplane", "--log-level", "warn")
+	args := append([]string{"--api-addr", api, "--state-dir", spec.stateDir, "--no-dataplane", "--log-level", "warn"}, spec.args...)
+	p, err := startProcEnv(spec.env, bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -161,10 +193,7 @@ func startDaemon(ctx context.Context, bin, stateDir, backend string) (*daemon, e
 		return nil, err
 	}
 	vh, vp, _ := net.SplitHostPort(vip)
-	bh, bp, _ := net.SplitHostPort(backend)
-	rule := fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%s,"protocol":"tcp","mode":4,"sel":0},`+
-		`"endpoints":[{"endpointIP":%q,"targetPort":%s,"weight":1}]}`, vh, vp, bh, bp)
-	resp, err := c.Post(base+"/config/loadbalancer", "application/json", strings.NewReader(rule))
+	resp, err := c.Post(base+"/config/loadbalancer", "application/json", strings.NewReader(spec.rule(vh, vp)))
 	if err != nil {
 		d.stop()
 		return nil, fmt.Errorf("create rule: %w", err)
@@ -175,7 +204,7 @@ func startDaemon(ctx context.Context, bin, stateDir, backend string) (*daemon, e
 		d.stop()
 		return nil, fmt.Errorf("create rule: %d %s", resp.StatusCode, b)
 	}
-	if err := p.waitUp(ctx, bin+" VIP", func() error { return post(c, "http://"+vip+"/v1/completions") }); err != nil {
+	if err := p.waitUp(ctx, bin+" VIP", func() error { return spec.ready(vip, base) }); err != nil {
 		d.stop()
 		return nil, err
 	}
