@@ -144,7 +144,10 @@ type Deps struct {
 	KV           KVInspector
 	// Prefill reports endpoints' prefill admission budgets in the KV
 	// inventory; nil leaves them out.
-	Prefill  PrefillBudgets
+	Prefill PrefillBudgets
+	// RankLoad reports an endpoint's per-rank load in the KV inventory
+	// (nil or an empty answer: none).
+	RankLoad func(service uint32, ep int) []RankLoad
 	Gatherer prometheus.Gatherer
 	// Registerer receives the server's own metrics; nil keeps them
 	// unregistered.
@@ -644,6 +647,9 @@ func (s *Server) inventory(c *gin.Context) {
 	if s.deps.Prefill != nil {
 		n, src := s.deps.Prefill.PrefillBudget(uint32(sid), ep)
 		out.PrefillSlots = &PrefillSlots{Slots: n, Source: src}
+	}
+	if s.deps.RankLoad != nil {
+		out.RankLoad = s.deps.RankLoad(uint32(sid), ep)
 	}
 	c.JSON(http.StatusOK, out)
 }

@@ -42,6 +42,12 @@ func newServer(t *testing.T, token, seed string) *httptest.Server {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "loxilb_test_total", Help: "t"}))
 	srv, err := api.New(api.Config{Token: token, Version: "test"}, api.Deps{Rules: ctl, KV: fakeKV{}, Prefill: fakePrefill{}, Gatherer: reg,
+		RankLoad: func(_ uint32, ep int) []api.RankLoad {
+			if ep != 1 {
+				return nil
+			}
+			return []api.RankLoad{{Rank: 0, InFlight: 2, PlacedRecently: 5, Running: 1, Waiting: -1}, {Rank: 1, Running: -1, Waiting: -1}}
+		},
 		Capabilities: func() []api.Capability {
 			c := api.Capability{Name: "kv_exact_vllm", Ready: true}
 			if e := lbrule.SeedPrecondition(settings); e != nil {
@@ -143,6 +149,10 @@ func TestSpecBodiesAndReadBack(t *testing.T) {
 	// The endpoint's prefill admission budget and where it was learned.
 	if ps, _ := body["prefill_slots"].(map[string]any); ps["slots"] != 9.0 || ps["source"] != "server_info" {
 		t.Errorf("inventory prefill_slots of ep 1: %v", body["prefill_slots"])
+	}
+	// The gateway's per-rank load of a rule whose requests name a rank.
+	if rl, _ := body["rank_load"].([]any); len(rl) != 2 || rl[0].(map[string]any)["in_flight"] != 2.0 || rl[0].(map[string]any)["placed_recently"] != 5.0 || rl[1].(map[string]any)["running"] != -1.0 {
+		t.Errorf("inventory rank_load of ep 1: %v", body["rank_load"])
 	}
 	for q, want := range map[string]int{"": 400, "?service_id=x&ep_idx=0": 400, "?service_id=1": 400, "?service_id=99&ep_idx=0": 404, "?service_id=1&ep_idx=6": 404, "?service_id=1&ep_idx=0&limit=-1": 400} {
 		if code, _ = do(t, ts, "GET", "/config/ai/kv/inventory"+q, ""); code != want {

@@ -80,6 +80,28 @@ type Inventory struct {
 	// PrefillSlots is the endpoint's prefill admission budget; absent when
 	// the daemon has no prefill queue.
 	PrefillSlots *PrefillSlots `json:"prefill_slots,omitempty"`
+	// RankLoad is the gateway's load of each data-parallel rank, for a
+	// rule whose requests name the rank (kvDpRankCount > 1 on an engine
+	// that can be told one); absent otherwise.
+	RankLoad []RankLoad `json:"rank_load,omitempty"`
+}
+
+// RankLoad is one data-parallel rank's load as the gateway sees it and
+// its rank choice reads.
+type RankLoad struct {
+	Rank int `json:"rank"`
+	// InFlight is the requests the gateway sent to the rank and has not
+	// seen end.
+	InFlight int `json:"in_flight"`
+	// PlacedRecently is the requests sent to the rank within the
+	// speculative TTL (the rank choice's memory of recent placements).
+	PlacedRecently int `json:"placed_recently"`
+	// Running and Waiting are the engine's own per-rank gauges as last
+	// scraped (SGLang's dp_rank-labelled sglang:num_running_reqs and
+	// sglang:num_queue_reqs); -1 when the engine publishes none per rank
+	// or the last sample is stale.
+	Running int `json:"running"`
+	Waiting int `json:"waiting"`
 }
 
 // PrefillSlots is the prefill admission budget the gateway applies to an

@@ -318,6 +318,13 @@ func (d *daemon) startAPI(apiCtx context.Context, apiCfg api.Config, errc chan e
 			KV: inspector{index: d.index, events: d.events}, Prefill: gw,
 			States:  gateway.EndpointState(d.prober, d.ctl.Get),
 			KVTrust: gw.KVTrust,
+			RankLoad: func(s uint32, ep int) []api.RankLoad {
+				var out []api.RankLoad
+				for _, r := range gw.RankLoad(s, ep) {
+					out = append(out, api.RankLoad{Rank: r.Rank, InFlight: r.InFlight, PlacedRecently: r.Placed, Running: r.Running, Waiting: r.Waiting})
+				}
+				return out
+			},
 			KVRelay: http.HandlerFunc(d.events.ServeRelay),
 			Cluster: d.members.View,
 			// The proxy counts the requests it forwards, the dispatcher

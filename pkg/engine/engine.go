@@ -108,6 +108,10 @@ type RankTarget struct {
 	// PDPrefillField is the body field that tells a P/D decode server
 	// which prefill rank holds the request's KV cache.
 	PDPrefillField string
+	// LoadLabel is the label that names the data-parallel rank on the
+	// engine's running/waiting gauges, when each rank's scheduler
+	// publishes its own; "" when the engine publishes none per rank.
+	LoadLabel string
 }
 
 // Targets reports whether the engine can be told a rank.
@@ -126,6 +130,12 @@ const (
 	// SGLangPrefillRankField tells an SGLang decode server the prefill
 	// rank of a disaggregated request.
 	SGLangPrefillRankField = "disagg_prefill_dp_rank"
+	// SGLangRankLabel labels each data-parallel scheduler's gauges
+	// (sglang:num_running_reqs, sglang:num_queue_reqs, ...) with its rank,
+	// next to model_name, engine_type, tp_rank and pp_rank
+	// (python/sglang/srt/managers/scheduler_metrics_mixin.py: set when
+	// the scheduler has a dp_rank).
+	SGLangRankLabel = "dp_rank"
 	// VLLMRankHeader is read by vLLM's OpenAI-compatible server (one API
 	// server in front of a data-parallel deployment) and passed to the
 	// engine client as data_parallel_rank, which then skips its load
@@ -140,7 +150,8 @@ var matrix = map[Name]Spec{
 	SGLang: {Name: SGLang, KVExact: true, PD: true, Algos: []string{AlgoSHA256SGLang},
 		DefaultAlgo: AlgoSHA256SGLang, Transport: TransportZMQPerRank, Flow: PDConcurrentRoom, MultiRank: true,
 		PDPaths: append(openAIPaths[:len(openAIPaths):len(openAIPaths)], PathGenerate),
-		Rank:    RankTarget{BodyFields: []string{SGLangRankField, SGLangLegacyRankField}, PDPrefillField: SGLangPrefillRankField}},
+		Rank: RankTarget{BodyFields: []string{SGLangRankField, SGLangLegacyRankField}, PDPrefillField: SGLangPrefillRankField,
+			LoadLabel: SGLangRankLabel}},
 	TRTLLM: {Name: TRTLLM, KVExact: true, PD: true, Algos: []string{AlgoBlockHashTRTLLM},
 		DefaultAlgo: AlgoBlockHashTRTLLM, Transport: TransportHTTPDrain, Flow: PDContextThenGen, PDPaths: openAIPaths},
 	LlamaCpp: {Name: LlamaCpp, Transport: TransportNone, Flow: PDNone},

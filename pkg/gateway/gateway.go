@@ -205,6 +205,9 @@ type Gateway struct {
 	leaders leaders
 	prefill prefillGate
 	work    prefillWork // outstanding prefill tokens per endpoint
+	ranks   rankLoad    // per data-parallel rank: requests in flight, recent placements
+	// rankEngine is engine's per-rank gauges, when it scrapes them.
+	rankEngine RankMetrics
 	// tokSlots bounds concurrent tokenization (TokenizeConcurrency).
 	tokSlots chan struct{}
 	// Clients can repeat these conditions at will: log them rate-limited.
@@ -280,6 +283,7 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 			return 0
 		})
 	}
+	g.rankEngine, _ = engine.(RankMetrics)
 	if reg != nil {
 		for _, c := range []prometheus.Collector{&g.prefill, slotsCollector{g}} {
 			if err := reg.Register(c); err != nil {
@@ -377,6 +381,7 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 			g.m.forget(old[id].label)
 			g.leaders.forget(id)
 			g.work.forget(id)
+			g.ranks.forget(id)
 			if g.cfg.Outliers != nil {
 				g.cfg.Outliers.Forget(id)
 			}

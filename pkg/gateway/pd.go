@@ -220,7 +220,7 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 		rankOf = func(ep int) int {
 			rank, ok := chosen[ep]
 			if !ok {
-				rank = chooseRank(ri, st.id, ep, ranks, keys)
+				rank, _ = chooseRank(ri, st.id, ep, ranks, keys, nil)
 				chosen[ep] = rank
 			}
 			return rank

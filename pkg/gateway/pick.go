@@ -133,12 +133,17 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	}
 	plan := proxy.Plan{Candidates: g.order(st, d.EP, cands), Observe: st.observe}
 	rc := d.Receipt()
+	rankDone := func() {} // uncounts the request on its rank
 	if ri, ok := g.inv.(RankInventory); ok && st.rank != nil && len(keys) > 0 {
-		rank := chooseRank(ri, st.id, d.EP, st.rank.ranks, keys)
+		now := time.Now()
+		var lv rankSnapshot
+		g.ranks.snapshot(st.id, d.EP, st.rank.ranks, g.cfg.SpeculativeTTL, now, g.rankEngine, &lv)
+		rank, held := chooseRank(ri, st.id, d.EP, st.rank.ranks, keys, &lv)
 		if ep, ok := st.rank.targetEndpoint(plan.Candidates[0], rank, req.Body); ok {
 			plan.Candidates[0] = ep
 			rc.Rank, rc.RankSet = rank, true
 			g.m.rankTargeted.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(rank)).Inc()
+			rankDone = g.ranks.begin(st.id, d.EP, rank, keys, held, now)
 		}
 	}
 	plan.Receipt = rc.String() + ejectedField(ejected) + untrustedField(view.Untrusted)
@@ -162,12 +167,13 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	}
 	release := func() { lead(); slot(); work() }
 	plan.FirstByte = release
-	plan.Done = func(proxy.Result) { release() }
+	plan.Done = func(proxy.Result) { release(); rankDone() }
 	if st.hasher != nil && len(keys) > 0 {
 		predicted := int64(d.PredictedCachedTokens())
 		label := st.label
 		plan.Done = func(res proxy.Result) {
 			release()
+			rankDone()
 			g.m.closedLoop(label, res, predicted)
 		}
 	}
@@ -184,6 +190,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		if out == waitCancelled {
 			lead()
 			work()
+			rankDone()
 			return proxy.Plan{}, fmt.Errorf("%w: client went away while waiting for a shared prefill", proxy.ErrClientCanceled)
 		}
 		inherit = out == waitReleased
@@ -199,6 +206,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		if out == admitCancelled {
 			lead()
 			work()
+			rankDone()
 			return proxy.Plan{}, fmt.Errorf("%w: client went away while queued for a prefill slot", proxy.ErrClientCanceled)
 		}
 	}

@@ -34,21 +34,35 @@ func newRankTargeting(engineName string, ranks int) *rankTargeting {
 	return &rankTargeting{ranks: ranks, target: spec.Rank}
 }
 
-// chooseRank returns the rank of endpoint ep to send keys to: the one
-// holding the longest prefix, unless a shallower rank would cost the
-// request no more extra prefill than it needs anyway. Ranks whose prefix
-// falls short of the longest by at most the request's uncached blocks on
-// the deepest rank count as tied, and among tied ranks the one the first
-// block the deepest rank does not hold hashes to is taken. So requests
-// that extend the same prefix (a session's next step sent before the
-// engine's events for the previous one arrived, siblings of a shared
-// prompt) meet on one rank; a session whose history is long against its
-// new turn stays on its rank; and new documents or conversations after a
-// shared system prompt spread over the ranks. Preferring the deepest rank
-// outright sent every request sharing a system prompt to the rank that
-// cached it first: that rank's cache churned while its sibling's stayed
-// empty (an endpoint of two ranks cached like one).
-func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uint64) int {
+// chooseRank returns the rank of endpoint ep to send keys to, and the
+// blocks of keys the deepest rank holds (rankLoad.begin remembers the
+// placement by the blocks after them). The rank is the one holding the longest prefix, unless a
+// shallower rank would cost the request no more extra prefill than it
+// needs anyway: ranks whose prefix falls short of the longest by at most
+// the request's uncached blocks on the deepest rank count as tied. Among
+// tied ranks:
+//
+//  1. the rank of a request placed within the speculative TTL (lv's
+//     placements) that had the same prompt up to at least the middle of
+//     this request's uncached blocks, so requests sharing most of what
+//     they need computed meet on one rank before the engine's events say
+//     it holds it (siblings of a new prompt, a session's next turn whose
+//     previous turn's events lag), while requests sharing only a short
+//     prefix (a system prompt before a long conversation) do not;
+//  2. else the rank with the fewest requests in flight (lv's load), then
+//     the fewest recent placements;
+//  3. else the rank the first block the deepest rank lacks hashes to.
+//
+// So a session whose history is long against its new turn stays on its
+// rank (no other rank ties), and new documents or conversations whose own
+// text is long against a shared system prompt spread over the ranks by
+// load. Preferring the deepest rank outright sent every request sharing a
+// system prompt to the rank that cached it first (an endpoint of two
+// ranks cached like one); the hash alone left sessions that start
+// together to chance, three or four of an engine's sessions on one rank
+// whose cache then churned while its sibling's had room. lv may be nil
+// (no load known: the hash decides).
+func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uint64, lv *rankSnapshot) (int, int) {
 	var depth [engine.MaxDPRanks]int
 	inv.RankPrefixMatch(service, ep, keys, depth[:ranks])
 	best := 0
@@ -57,21 +71,39 @@ func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uin
 	}
 	slack := len(keys) - best // the request's uncached blocks on the deepest rank
 	var tied [engine.MaxDPRanks]int
+	var isTied [engine.MaxDPRanks]bool
 	n := 0
 	for r := 0; r < ranks; r++ {
 		if best-depth[r] <= slack {
 			tied[n] = r
+			isTied[r] = true
 			n++
 		}
 	}
 	if n == 1 {
-		return tied[0]
+		return tied[0], best
+	}
+	// A request sharing at least half of its uncached blocks with one
+	// placed a moment ago meets it.
+	if r, ok := lv.follow(keys, best+slack/2); ok && r < ranks && isTied[r] {
+		return r, best
 	}
 	k := keys[min(best, len(keys)-1)]
 	k ^= k >> 33
 	k *= 0xff51afd7ed558ccd
 	k ^= k >> 33
-	return tied[k%uint64(n)]
+	h := int(k % uint64(n))
+	if lv == nil {
+		return tied[h], best
+	}
+	pick := tied[h]
+	for i := 1; i < n; i++ {
+		r := tied[(h+i)%n]
+		if lv.load[r] < lv.load[pick] || lv.load[r] == lv.load[pick] && lv.placed[r] < lv.placed[pick] {
+			pick = r
+		}
+	}
+	return pick, best
 }
 
 // targetEndpoint returns ep rewritten to name rank to its engine: the rank fields

@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/loxilb-llm/loxilb/pkg/engine"
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
@@ -46,9 +47,9 @@ func TestChooseRank(t *testing.T) {
 	}
 	keys := []uint64{10, 11, 12, 13}
 	// Nothing cached: a stable rank for the prefix, whatever is asked.
-	r0 := chooseRank(ix, 1, 0, 2, keys)
+	r0 := chooseRankNoLoad(ix, 1, 0, 2, keys)
 	for range 5 {
-		if r := chooseRank(ix, 1, 0, 2, keys); r != r0 {
+		if r := chooseRankNoLoad(ix, 1, 0, 2, keys); r != r0 {
 			t.Fatalf("cold rank changed: %d then %d", r0, r)
 		}
 	}
@@ -56,11 +57,11 @@ func TestChooseRank(t *testing.T) {
 	// recompute more than the request's own uncached block.
 	ix.Store(1, 0, 1, keys[:3])
 	ix.Store(1, 0, 0, keys[:1])
-	if r := chooseRank(ix, 1, 0, 2, keys); r != 1 {
+	if r := chooseRankNoLoad(ix, 1, 0, 2, keys); r != 1 {
 		t.Fatalf("rank %d, want 1 (3 blocks against 1)", r)
 	}
 	ix.Store(1, 0, 0, keys)
-	if r := chooseRank(ix, 1, 0, 2, keys); r != 0 {
+	if r := chooseRankNoLoad(ix, 1, 0, 2, keys); r != 0 {
 		t.Fatalf("rank %d, want 0 (4 blocks against 3)", r)
 	}
 	// Continuations of one shared prefix spread over the ranks.
@@ -70,7 +71,7 @@ func TestChooseRank(t *testing.T) {
 	ix2.Store(1, 0, 1, shared)
 	seen := map[int]bool{}
 	for i := range 64 {
-		seen[chooseRank(ix2, 1, 0, 2, []uint64{1, 2, uint64(1000 + i*7919)})] = true
+		seen[chooseRankNoLoad(ix2, 1, 0, 2, []uint64{1, 2, uint64(1000 + i*7919)})] = true
 	}
 	if len(seen) != 2 {
 		t.Fatalf("64 continuations of one cached prefix all went to rank(s) %v", seen)
@@ -96,9 +97,9 @@ func TestChooseRankSpreadsPastSharedPrompt(t *testing.T) {
 	}
 	per := [2]int{}
 	for d := range 64 {
-		r := chooseRank(ix, 1, 0, 2, doc(d))
+		r := chooseRankNoLoad(ix, 1, 0, 2, doc(d))
 		per[r]++
-		if again := chooseRank(ix, 1, 0, 2, doc(d)); again != r {
+		if again := chooseRankNoLoad(ix, 1, 0, 2, doc(d)); again != r {
 			t.Fatalf("document %d went to rank %d, then %d", d, r, again)
 		}
 	}
@@ -110,9 +111,188 @@ func TestChooseRankSpreadsPastSharedPrompt(t *testing.T) {
 	session = append(session, 7, 7, 7, 7)
 	ix.Store(1, 0, 1, session[:98])
 	for range 8 {
-		if r := chooseRank(ix, 1, 0, 2, session); r != 1 {
+		if r := chooseRankNoLoad(ix, 1, 0, 2, session); r != 1 {
 			t.Fatalf("session left its 98-block history for rank %d", r)
 		}
+	}
+}
+
+func chooseRankNoLoad(inv RankInventory, service uint32, ep, ranks int, keys []uint64) int {
+	r, _ := chooseRank(inv, service, ep, ranks, keys, nil)
+	return r
+}
+
+// place routes keys to a rank of endpoint 0 of service 1 the way Pick
+// does, and returns the rank and the function that ends the request.
+func place(rl *rankLoad, inv RankInventory, scraped RankMetrics, keys []uint64, now time.Time) (int, func()) {
+	var lv rankSnapshot
+	rl.snapshot(1, 0, 2, 5*time.Second, now, scraped, &lv)
+	r, held := chooseRank(inv, 1, 0, 2, keys, &lv)
+	return r, rl.begin(1, 0, r, keys, held, now)
+}
+
+// sessionsHashedTo returns n sessions (a shared 8-block system prompt,
+// then 20 blocks of their own) that the hash alone sends to rank want
+// when only rank 0 holds the system prompt.
+func sessionsHashedTo(t *testing.T, inv RankInventory, sys []uint64, want, n int) [][]uint64 {
+	t.Helper()
+	var out [][]uint64
+	for s := 0; len(out) < n && s < 10000; s++ {
+		k := append([]uint64(nil), sys...)
+		for b := range 20 {
+			k = append(k, uint64(7_000_000*(s+1)+b))
+		}
+		if chooseRankNoLoad(inv, 1, 0, 2, k) == want {
+			out = append(out, k)
+		}
+	}
+	if len(out) < n {
+		t.Fatalf("found %d sessions hashed to rank %d", len(out), want)
+	}
+	return out
+}
+
+// Sessions that start together, whose own text is long against the shared
+// system prompt, spread over the ranks by load even when the hash would
+// put every one of them on the rank holding the system prompt (today's
+// rule: 8 of 8 on rank 0, whose cache then holds four sessions' histories
+// while rank 1's holds none).
+func TestChooseRankSpreadsSessionsByLoad(t *testing.T) {
+	ix, err := kvindex.New(kvindex.Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+	ix.Store(1, 0, 0, sys)
+	var rl rankLoad
+	now := time.Unix(1000, 0)
+	per := [2]int{}
+	for _, s := range sessionsHashedTo(t, ix, sys, 0, 8) {
+		r, _ := place(&rl, ix, nil, s, now) // each session's first turn is still in flight
+		per[r]++
+		now = now.Add(time.Millisecond)
+	}
+	if per != [2]int{4, 4} {
+		t.Fatalf("8 sessions starting together, all hashed to rank 0: per rank %v, want [4 4]", per)
+	}
+	// Once the first turns have ended, the recent placements still
+	// balance the next sessions.
+	var rl2 rankLoad
+	per = [2]int{}
+	for _, s := range sessionsHashedTo(t, ix, sys, 0, 6) {
+		r, done := place(&rl2, ix, nil, s, now)
+		done()
+		done() // a second release is harmless
+		per[r]++
+	}
+	if per != [2]int{3, 3} {
+		t.Fatalf("6 sessions one after another: per rank %v, want [3 3]", per)
+	}
+	// A cold engine: no rank holds the system prompt yet, and every
+	// session starts with it (today's rule hashes the same first block
+	// for all: 8 of 8 on one rank). Sharing a prefix short against their
+	// own text, they do not follow one another.
+	cold, _ := kvindex.New(kvindex.Config{}, nil)
+	var rl3 rankLoad
+	per = [2]int{}
+	for _, s := range sessionsHashedTo(t, cold, sys, chooseRankNoLoad(cold, 1, 0, 2, sys), 8) {
+		r, _ := place(&rl3, cold, nil, s, now)
+		per[r]++
+	}
+	if per != [2]int{4, 4} {
+		t.Fatalf("8 sessions starting together on a cold engine: per rank %v, want [4 4]", per)
+	}
+}
+
+// The engine's own per-rank gauges count too: requests other gateways
+// sent to a rank are load this gateway did not route.
+func TestChooseRankReadsScrapedRankLoad(t *testing.T) {
+	ix, _ := kvindex.New(kvindex.Config{}, nil)
+	sys := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+	ix.Store(1, 0, 0, sys)
+	var rl rankLoad
+	busy := fakeRankMetrics{running: []int{3, 0}, waiting: []int{2, 0}}
+	for _, s := range sessionsHashedTo(t, ix, sys, 0, 4) {
+		if r, _ := place(&rl, ix, busy, s, time.Unix(1000, 0)); r != 1 {
+			t.Fatalf("rank %d with 5 requests on rank 0 and none on rank 1", r)
+		}
+	}
+	loads := rl.ranks(1, 0, 2, 5*time.Second, time.Unix(1000, 0), busy)
+	if len(loads) != 2 || loads[1].InFlight != 4 || loads[1].Placed != 4 || loads[0].Running != 3 || loads[0].Waiting != 2 || loads[0].InFlight != 0 {
+		t.Fatalf("rank loads %+v", loads)
+	}
+}
+
+type fakeRankMetrics struct{ running, waiting []int }
+
+func (f fakeRankMetrics) RankMetrics(_ uint32, _ int, running, waiting []int) bool {
+	copy(running, f.running)
+	copy(waiting, f.waiting)
+	return true
+}
+
+// Load never pulls a session off a long cached history, and requests that
+// extend a prefix placed a moment ago meet on its rank however loaded it
+// is: siblings of a new prompt, and a session's next turn sent before the
+// engine's events for its previous turn arrived.
+func TestChooseRankKeepsHistoryAndSiblingsOverLoad(t *testing.T) {
+	ix, _ := kvindex.New(kvindex.Config{}, nil)
+	sys := []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+	ix.Store(1, 0, 0, sys)
+	ix.Store(1, 0, 1, sys)
+	var rl rankLoad
+	now := time.Unix(1000, 0)
+	// A 98-block history on rank 1, which has 6 requests in flight.
+	hist := append([]uint64(nil), sys...)
+	for b := range 90 {
+		hist = append(hist, uint64(5_000_000+b))
+	}
+	ix.Store(1, 0, 1, hist)
+	for range 6 {
+		rl.begin(1, 0, 1, []uint64{42}, 0, now)
+	}
+	turn := append(append([]uint64(nil), hist...), 9, 9, 9, 9)
+	if r, _ := place(&rl, ix, nil, turn, now); r != 1 {
+		t.Fatalf("a session left its 98-block history on a loaded rank for rank %d", r)
+	}
+	// A new prompt after the system prompt, and a sibling sharing it.
+	first := append(append([]uint64(nil), sys...), 100, 101, 102, 103)
+	r1, _ := place(&rl, ix, nil, first, now)
+	for i := range 4 {
+		sib := append(append([]uint64(nil), sys...), 100, 101, 102, uint64(200+i))
+		if r, _ := place(&rl, ix, nil, sib, now.Add(time.Second)); r != r1 {
+			t.Fatalf("sibling %d went to rank %d, the prompt it shares to rank %d", i, r, r1)
+		}
+	}
+	// The first prompt's next turn, its events not yet arrived.
+	next := append(append([]uint64(nil), first...), 104, 105)
+	if r, _ := place(&rl, ix, nil, next, now.Add(2*time.Second)); r != r1 {
+		t.Fatalf("next turn went to rank %d, its previous turn to %d", r, r1)
+	}
+	// Long after, with the events still missing, load decides again.
+	other := 1 - r1
+	var lv rankSnapshot
+	rl.snapshot(1, 0, 2, 5*time.Second, now.Add(time.Minute), nil, &lv)
+	lv.load[r1], lv.load[other] = 10, 0
+	if r, _ := chooseRank(ix, 1, 0, 2, next, &lv); r != other {
+		t.Fatalf("a placement a minute old still decided the rank (%d)", r)
+	}
+}
+
+func TestRankLoadForget(t *testing.T) {
+	var rl rankLoad
+	done := rl.begin(1, 0, 1, []uint64{5}, 0, time.Unix(1, 0))
+	rl.begin(2, 0, 1, []uint64{5}, 0, time.Unix(1, 0))
+	rl.forget(1)
+	done() // the release of a forgotten rule's request touches nothing read
+	if got := rl.ranks(1, 0, 2, time.Hour, time.Unix(1, 0), nil); got[1].InFlight != 0 || got[1].Placed != 0 {
+		t.Fatalf("forgotten service still has load %+v", got)
+	}
+	if got := rl.ranks(2, 0, 2, time.Hour, time.Unix(1, 0), nil); got[1].InFlight != 1 {
+		t.Fatalf("other service lost its load %+v", got)
+	}
+	if f := rl.begin(1, 0, 99, []uint64{5}, 0, time.Unix(1, 0)); f == nil {
+		t.Fatal("nil release for an out-of-range rank")
 	}
 }
 

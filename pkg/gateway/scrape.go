@@ -87,7 +87,8 @@ type sample struct {
 	at time.Time
 	// self is this node's in-flight count to the endpoint when the
 	// sample's answer arrived (0 without SetSelfInFlight).
-	self int
+	self  int
+	ranks rankSample // per data-parallel rank (rankscrape.go)
 }
 
 var _ EngineMetrics = (*Scraper)(nil)
@@ -231,7 +232,8 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m, hits, hasHits, reason := s.scrape(ctx, t)
+			var ranks rankSample
+			m, hits, hasHits, reason := s.scrape(ctx, t, &ranks)
 			if hasHits {
 				s.mu.Lock()
 				if s.targets[k] == t {
@@ -246,13 +248,16 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 				}
 				return
 			}
+			if ranks.bad != "" {
+				s.errs.WithLabelValues(strconv.FormatUint(uint64(k.service), 10), strconv.Itoa(k.ep), ranks.bad).Inc()
+			}
 			self := 0
 			if f := s.self.Load(); f != nil {
 				self = (*f)(k.service, k.ep)
 			}
 			s.mu.Lock()
 			if s.targets[k] == t {
-				s.samples[k] = sample{m: m, at: time.Now(), self: self}
+				s.samples[k] = sample{m: m, at: time.Now(), self: self, ranks: ranks}
 			}
 			s.mu.Unlock()
 			s.learn(ctx, k, t, m)
@@ -261,9 +266,9 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 	wg.Wait()
 }
 
-// scrape reads one target: its load signals (or the failure reason) and
-// its LMCache hit counter when it exports one.
-func (s *Scraper) scrape(ctx context.Context, t scrapeTarget) (m selector.EngineMetrics, hits float64, hasHits bool, reason string) {
+// scrape reads one target: its load signals (or the failure reason), its
+// per-rank load into ranks, and its LMCache hit counter when it exports one.
+func (s *Scraper) scrape(ctx context.Context, t scrapeTarget, ranks *rankSample) (m selector.EngineMetrics, hits float64, hasHits bool, reason string) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url, nil)
 	if err != nil {
 		return m, 0, false, "request"
@@ -289,6 +294,7 @@ func (s *Scraper) scrape(ctx context.Context, t scrapeTarget) (m selector.Engine
 	if err != nil {
 		return selector.EngineMetrics{}, hits, hasHits, "no_load_metrics"
 	}
+	*ranks = parseRankLoad(t.engine, body)
 	return m, hits, hasHits, ""
 }
 

@@ -37,3 +37,24 @@ func TestVLLMMetricsPublishNoBudget(t *testing.T) {
 		t.Fatalf("%+v %v", m, err)
 	}
 }
+
+// With data parallelism the emulated SGLang publishes each rank's running
+// and queued requests labelled with its dp_rank, as SGLang's schedulers
+// do; the endpoint totals the gateway sums stay the engine's.
+func TestSGLangMetricsPerRank(t *testing.T) {
+	e := startEngine(t, Config{Engine: EngineSGLang, DPRanks: 2, MaxRunning: 4, TimeScaleSet: true}, Deps{})
+	text := string(do(t, "GET", e.URL()+"/metrics", nil).body)
+	for _, s := range []string{`sglang:num_running_reqs{dp_rank="0",engine_type="unified"`, `sglang:num_running_reqs{dp_rank="1",engine_type="unified"`,
+		`sglang:num_queue_reqs{dp_rank="1",engine_type="unified"`} {
+		if !strings.Contains(text, s) {
+			t.Errorf("metrics lack %s:\n%s", s, text)
+		}
+	}
+	if m, err := gateway.ParseEngineMetrics("sglang", []byte(text)); err != nil || m.Running != 0 || m.Waiting != 0 {
+		t.Fatalf("%+v %v", m, err)
+	}
+	one := startEngine(t, Config{Engine: EngineSGLang, TimeScaleSet: true}, Deps{})
+	if text := string(do(t, "GET", one.URL()+"/metrics", nil).body); strings.Contains(text, "dp_rank") {
+		t.Fatalf("a single-rank engine labels a dp_rank:\n%s", text)
+	}
+}

@@ -38,6 +38,9 @@ type rank struct {
 	// served counts requests this rank was given, targeted those that
 	// named it.
 	served, targeted atomic.Uint64
+	// running and waiting are the rank's share of the scheduler's
+	// requests, which SGLang publishes per data-parallel rank.
+	running, waiting atomic.Int64
 }
 
 // Engine is one emulated inference engine: an HTTP server with the engine's

@@ -106,9 +106,13 @@ func (e *Engine) serve(ctx context.Context, r *http.Request, p *parsedRequest) (
 	if err != nil {
 		return served{}, err
 	}
-	if err := e.sched.acquire(ctx); err != nil {
+	rk.waiting.Add(1)
+	err = e.sched.acquire(ctx)
+	rk.waiting.Add(-1)
+	if err != nil {
 		return served{}, err
 	}
+	rk.running.Add(1)
 	bs := e.cfg.BlockSize
 	hbs := e.hashPrompt(p)
 	rk.mu.Lock()
@@ -124,6 +128,7 @@ func (e *Engine) serve(ctx context.Context, r *http.Request, p *parsedRequest) (
 		rk.cache.release(held)
 		rk.mu.Unlock()
 		e.activeBlocks.Add(-int64(len(held)))
+		rk.running.Add(-1)
 		e.sched.release()
 	}
 	cached := n * bs

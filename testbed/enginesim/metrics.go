@@ -50,10 +50,25 @@ func (e *Engine) registerMetrics(reg prometheus.Registerer) error {
 		}
 	case EngineSGLang:
 		cs = []prometheus.Collector{
-			gauge("sglang:num_running_reqs", "The number of running requests.", running),
-			gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", waiting),
 			gauge("sglang:token_usage", "The token usage.", e.kvUsage),
 			gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", hitRate),
+		}
+		if len(e.ranks) == 1 {
+			cs = append(cs, gauge("sglang:num_running_reqs", "The number of running requests.", running),
+				gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", waiting))
+			break
+		}
+		// With data parallelism every rank's scheduler publishes its own
+		// running and queued requests, labelled with its dp_rank (and its
+		// tp_rank, pp_rank, engine_type). The emulator keeps one KV-usage
+		// and hit-rate series for the engine.
+		for _, r := range e.ranks {
+			rl := prometheus.Labels{"model_name": e.cfg.Model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "dp_rank": strconv.Itoa(r.id)}
+			cs = append(cs,
+				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sglang:num_running_reqs", Help: "The number of running requests.", ConstLabels: rl},
+					func() float64 { return float64(r.running.Load()) }),
+				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sglang:num_queue_reqs", Help: "The number of requests in the waiting queue.", ConstLabels: rl},
+					func() float64 { return float64(r.waiting.Load()) }))
 		}
 	case EngineLlamaCpp:
 		cs = []prometheus.Collector{
