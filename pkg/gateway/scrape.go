@@ -311,6 +311,7 @@ func ParseEngineMetrics(engine string, text []byte) (selector.EngineMetrics, err
 		return selector.EngineMetrics{}, fmt.Errorf("no metric names for engine %q", engine)
 	}
 	sums := map[string]float64{}
+	series := map[string]int{} // samples of a name: one per label set (SGLang: per dp_rank)
 	seen := map[string]bool{}
 	bad := map[string]error{} // the first out-of-range sample of a name
 	wanted := map[string]bool{}
@@ -331,6 +332,7 @@ func ParseEngineMetrics(engine string, text []byte) (selector.EngineMetrics, err
 			continue
 		}
 		sums[name] += v
+		series[name]++
 		seen[name] = true
 		if bad[name] == nil {
 			// Checked per sample too: a negative value can hide in a sum.
@@ -353,7 +355,16 @@ func ParseEngineMetrics(engine string, text []byte) (selector.EngineMetrics, err
 	}
 	run, okR := pick(names.running)
 	wait, okW := pick(names.waiting)
-	kv, _ := pick(names.kv)
+	// Request counts add up over an engine's series, but KV usage is a
+	// fraction per series (a data-parallel SGLang publishes one per
+	// dp_rank): the engine's is their mean, never above 1.
+	kv, okKV := pick(names.kv)
+	for _, n := range names.kv {
+		if okKV && seen[n] {
+			kv /= float64(series[n])
+			break
+		}
+	}
 	if !okR && !okW {
 		return selector.EngineMetrics{}, fmt.Errorf("engine %s: no running/waiting gauges in /metrics", engine)
 	}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -33,6 +34,18 @@ vllm:gpu_cache_usage_perc{model_name="a"} 0.5
 	m, err = ParseEngineMetrics("sglang", []byte("sglang:num_running_reqs{tp_rank=\"0\"} 5\nsglang:num_queue_reqs 1\nsglang:token_usage 0.25\n"))
 	if err != nil || m.Running != 5 || m.Waiting != 1 || m.KVUsage != 0.25 {
 		t.Fatalf("sglang: %+v %v", m, err)
+	}
+	// A data-parallel SGLang publishes each gauge per dp_rank: requests
+	// add up, KV usage is the ranks' mean (a sum would read 1.4 here).
+	m, err = ParseEngineMetrics("sglang", []byte(`sglang:num_running_reqs{dp_rank="0"} 2
+sglang:num_running_reqs{dp_rank="1"} 3
+sglang:num_queue_reqs{dp_rank="0"} 1
+sglang:num_queue_reqs{dp_rank="1"} 0
+sglang:token_usage{dp_rank="0"} 0.5
+sglang:token_usage{dp_rank="1"} 0.9
+`))
+	if err != nil || m.Running != 5 || m.Waiting != 1 || math.Abs(m.KVUsage-0.7) > 1e-9 {
+		t.Fatalf("sglang per rank: %+v %v", m, err)
 	}
 }
 
