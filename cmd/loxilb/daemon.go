@@ -142,15 +142,10 @@ func (d *daemon) buildRouting() error {
 // sends prefill/decode rules to the dispatcher and every other mode-4 rule
 // to the gateway's single-pool routing.
 func (d *daemon) buildProxy() error {
-	pdCfg := d.cfg.dispatchConfig()
 	var err error
-	if pdCfg.TLS, err = endpointTLS(d.cfg.proxyCA, d.cfg.proxyClient); err != nil {
+	if d.pdd, err = dispatch.New(d.cfg.dispatchConfig(), d.logger, d.reg); err != nil {
 		return err
 	}
-	if d.pdd, err = dispatch.New(pdCfg, d.logger, d.reg); err != nil {
-		return err
-	}
-	d.closers = append(d.closers, func() { d.pdd.Close() })
 	if d.pd, err = gateway.NewPD(d.gw, d.pdd); err != nil {
 		return err
 	}
