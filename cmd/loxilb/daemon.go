@@ -312,8 +312,9 @@ func (d *daemon) startAPI(apiCtx context.Context, apiCfg api.Config, errc chan e
 			KVTrust: gw.KVTrust,
 			KVRelay: http.HandlerFunc(d.events.ServeRelay),
 			Cluster: d.members.View,
-			// The proxy counts the requests it forwards, the dispatcher
-			// the legs of P/D requests it runs (which the proxy hands it).
+			// The proxy counts the requests it forwards and the P/D legs
+			// it carries; the dispatcher counts those legs from their
+			// admission on, a wait for an endpoint slot included.
 			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) },
 			Diagnose: diag.Sources{Rules: d.ctl.List, Events: d.events.Status, SeedFingerprint: d.seedFP, SeedProblem: lbrule.SeedPrecondition(cfg.seedLookup),
 				TokenizerDir: cfg.tokenizerDir, SidePort: pdd.SidePort}.Run})
