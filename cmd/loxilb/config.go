@@ -128,7 +128,6 @@ func (c *config) dispatchConfig() dispatch.Config {
 	if d.QueueDepthPerEP == 0 {
 		d.QueueDepthPerEP = -1
 	}
-	d.MaxResponseHeaderBytes = int64(c.proxyLimits.maxResponseHeader)
 	return d
 }
 

@@ -145,15 +145,10 @@ func (d *daemon) buildRouting() error {
 // sends prefill/decode rules to the dispatcher and every other mode-4 rule
 // to the gateway's single-pool routing.
 func (d *daemon) buildProxy() error {
-	pdCfg := d.cfg.dispatchConfig()
 	var err error
-	if pdCfg.TLS, err = endpointTLS(d.cfg.proxyCA, d.cfg.proxyClient); err != nil {
+	if d.pdd, err = dispatch.New(d.cfg.dispatchConfig(), d.logger, d.reg); err != nil {
 		return err
 	}
-	if d.pdd, err = dispatch.New(pdCfg, d.logger, d.reg); err != nil {
-		return err
-	}
-	d.closers = append(d.closers, func() { d.pdd.Close() })
 	if d.pd, err = gateway.NewPD(d.gw, d.pdd); err != nil {
 		return err
 	}
@@ -327,8 +322,9 @@ func (d *daemon) startAPI(apiCtx context.Context, apiCfg api.Config, errc chan e
 			},
 			KVRelay: http.HandlerFunc(d.events.ServeRelay),
 			Cluster: d.members.View,
-			// The proxy counts the requests it forwards, the dispatcher
-			// the legs of P/D requests it runs (which the proxy hands it).
+			// The proxy counts the requests it forwards and the P/D legs
+			// it carries; the dispatcher counts those legs from their
+			// admission on, a wait for an endpoint slot included.
 			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) },
 			Diagnose: diag.Sources{Rules: d.ctl.List, Events: d.events.Status, SeedFingerprint: d.seedFP, SeedProblem: lbrule.SeedPrecondition(cfg.ruleSettings()),
 				TokenizerDir: cfg.tokenizerDir, SidePort: pdd.SidePort}.Run})

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -135,32 +134,6 @@ func openDataplane(cfg *config, ctl *control.Controller, prober *health.Prober, 
 	logger.Info("eBPF data plane ready", "detail", c.Reason, "interfaces", cfg.interfaces, "mode4_steering", kr.ProxyPort != 0)
 	kp.dp, kp.close = dp, func() { unsubscribe(); _ = dp.Close() }
 	return kp, nil
-}
-
-// endpointTLS is the TLS the P/D dispatcher uses to endpoints of
-// security 2 rules: verified against caFile (default: system roots),
-// presenting the daemon's client certificate when one is set. nil when
-// neither is set (Go's defaults).
-func endpointTLS(caFile string, client clientTLS) (*tls.Config, error) {
-	if caFile == "" && client.cert == "" {
-		return nil, nil
-	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if caFile != "" {
-		pool, err := loadCAPool("--proxy-tls-ca", caFile)
-		if err != nil {
-			return nil, err
-		}
-		tc.RootCAs = pool
-	}
-	if client.cert != "" {
-		cert, err := tls.LoadX509KeyPair(client.cert, client.key)
-		if err != nil {
-			return nil, fmt.Errorf("--proxy-tls-client-cert %s / --proxy-tls-client-key %s: %w", client.cert, client.key, err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	return tc, nil
 }
 
 // inspector serves the inventory API from the index and the subscribers.

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -108,7 +109,7 @@ func (a *admission) acquire(ctx context.Context, service uint32, label string, e
 	if s.waiting.Add(1) > int64(a.cfg.QueueDepthPerEP) {
 		s.waiting.Add(-1)
 		a.m.shed.WithLabelValues(label, epl, "queue_full").Inc()
-		return nil, fmt.Errorf("%w: endpoint %d has %d legs in flight and %d waiting", ErrQueueFull, ep, a.cfg.MaxInflightPerEP, a.cfg.QueueDepthPerEP)
+		return nil, fmt.Errorf("%w: endpoint %d has %d legs in flight and %d waiting", proxy.ErrQueueFull, ep, a.cfg.MaxInflightPerEP, a.cfg.QueueDepthPerEP)
 	}
 	defer s.waiting.Add(-1)
 	a.m.queued.WithLabelValues(label, epl).Inc()
@@ -120,9 +121,9 @@ func (a *admission) acquire(ctx context.Context, service uint32, label string, e
 		return onceFunc(rel), nil
 	case <-t.C:
 		a.m.shed.WithLabelValues(label, epl, "park_timeout").Inc()
-		return nil, fmt.Errorf("%w: endpoint %d stayed at %d legs in flight for %v", ErrParkTimeout, ep, a.cfg.MaxInflightPerEP, a.cfg.MaxPark)
+		return nil, fmt.Errorf("%w: endpoint %d stayed at %d legs in flight for %v", proxy.ErrParkTimeout, ep, a.cfg.MaxInflightPerEP, a.cfg.MaxPark)
 	case <-ctx.Done():
-		return nil, fmt.Errorf("%w: while waiting for endpoint %d: %w", ErrClientGone, ep, ctx.Err())
+		return nil, fmt.Errorf("%w: while waiting for endpoint %d: %w", proxy.ErrClientCanceled, ep, ctx.Err())
 	}
 }
 
@@ -134,7 +135,7 @@ func (a *admission) enter(label string) (leave func(), err error) {
 	if a.total.Add(1) > int64(a.cfg.MaxTotalInflight) {
 		a.total.Add(-1)
 		a.m.shed.WithLabelValues(label, "none", "total_cap").Inc()
-		return nil, fmt.Errorf("%w: %d requests in flight", ErrTotalCap, a.cfg.MaxTotalInflight)
+		return nil, fmt.Errorf("%w: %d requests in flight", proxy.ErrTotalCap, a.cfg.MaxTotalInflight)
 	}
 	return onceFunc(func() { a.total.Add(-1) }), nil
 }

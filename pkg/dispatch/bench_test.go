@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
 )
 
 func benchBody() []byte {
@@ -93,13 +95,13 @@ func BenchmarkVLLMFlowLoopback(b *testing.B) {
 		return Endpoint{Idx: idx, Host: h, Port: n, Healthy: true}
 	}
 	d, _ := New(Config{}, nil, nil)
-	defer d.Close()
+	legs := newLegs(b, proxy.Config{}, nil)
 	pool := &Pool{Service: 1, Engine: EngineVLLM, Prefill: []Endpoint{ep(pre, 0)}, Decode: []Endpoint{ep(dec, 1)}}
 	body := benchBody()
 	b.ReportAllocs()
 	for b.Loop() {
 		w := httptest.NewRecorder()
-		res := d.Serve(b.Context(), w, &Request{Pool: pool, Method: "POST", Path: "/v1/chat/completions", Header: http.Header{}, Body: body})
+		res := d.Serve(b.Context(), w, &Request{Pool: pool, Method: "POST", Path: "/v1/chat/completions", Header: http.Header{}, Body: body, Legs: legs})
 		if res.Status != 200 || !bytes.Contains(w.Body.Bytes(), []byte("[DONE]")) {
 			b.Fatalf("status %d: %s", res.Status, w.Body.Bytes())
 		}

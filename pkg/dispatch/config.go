@@ -1,7 +1,6 @@
 package dispatch
 
 import (
-	"crypto/tls"
 	"fmt"
 	"time"
 )
@@ -29,7 +28,8 @@ type Config struct {
 	// DecodeIdleTimeout bounds the silence between two reads of a decode
 	// response once it started. LLB_PD_DECODE_IDLE_SEC, default 60s.
 	DecodeIdleTimeout time.Duration
-	// DialTimeout bounds one TCP connect to an endpoint. Default 3s.
+	// DialTimeout bounds one connect (and TLS handshake) to an endpoint;
+	// it replaces the proxy's own for the legs. Default 3s.
 	DialTimeout time.Duration
 
 	// MaxInflightPerEP caps concurrent legs per endpoint; 0 disables
@@ -79,16 +79,8 @@ type Config struct {
 	// Default 64.
 	PromptChunkBytes int
 
-	// MaxResponseHeaderBytes bounds a leg's response header block; an
-	// endpoint that sends more fails the leg with 502 (class protocol).
-	// The daemon sets it from --proxy-max-response-header. Default 1 MiB.
-	MaxResponseHeaderBytes int64
-
-	// MaxIdleConnsPerHost sizes the pooled transport. Default 64.
-	MaxIdleConnsPerHost int
-	// TLS is used for pools whose scheme is https (security 2). nil means
-	// the system roots.
-	TLS *tls.Config
+	// The legs' connections, TLS settings (security 2), response header
+	// limit and pool size are the proxy's: see Request.Legs.
 }
 
 // WithDefaults returns c with unset fields defaulted.
@@ -132,12 +124,6 @@ func (c Config) WithDefaults() Config {
 	if c.PromptChunkBytes == 0 {
 		c.PromptChunkBytes = 64
 	}
-	if c.MaxIdleConnsPerHost == 0 {
-		c.MaxIdleConnsPerHost = 64
-	}
-	if c.MaxResponseHeaderBytes == 0 {
-		c.MaxResponseHeaderBytes = 1 << 20
-	}
 	return c
 }
 
@@ -160,8 +146,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("prefix threshold %d%%: must be within 0..100", c.TrieMinPercent)
 	case c.PromptChunkBytes < 1:
 		return fmt.Errorf("prompt chunk %d bytes: must be positive", c.PromptChunkBytes)
-	case c.MaxResponseHeaderBytes < 1:
-		return fmt.Errorf("max response header bytes %d: must be positive", c.MaxResponseHeaderBytes)
 	}
 	return nil
 }

@@ -103,6 +103,12 @@ type Request struct {
 	// the KV cache from that rank. It is called on the request goroutine
 	// for each prefill endpoint tried.
 	PrefillRank func(ep int) (rank, ranks int, ok bool)
+	// Legs sends the legs: the proxy's upstream for the rule
+	// (proxy.Request.Legs, which the proxy sets before Plan.Dispatch
+	// runs), with its pooled connections, TLS settings, error classes and
+	// in-flight counts. Required by Execute and Serve; flows run outside
+	// the proxy use a proxy.Transport.
+	Legs http.RoundTripper
 }
 
 // Choice is the ladder's decision for one request.
@@ -137,8 +143,6 @@ type Dispatcher struct {
 	cfg    Config
 	logger *slog.Logger
 	m      *metrics
-	client *http.Client
-	tr     *http.Transport
 	adm    *admission
 	sess   *sessions
 	trie   *prefixIndex
@@ -169,7 +173,8 @@ func (d *Dispatcher) SidePort(service uint32, ep int) (int, bool) {
 	return v.(int), true
 }
 
-// New builds a dispatcher with its own pooled transport. reg may be nil.
+// New builds a dispatcher. It owns no connections: every leg goes through
+// the proxy's upstream handed in Request.Legs. reg may be nil.
 func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Dispatcher, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -182,21 +187,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Dispatche
 	if err != nil {
 		return nil, fmt.Errorf("dispatch metrics: %w", err)
 	}
-	tr := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        cfg.MaxIdleConnsPerHost * 8,
-		MaxIdleConnsPerHost: cfg.MaxIdleConnsPerHost,
-		IdleConnTimeout:     90 * time.Second,
-		TLSHandshakeTimeout: cfg.DialTimeout,
-		TLSClientConfig:     cfg.TLS,
-		DisableCompression:  true, // relay bytes as the engine sent them
-		// Go's default is 10 MiB per leg; an engine's headers are a few
-		// hundred bytes, and a broken one must not cost more than a client's.
-		MaxResponseHeaderBytes: cfg.MaxResponseHeaderBytes,
-		ExpectContinueTimeout:  0,
-	}
-	d := &Dispatcher{cfg: cfg, logger: logger, m: m, tr: tr, client: &http.Client{Transport: statusCheck{tr}},
-		adm: newAdmission(cfg, m), now: time.Now}
+	d := &Dispatcher{cfg: cfg, logger: logger, m: m, adm: newAdmission(cfg, m), now: time.Now}
 	d.sess = newSessions(cfg.SessionTTL, cfg.SessionMax, func() time.Time { return d.now() })
 	d.trie = newPrefixIndex(cfg.TrieMaxKeys)
 	d.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
@@ -206,22 +197,6 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Dispatche
 	d.rrDec.Store(rand.Uint64())
 	return d, nil
 }
-
-// statusCheck fails a leg whose endpoint sent a status below 100: Go's
-// transport accepts "000", and relaying it would make WriteHeader panic.
-type statusCheck struct{ rt http.RoundTripper }
-
-func (s statusCheck) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := s.rt.RoundTrip(req)
-	if err == nil && resp.StatusCode < 100 {
-		resp.Body.Close()
-		return nil, fmt.Errorf("endpoint sent status %03d", resp.StatusCode)
-	}
-	return resp, err
-}
-
-// Close releases idle upstream connections.
-func (d *Dispatcher) Close() { d.tr.CloseIdleConnections() }
 
 // Config returns the effective configuration.
 func (d *Dispatcher) Config() Config { return d.cfg }
@@ -259,10 +234,10 @@ func (d *Dispatcher) Choose(req *Request) (Choice, error) {
 	pre := d.healthy(svc, p.Prefill)
 	dec := d.healthy(svc, p.Decode)
 	if len(pre) == 0 {
-		return Choice{}, fmt.Errorf("%w: rule %d has no healthy prefill endpoint", ErrNoEndpoint, svc)
+		return Choice{}, fmt.Errorf("%w: rule %d has no healthy prefill endpoint", proxy.ErrUnavailable, svc)
 	}
 	if len(dec) == 0 {
-		return Choice{}, fmt.Errorf("%w: rule %d has no healthy decode endpoint", ErrNoEndpoint, svc)
+		return Choice{}, fmt.Errorf("%w: rule %d has no healthy decode endpoint", proxy.ErrUnavailable, svc)
 	}
 	c := Choice{keys: req.PrefixKeys}
 	if c.keys == nil {
@@ -410,6 +385,9 @@ func (d *Dispatcher) Execute(ctx context.Context, w http.ResponseWriter, req *Re
 	start := d.now()
 	res := proxy.Result{Endpoint: c.Decode.Idx, BytesIn: int64(len(req.Body))}
 	label := strconv.FormatUint(uint64(req.Pool.Service), 10)
+	if req.Legs == nil {
+		return d.fail(w, req, res, errNoLegs, "internal")
+	}
 	leave, err := d.adm.enter(label)
 	if err != nil {
 		return d.fail(w, req, res, err, "shed")
@@ -421,7 +399,7 @@ func (d *Dispatcher) Execute(ctx context.Context, w http.ResponseWriter, req *Re
 	}
 	if err == nil && IsGenerate(req.Path) {
 		if req.Pool.Engine != EngineSGLang {
-			err = fmt.Errorf("%w: /generate is SGLang's native API; this rule's engine is %s", ErrBadRequest, engineName(req.Pool.Engine))
+			err = fmt.Errorf("%w: /generate is SGLang's native API; this rule's engine is %s", proxy.ErrBadRequest, engineName(req.Pool.Engine))
 		} else {
 			err = checkGenerate(body)
 		}
@@ -463,9 +441,8 @@ func engineName(e string) string {
 
 // fail answers a request that failed before any leg byte was relayed.
 func (d *Dispatcher) fail(w http.ResponseWriter, req *Request, res proxy.Result, err error, outcome string) proxy.Result {
-	info := classify(err)
-	writeError(w, info, err, d.cfg.RetryAfter)
-	res.Status, res.Class, res.Err = info.status, info.class, err
+	v := proxy.WriteError(w, err, d.cfg.RetryAfter)
+	res.Status, res.Class, res.Err = v.Status, v.Class, err
 	d.m.requests.WithLabelValues(strconv.FormatUint(uint64(req.Pool.Service), 10), engineName(req.Pool.Engine), outcome).Inc()
 	return res
 }

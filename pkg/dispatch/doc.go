@@ -7,10 +7,15 @@
 // health, the client's method, path, headers and JSON body, the session
 // header value, optional block keys and an optional Tier 1.5 scorer) from
 // the gateway, which tokenizes and hashes the prompt for kvExactMode 1.
-// Out: the complete client response written to an http.ResponseWriter, and
-// a proxy.Result for the proxy's metrics. Neighbours: pkg/gateway (builds
+// Out: the legs, sent through the proxy's upstream for the rule
+// (Request.Legs, which the proxy hands the flow in proxy.Request.Legs:
+// pooled connections, TLS settings, in-flight counts, error classes); the
+// complete client response written to an http.ResponseWriter; a
+// proxy.Result for the proxy's metrics. Neighbours: pkg/gateway (builds
 // the Request and Tier 1.5 scorer over pkg/router and pkg/kvindex),
-// pkg/proxy (reads the body, calls the dispatch hook, records the Result).
+// pkg/proxy (reads the body, calls the dispatch hook with the rule's
+// upstream, maps every error to a status, records the Result). The
+// dispatcher owns no connection and no HTTP client.
 //
 // # Flows
 //
@@ -70,9 +75,14 @@
 //
 // Every leg has a bound: PrefillTimeout for the whole prefill leg,
 // DecodeFirstByteTimeout to the first decode body byte, DecodeIdleTimeout
-// between reads. The client's status line is written only once the decode
-// leg produced its first byte, so a failure before that is a JSON error
-// (502 connect/protocol/params, 504 timeout, 503 no healthy endpoint). A
+// between reads (these replace the proxy's response timeouts for the
+// legs; Config.DialTimeout replaces its dial timeout). The client's status
+// line is written only once the decode leg produced its first byte, so a
+// failure before that is a JSON error (502 connect/TLS/protocol/params,
+// 504 timeout, 503 no healthy endpoint). Failures wrap pkg/proxy's
+// sentinels and a failed leg is a proxy.LegError; the proxy's single
+// mapping function (proxy.WriteError) answers them, as for any other
+// mode-4 rule. A
 // prefill 4xx is relayed as is; a decode error status is relayed as is.
 // After bytes reached the client a failure cuts the stream: Serve returns
 // a Result for which MustAbort is true and the caller must close the
@@ -106,6 +116,5 @@
 //	loxilb_ai_pd_session_hits_total{service}
 //	loxilb_pd_sessions_active, loxilb_pd_trie_nodes, loxilb_pd_inflight{service,endpoint}
 //
-// A Dispatcher is safe for concurrent use; it owns one pooled
-// http.Transport for all legs.
+// A Dispatcher is safe for concurrent use.
 package dispatch

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/loxilb-llm/loxilb/pkg/engine"
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
 )
 
 // ---- vLLM (NixlConnector), sequential ----
@@ -41,21 +42,21 @@ func vllmPrefillBody(m map[string]json.RawMessage) []byte {
 func vllmParams(body []byte, ep Endpoint, limit int) (params json.RawMessage, reported int, err error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
-		return nil, 0, fmt.Errorf("%w: prefill response is not a JSON object: %v", ErrParamsMalformed, err)
+		return nil, 0, fmt.Errorf("%w: prefill response is not a JSON object: %v", proxy.ErrParamsMalformed, err)
 	}
 	kv, ok := top["kv_transfer_params"]
 	if !ok || isNull(kv) {
-		return nil, 0, fmt.Errorf("%w: prefill returned no kv_transfer_params (is the prefill engine running with a NixlConnector kv_transfer_config and kv_role kv_producer or kv_both?)", ErrParamsMissing)
+		return nil, 0, fmt.Errorf("%w: prefill returned no kv_transfer_params (is the prefill engine running with a NixlConnector kv_transfer_config and kv_role kv_producer or kv_both?)", proxy.ErrParamsMissing)
 	}
 	if len(kv) > limit {
-		return nil, 0, fmt.Errorf("%w: kv_transfer_params is %d bytes, over the %d byte cap", ErrParamsMalformed, len(kv), limit)
+		return nil, 0, fmt.Errorf("%w: kv_transfer_params is %d bytes, over the %d byte cap", proxy.ErrParamsMalformed, len(kv), limit)
 	}
 	var p map[string]json.RawMessage
 	if err := json.Unmarshal(kv, &p); err != nil || p == nil {
-		return nil, 0, fmt.Errorf("%w: kv_transfer_params must be a JSON object, got %s", ErrParamsMalformed, excerpt(kv))
+		return nil, 0, fmt.Errorf("%w: kv_transfer_params must be a JSON object, got %s", proxy.ErrParamsMalformed, excerpt(kv))
 	}
 	if len(p) == 0 {
-		return nil, 0, fmt.Errorf("%w: kv_transfer_params is empty", ErrParamsMalformed)
+		return nil, 0, fmt.Errorf("%w: kv_transfer_params is empty", proxy.ErrParamsMalformed)
 	}
 	if err := checkKind(p, "remote_block_ids", '['); err != nil {
 		return nil, 0, err
@@ -64,7 +65,7 @@ func vllmParams(body []byte, ep Endpoint, limit int) (params json.RawMessage, re
 		return nil, 0, err
 	}
 	if v, ok := p["do_remote_prefill"]; ok && string(v) != "true" {
-		return nil, 0, fmt.Errorf("%w: kv_transfer_params.do_remote_prefill is %s, want true", ErrParamsMalformed, excerpt(v))
+		return nil, 0, fmt.Errorf("%w: kv_transfer_params.do_remote_prefill is %s, want true", proxy.ErrParamsMalformed, excerpt(v))
 	}
 	if v, ok := p["remote_port"]; ok {
 		if n, err := strconv.Atoi(strings.Trim(string(bytes.TrimSpace(v)), `"`)); err == nil && n > 0 && n <= 65535 {
@@ -92,14 +93,14 @@ func checkKind(p map[string]json.RawMessage, k string, want byte) error {
 		return nil
 	}
 	if t := bytes.TrimSpace(v); t[0] != want {
-		return fmt.Errorf("%w: %s has the wrong type: %s", ErrParamsMalformed, k, excerpt(t))
+		return fmt.Errorf("%w: %s has the wrong type: %s", proxy.ErrParamsMalformed, k, excerpt(t))
 	}
 	return nil
 }
 
 func (x *exchange) paramsError(ep Endpoint, err error) {
 	epl := strconv.Itoa(ep.Idx)
-	if errors.Is(err, ErrParamsMissing) {
+	if errors.Is(err, proxy.ErrParamsMissing) {
 		x.d.m.paramsMissing.WithLabelValues(x.label, epl).Inc()
 		x.outcomeTag = "params_missing"
 	} else {
@@ -276,7 +277,7 @@ func (x *exchange) sglangAttempt(ctx context.Context, pre Endpoint, preBody, dec
 }
 
 func (x *exchange) decodeFailed(ctx context.Context, err error) {
-	if ctx.Err() != nil || errors.Is(err, ErrClientGone) {
+	if ctx.Err() != nil || errors.Is(err, proxy.ErrClientCanceled) {
 		x.outcomeTag = "" // derived: client_canceled
 	} else if x.outcomeTag == "" {
 		x.outcomeTag = "decode_error"
@@ -315,10 +316,10 @@ func parseTRTContext(body []byte, limit int) (trtContext, error) {
 		} `json:"choices"`
 	}
 	if err := json.Unmarshal(body, &resp); err != nil {
-		return trtContext{}, fmt.Errorf("%w: context response is not a completion object: %v", ErrParamsMalformed, err)
+		return trtContext{}, fmt.Errorf("%w: context response is not a completion object: %v", proxy.ErrParamsMalformed, err)
 	}
 	if len(resp.Choices) != 1 {
-		return trtContext{}, fmt.Errorf("%w: context response has %d choices, want 1", ErrParamsMalformed, len(resp.Choices))
+		return trtContext{}, fmt.Errorf("%w: context response has %d choices, want 1", proxy.ErrParamsMalformed, len(resp.Choices))
 	}
 	ch := resp.Choices[0]
 	var c trtContext
@@ -329,14 +330,14 @@ func parseTRTContext(body []byte, limit int) (trtContext, error) {
 		return c, nil
 	}
 	if isNull(ch.Params) {
-		return c, fmt.Errorf("%w: context response choice has no disaggregated_params (is the server a context_only TensorRT-LLM worker?)", ErrParamsMissing)
+		return c, fmt.Errorf("%w: context response choice has no disaggregated_params (is the server a context_only TensorRT-LLM worker?)", proxy.ErrParamsMissing)
 	}
 	if len(ch.Params) > limit {
-		return c, fmt.Errorf("%w: disaggregated_params is %d bytes, over the %d byte cap", ErrParamsMalformed, len(ch.Params), limit)
+		return c, fmt.Errorf("%w: disaggregated_params is %d bytes, over the %d byte cap", proxy.ErrParamsMalformed, len(ch.Params), limit)
 	}
 	var p map[string]json.RawMessage
 	if err := json.Unmarshal(ch.Params, &p); err != nil || p == nil {
-		return c, fmt.Errorf("%w: disaggregated_params must be a JSON object, got %s", ErrParamsMalformed, excerpt(ch.Params))
+		return c, fmt.Errorf("%w: disaggregated_params must be a JSON object, got %s", proxy.ErrParamsMalformed, excerpt(ch.Params))
 	}
 	if err := checkKind(p, "first_gen_tokens", '['); err != nil {
 		return c, err
@@ -345,7 +346,7 @@ func parseTRTContext(body []byte, limit int) (trtContext, error) {
 		return c, err
 	}
 	if v, ok := p["ctx_request_id"]; !ok || isNull(v) {
-		return c, fmt.Errorf("%w: disaggregated_params lacks ctx_request_id", ErrParamsMalformed)
+		return c, fmt.Errorf("%w: disaggregated_params lacks ctx_request_id", proxy.ErrParamsMalformed)
 	}
 	p["request_type"] = json.RawMessage(`"generation_only"`)
 	c.params = raw(p)
@@ -398,7 +399,7 @@ func (x *exchange) relayContext(out prefillOutcome) {
 	}
 	sse, err := completionToSSE(out.body)
 	if err != nil {
-		x.fail(context.Background(), fmt.Errorf("%w: context response: %v", ErrLegProtocol, err))
+		x.fail(context.Background(), &proxy.LegError{Leg: legPrefill, Addr: out.ep.Addr(), Err: fmt.Errorf("%w: context response: %v", proxy.ErrUpstreamProtocol, err)})
 		return
 	}
 	h := http.Header{"Content-Type": {"text/event-stream"}, "Cache-Control": {"no-cache"}}

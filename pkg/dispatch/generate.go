@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/loxilb-llm/loxilb/pkg/engine"
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
 )
 
 // PathGenerate is SGLang's native generation API. A P/D rule of an SGLang
@@ -35,13 +36,13 @@ func checkGenerate(m map[string]json.RawMessage) error {
 	hasText, hasIDs = hasText && !isNull(text), hasIDs && !isNull(ids)
 	switch {
 	case hasText && hasIDs:
-		return fmt.Errorf("%w: /generate takes either text or input_ids, not both", ErrBadRequest)
+		return fmt.Errorf("%w: /generate takes either text or input_ids, not both", proxy.ErrBadRequest)
 	case hasText:
 		return checkPrompts("text", text, '"')
 	case hasIDs:
 		return checkPrompts("input_ids", ids, '[')
 	}
-	return fmt.Errorf("%w: /generate needs text or input_ids", ErrBadRequest)
+	return fmt.Errorf("%w: /generate needs text or input_ids", proxy.ErrBadRequest)
 }
 
 // checkPrompts checks one prompt field: a single prompt (a string for text,
@@ -54,23 +55,23 @@ func checkPrompts(name string, v json.RawMessage, want byte) error {
 	}
 	var items []json.RawMessage
 	if v[0] != '[' || json.Unmarshal(v, &items) != nil {
-		return fmt.Errorf("%w: /generate %s must be %s or a list of them, got %s", ErrBadRequest, name, kindName(want), excerpt(v))
+		return fmt.Errorf("%w: /generate %s must be %s or a list of them, got %s", proxy.ErrBadRequest, name, kindName(want), excerpt(v))
 	}
 	if len(items) == 0 {
-		return fmt.Errorf("%w: /generate %s is an empty list", ErrBadRequest, name)
+		return fmt.Errorf("%w: /generate %s is an empty list", proxy.ErrBadRequest, name)
 	}
 	first := bytes.TrimSpace(items[0])
 	batch := first[0] == want
 	if !batch && want == '"' {
-		return fmt.Errorf("%w: /generate text must be a string or a list of strings, got %s", ErrBadRequest, excerpt(v))
+		return fmt.Errorf("%w: /generate text must be a string or a list of strings, got %s", proxy.ErrBadRequest, excerpt(v))
 	}
 	for i, it := range items {
 		it = bytes.TrimSpace(it)
 		if isBatch := it[0] == want; isBatch != batch {
-			return fmt.Errorf("%w: /generate %s mixes single values and lists (item %d: %s)", ErrBadRequest, name, i, excerpt(it))
+			return fmt.Errorf("%w: /generate %s mixes single values and lists (item %d: %s)", proxy.ErrBadRequest, name, i, excerpt(it))
 		}
 		if batch && want == '[' && (len(bytes.TrimSpace(it[1:len(it)-1])) == 0) {
-			return fmt.Errorf("%w: /generate input_ids item %d is an empty prompt", ErrBadRequest, i)
+			return fmt.Errorf("%w: /generate input_ids item %d is an empty prompt", proxy.ErrBadRequest, i)
 		}
 	}
 	return nil

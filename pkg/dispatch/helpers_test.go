@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -81,6 +82,20 @@ type fleetOpts struct {
 	// nixlSide gives vLLM prefill engines a NIXL side channel of their own
 	// (as vLLM has), not the HTTP port.
 	nixlSide bool
+	// legs configures the proxy upstream the legs go through.
+	legs proxy.Config
+}
+
+// newLegs is the proxy's upstream for a test's legs, as the proxy hands
+// it to a flow in proxy.Request.Legs.
+func newLegs(t testing.TB, cfg proxy.Config, tc *tls.Config) *proxy.Transport {
+	t.Helper()
+	tr, err := proxy.NewTransport(cfg, tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
 }
 
 func newFleet(t *testing.T, o fleetOpts) *fleet {
@@ -118,12 +133,12 @@ func newFleet(t *testing.T, o fleetOpts) *fleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(d.Close)
+	legs := newLegs(t, o.legs, nil)
 	f.d = d
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		req := &Request{Pool: f.pool, Method: r.Method, Path: r.URL.Path, Header: r.Header, Body: body,
-			Session: r.Header.Get(f.session), KV: f.kv, Observe: f.observe, PrefillRank: f.prefillRank}
+			Session: r.Header.Get(f.session), KV: f.kv, Observe: f.observe, PrefillRank: f.prefillRank, Legs: legs}
 		if f.keys != nil {
 			req.PrefixKeys = f.keys(body)
 		}
@@ -292,5 +307,3 @@ func reference(t *testing.T, engine, path string, body any) string {
 	rb, _ := io.ReadAll(resp.Body)
 	return text(t, reply{status: resp.StatusCode, header: resp.Header, body: rb})
 }
-
-var _ = proxy.Result{}

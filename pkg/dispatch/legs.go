@@ -28,10 +28,6 @@ const (
 	legDecode  = "decode"
 )
 
-// hopHeaders are never copied to a leg or back (RFC 9110 §7.6.1).
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
 // exchange is one request's state across its legs.
 type exchange struct {
 	d     *Dispatcher
@@ -69,7 +65,7 @@ func parseBody(b []byte) (map[string]json.RawMessage, error) {
 		if err == nil {
 			err = errors.New("null")
 		}
-		return nil, fmt.Errorf("%w: P/D needs a JSON object body: %v", ErrBadRequest, err)
+		return nil, fmt.Errorf("%w: P/D needs a JSON object body: %v", proxy.ErrBadRequest, err)
 	}
 	return m, nil
 }
@@ -127,15 +123,17 @@ func requestID(h http.Header) string {
 }
 
 // newLeg builds one leg's HTTP request. Prefill legs ask for an identity
-// encoding because the dispatcher parses their body.
+// encoding because the dispatcher parses their body. The leg bounds its
+// own time (the prefill timeout, the decode watchdog), so the proxy's
+// response timeouts do not apply; it is counted in the proxy's in-flight
+// number of its endpoint.
 func (x *exchange) newLeg(ctx context.Context, ep Endpoint, body []byte, prefill bool) *http.Request {
+	ctx = proxy.WithLeg(ctx, proxy.Leg{Endpoint: ep.Idx, DialTimeout: x.d.cfg.DialTimeout, OwnTimeouts: true})
 	h := make(http.Header, len(x.req.Header)+2)
 	for k, vv := range x.req.Header {
 		h[k] = vv
 	}
-	for _, k := range hopHeaders {
-		h.Del(k)
-	}
+	proxy.RemoveHopHeaders(h)
 	h.Del("Content-Length")
 	h.Del("Expect")
 	h.Del(proxy.HeaderReceiptRequest)
@@ -167,6 +165,11 @@ func (x *exchange) newLeg(ctx context.Context, ep Endpoint, body []byte, prefill
 	return r.WithContext(ctx)
 }
 
+// roundTrip sends one leg through the proxy's upstream.
+func (x *exchange) roundTrip(r *http.Request) (*http.Response, error) {
+	return x.req.Legs.RoundTrip(r)
+}
+
 // prefillOutcome is a finished prefill leg.
 type prefillOutcome struct {
 	ep     Endpoint
@@ -185,8 +188,8 @@ func (o prefillOutcome) error() error {
 	if o.err != nil || o.status/100 == 2 {
 		return o.err
 	}
-	return &legError{leg: legPrefill, addr: o.ep.Addr(), class: "status",
-		err: fmt.Errorf("%w: prefill endpoint answered %d: %s", ErrLegStatus, o.status, excerpt(o.body))}
+	return &proxy.LegError{Leg: legPrefill, Addr: o.ep.Addr(),
+		Err: fmt.Errorf("%w: prefill endpoint answered %d: %s", proxy.ErrUpstreamStatus, o.status, excerpt(o.body))}
 }
 
 // prefillOnce runs one prefill leg to ep under the prefill timeout, holding
@@ -203,14 +206,14 @@ func (x *exchange) prefillOnce(ctx context.Context, ep Endpoint, body []byte) pr
 	defer cancel()
 	start := x.d.now()
 	epl := strconv.Itoa(ep.Idx)
-	resp, err := x.d.client.Do(x.newLeg(lctx, ep, body, true))
+	resp, err := x.roundTrip(x.newLeg(lctx, ep, body, true))
 	if err == nil {
 		x.observe(ep, true, statusOutcome(resp.StatusCode))
 		defer resp.Body.Close()
 		out.status, out.header = resp.StatusCode, resp.Header
 		out.body, err = io.ReadAll(io.LimitReader(resp.Body, x.d.cfg.MaxPrefillBody+1))
 		if err == nil && int64(len(out.body)) > x.d.cfg.MaxPrefillBody {
-			err = fmt.Errorf("%w: prefill response exceeds %d bytes", ErrLegProtocol, x.d.cfg.MaxPrefillBody)
+			err = fmt.Errorf("%w: prefill response exceeds %d bytes", errTooLong, x.d.cfg.MaxPrefillBody)
 		}
 	}
 	if err != nil {
@@ -222,19 +225,16 @@ func (x *exchange) prefillOnce(ctx context.Context, ep Endpoint, body []byte) pr
 			}
 			return out
 		}
-		wrapped, class, connect := transportError(err)
-		if errors.Is(err, ErrLegProtocol) {
-			wrapped, class = err, "protocol"
-		}
+		wrapped, class, connect := legFailure(err)
 		if out.status == 0 {
 			x.observe(ep, true, outlier.GatewayFailure)
 		}
-		if class == "timeout" {
-			wrapped = fmt.Errorf("%w: no complete prefill response within %v: %w", ErrLegTimeout, x.d.cfg.PrefillTimeout, err)
+		if class == proxy.ClassTimeout {
+			wrapped = fmt.Errorf("%w: no complete prefill response within %v: %w", proxy.ErrUpstreamTimeout, x.d.cfg.PrefillTimeout, err)
 			x.d.m.legTimeouts.WithLabelValues(x.label, epl, legPrefill).Inc()
 		}
-		x.d.m.legErrors.WithLabelValues(x.label, epl, legPrefill, class).Inc()
-		out.err = &legError{leg: legPrefill, addr: ep.Addr(), class: class, err: wrapped}
+		x.d.m.legErrors.WithLabelValues(x.label, epl, legPrefill, string(class)).Inc()
+		out.err = &proxy.LegError{Leg: legPrefill, Addr: ep.Addr(), Err: wrapped}
 		out.connectFailed = connect
 		return out
 	}
@@ -296,8 +296,7 @@ func (x *exchange) failPrefill(ctx context.Context, out prefillOutcome) {
 		x.outcomeTag = "prefill_error"
 		return
 	}
-	x.fail(ctx, &legError{leg: legPrefill, addr: out.ep.Addr(), class: "status",
-		err: fmt.Errorf("%w: prefill endpoint answered %d: %s", ErrLegStatus, out.status, excerpt(out.body))})
+	x.fail(ctx, out.error())
 	x.outcomeTag = "prefill_error"
 }
 
@@ -313,22 +312,22 @@ func excerpt(b []byte) string {
 // response is already committed and the stream is cut (Result.Class set).
 func (x *exchange) fail(ctx context.Context, err error) {
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) && !errors.Is(err, errOtherLeg) {
-		err = fmt.Errorf("%w: %w", ErrClientGone, err)
+		err = fmt.Errorf("%w: %w", proxy.ErrClientCanceled, err)
 	}
-	info := classify(err)
-	x.res.Class, x.res.Err = info.class, err
-	if info.retryAfter {
+	v := proxy.VerdictFor(err)
+	x.res.Class, x.res.Err = v.Class, err
+	if v.RetryAfter {
 		x.outcomeTag = "shed"
 	}
-	if info.status == proxy.StatusClientClosed {
+	if v.Status == proxy.StatusClientClosed {
 		x.res.Status = proxy.StatusClientClosed
 		return
 	}
 	if x.wrote {
 		return
 	}
-	x.res.Status = info.status
-	writeError(x.w, info, err, x.d.cfg.RetryAfter)
+	x.res.Status = v.Status
+	proxy.WriteError(x.w, err, x.d.cfg.RetryAfter)
 	x.wrote = true
 }
 
@@ -341,9 +340,7 @@ func (x *exchange) relayBuffered(status int, h http.Header, body []byte) {
 		}
 		dst[k] = vv
 	}
-	for _, k := range hopHeaders {
-		dst.Del(k)
-	}
+	proxy.RemoveHopHeaders(dst)
 	dst.Set("Content-Length", strconv.Itoa(len(body)))
 	x.w.WriteHeader(status)
 	x.wrote = true
@@ -395,30 +392,30 @@ func (x *exchange) decodeOnce(ctx context.Context, ep Endpoint, body []byte) (er
 	var tmo atomic.Bool
 	wd := time.AfterFunc(x.d.cfg.DecodeFirstByteTimeout, func() {
 		tmo.Store(true)
-		cancel(ErrLegTimeout)
+		cancel(proxy.ErrUpstreamTimeout)
 	})
 	defer wd.Stop()
 	timedOutNow := tmo.Load
 
 	start := x.d.now()
-	legErr := func(class string, err error) error {
-		x.d.m.legErrors.WithLabelValues(x.label, epl, legDecode, class).Inc()
-		if class == "timeout" {
+	legErr := func(class proxy.ErrorClass, err error) error {
+		x.d.m.legErrors.WithLabelValues(x.label, epl, legDecode, string(class)).Inc()
+		if class == proxy.ClassTimeout {
 			x.d.m.legTimeouts.WithLabelValues(x.label, epl, legDecode).Inc()
 		}
-		return &legError{leg: legDecode, addr: ep.Addr(), class: class, err: err}
+		return &proxy.LegError{Leg: legDecode, Addr: ep.Addr(), Err: err}
 	}
-	resp, err := x.d.client.Do(x.newLeg(lctx, ep, body, false))
+	resp, err := x.roundTrip(x.newLeg(lctx, ep, body, false))
 	if err != nil {
 		if timedOutNow() {
 			x.observe(ep, false, outlier.GatewayFailure)
-			return legErr("timeout", fmt.Errorf("%w: no response within %v: %w", ErrLegTimeout, x.d.cfg.DecodeFirstByteTimeout, err)), false
+			return legErr(proxy.ClassTimeout, fmt.Errorf("%w: no response within %v: %w", proxy.ErrUpstreamTimeout, x.d.cfg.DecodeFirstByteTimeout, err)), false
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: %w", context.Canceled, err), false
 		}
 		x.observe(ep, false, outlier.GatewayFailure)
-		wrapped, class, connect := transportError(err)
+		wrapped, class, connect := legFailure(err)
 		return legErr(class, wrapped), connect
 	}
 	defer resp.Body.Close()
@@ -435,13 +432,13 @@ func (x *exchange) decodeOnce(ctx context.Context, ep Endpoint, body []byte) (er
 		}
 		switch {
 		case timedOutNow():
-			return legErr("timeout", fmt.Errorf("%w: no first byte within %v", ErrLegTimeout, x.d.cfg.DecodeFirstByteTimeout)), false
+			return legErr(proxy.ClassTimeout, fmt.Errorf("%w: no first byte within %v", proxy.ErrUpstreamTimeout, x.d.cfg.DecodeFirstByteTimeout)), false
 		case ctx.Err() != nil:
 			return fmt.Errorf("%w: %w", context.Canceled, rerr), false
 		case resp.ContentLength == 0:
 			// A legitimately empty body: relay it.
 		default:
-			return legErr("protocol", fmt.Errorf("%w: decode response ended before its first byte (status %d): %w", ErrLegProtocol, resp.StatusCode, rerr)), false
+			return legErr(proxy.ClassProtocol, fmt.Errorf("%w: decode response ended before its first byte (status %d): %w", proxy.ErrUpstreamProtocol, resp.StatusCode, rerr)), false
 		}
 	}
 	x.d.m.decodeTTFT.WithLabelValues(x.label, epl).Observe(x.d.now().Sub(start).Seconds())
@@ -455,9 +452,7 @@ func (x *exchange) decodeOnce(ctx context.Context, ep Endpoint, body []byte) (er
 		}
 		dst[k] = vv
 	}
-	for _, k := range hopHeaders {
-		dst.Del(k)
-	}
+	proxy.RemoveHopHeaders(dst)
 	streaming := isEventStream(resp.Header) || resp.ContentLength < 0
 	x.res.Streamed = streaming
 	x.w.WriteHeader(resp.StatusCode)
@@ -474,7 +469,7 @@ func (x *exchange) decodeOnce(ctx context.Context, ep Endpoint, body []byte) (er
 			wn, werr := x.w.Write(buf[:n])
 			x.res.BytesOut += int64(wn)
 			if werr != nil {
-				return fmt.Errorf("%w: write to client: %w", ErrClientGone, werr), false
+				return fmt.Errorf("%w: write to client: %w", proxy.ErrClientCanceled, werr), false
 			}
 			if streaming && flusher != nil {
 				flusher.Flush()
@@ -487,14 +482,14 @@ func (x *exchange) decodeOnce(ctx context.Context, ep Endpoint, body []byte) (er
 			switch {
 			case timedOutNow():
 				x.d.m.streamAborted.WithLabelValues(x.label, epl).Inc()
-				return legErr("timeout", fmt.Errorf("%w: decode stalled for %v", ErrLegTimeout, x.d.cfg.DecodeIdleTimeout)), false
+				return legErr(proxy.ClassTimeout, fmt.Errorf("%w: decode stalled for %v", proxy.ErrUpstreamTimeout, x.d.cfg.DecodeIdleTimeout)), false
 			case ctx.Err() != nil:
 				// The client left or the other leg failed; the caller
 				// knows which and counts it.
 				return fmt.Errorf("%w: %w", context.Canceled, rerr), false
 			}
 			x.d.m.streamAborted.WithLabelValues(x.label, epl).Inc()
-			wrapped, class, _ := transportError(rerr)
+			wrapped, class, _ := legFailure(rerr)
 			return legErr(class, wrapped), false
 		}
 		wd.Reset(x.d.cfg.DecodeIdleTimeout)

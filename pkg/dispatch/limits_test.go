@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
 )
 
 // endlessHeaderEndpoint answers every request with a header line that
@@ -61,7 +63,7 @@ func endlessHeaderEndpoint(t *testing.T, host string, idx int) (Endpoint, chan i
 func TestLegResponseHeaderCap(t *testing.T) {
 	for _, leg := range []string{legPrefill, legDecode} {
 		t.Run(leg, func(t *testing.T) {
-			f := newFleet(t, fleetOpts{engine: "vllm", nPrefill: 1, nDec: 1, cfg: Config{MaxResponseHeaderBytes: 64 << 10}})
+			f := newFleet(t, fleetOpts{engine: "vllm", nPrefill: 1, nDec: 1, legs: proxy.Config{MaxResponseHeaderBytes: 64 << 10}})
 			var pushed chan int64
 			if leg == legPrefill {
 				f.pool.Prefill[0], pushed = endlessHeaderEndpoint(t, f.pool.Prefill[0].Host, 0)

@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		paramsBad: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_ai_pd_kv_params_malformed_total",
 			Help: "Prefill responses whose transfer parameters were malformed or over the size cap; the request failed with 502."}, se),
 		legErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_ai_pd_leg_errors_total",
-			Help: "Failed legs by leg (prefill, decode) and class (connect, timeout, protocol, status)."},
+			Help: "Failed legs by leg (prefill, decode) and class (connect, tls, timeout, protocol, status)."},
 			[]string{"service", "ep_idx", "leg", "class"}),
 		legTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_pd_leg_timeouts_total",
 			Help: "Legs that exceeded their timeout (prefill: whole leg; decode: first byte or idle)."},

@@ -250,7 +250,7 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 	}
 	fn := func(ctx context.Context, w http.ResponseWriter, preq *proxy.Request) proxy.Result {
 		run := *dreq
-		run.Header, run.Body = preq.Header, preq.Body
+		run.Header, run.Body, run.Legs = preq.Header, preq.Body, preq.Legs
 		return d.Execute(ctx, w, &run, choice)
 	}
 	return plan, fn, nil

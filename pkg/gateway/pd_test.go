@@ -137,6 +137,11 @@ func newPDBenchWith(t *testing.T, engine string, kvMode, third, ranks int, tweak
 		t.Fatal(err)
 	}
 	b.newPD(t, dispatch.Config{})
+	legs, err := proxy.NewTransport(proxy.Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(legs.CloseIdleConnections)
 	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		req := &proxy.Request{Service: 1, Method: r.Method, Path: r.URL.Path, Model: proxy.ModelOf(r.Header, body),
@@ -147,6 +152,7 @@ func newPDBenchWith(t *testing.T, engine string, kvMode, third, ranks int, tweak
 			return
 		}
 		w.Header().Set(proxy.HeaderRoute, plan.Receipt)
+		req.Legs = legs // what the proxy does before Plan.Dispatch
 		if res := fn(r.Context(), w, req); dispatch.MustAbort(res) {
 			panic(http.ErrAbortHandler)
 		}
@@ -162,7 +168,6 @@ func (b *pdBench) newPD(t *testing.T, cfg dispatch.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(d.Close)
 	b.pd, err = NewPD(b.g, d)
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,7 @@
 // Out: requests to endpoints over one pool of HTTP/1.1 keep-alive
 // connections per rule (upstream.go; the request is written by wire.go,
 // plain response heads are parsed by response.go and every other one by
-// net/http);
+// net/http), the only path from a mode-4 request to an endpoint;
 // per-request outcomes (status, bytes, usage.prompt_tokens_details.
 // cached_tokens) back to the Picker through Plan.Done, so the router can
 // compare predicted with actual cache hits; in-flight counts per endpoint
@@ -89,16 +89,28 @@
 //     and from the last SSE event that carries it, without buffering the
 //     stream.
 //
-// A Plan may instead carry its own flow (Plan.Dispatch, for prefill/decode
-// disaggregation); such flows send their legs through Server.RoundTripper,
-// which shares the rule's connection pool, TLS settings, in-flight counts
-// and error classes.
+// A Plan may instead carry its own flow (Plan.Dispatch: pkg/dispatch's
+// prefill/decode flows). The proxy hands the flow, in Request.Legs, the
+// rule's upstream (legs.go): every leg goes over the rule's connection
+// pool with its TLS settings (security 2), counts in the endpoint's
+// in-flight number while it runs, and fails with the proxy's error
+// classes (connect, tls, timeout, protocol). A leg bounds its own time
+// (proxy.Leg: the flow's dial timeout, its prefill and decode timeouts
+// through the request context) instead of ResponseHeaderTimeout and
+// StreamIdleTimeout. Transport is the same upstream without a Server, for
+// flows run outside the listener (tests, benchmarks).
 //
-// Errors are mapped to statuses in one function (classify): 400 malformed
-// request, 413 body too large, 502 upstream connect/TLS/protocol error,
-// 503 no healthy endpoint (or the proxy's body memory is spent, with
-// Retry-After), 504 upstream timeout, 500 anything unclassified. Bodies
-// follow the OpenAI shape {"error":{"message":...,"type":...,"param":null,"code":...}}.
+// Every error of the mode-4 listener, the flows' included, is mapped to a
+// status in one function (classify; VerdictFor and WriteError are its
+// faces for flows that write their own answer): 400 malformed request,
+// 413 body too large, 429 a P/D endpoint queue or the process-wide P/D cap
+// full (with Retry-After), 502 upstream connect/TLS/protocol error, an
+// endpoint's server error where a flow needs an answer, or missing or
+// malformed transfer parameters, 503 no healthy endpoint (or, with
+// Retry-After, the proxy's body memory is spent or a P/D request waited
+// too long for an endpoint slot), 504 upstream timeout, 500 anything
+// unclassified. Bodies follow the OpenAI shape
+// {"error":{"message":...,"type":...,"param":null,"code":...}}.
 // A response gets its status line with its first body byte (event streams
 // at once), so an endpoint failing before that still yields a clean error;
 // a failure after the status line was sent flushes what was relayed and

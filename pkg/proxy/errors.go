@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
 )
@@ -51,7 +52,44 @@ var (
 	// own memory (Config.MaxInflightBodyBytes); the client should retry
 	// shortly (503 with Retry-After).
 	ErrOverloaded = errors.New("proxy overloaded")
+
+	// The sentinels below are returned by flows that run their own legs
+	// (Plan.Dispatch: the prefill/decode flows of pkg/dispatch).
+
+	// ErrQueueFull means the chosen endpoint is at its in-flight cap and
+	// its wait queue is full (429 with Retry-After).
+	ErrQueueFull = errors.New("endpoint queue full")
+	// ErrTotalCap means the process-wide cap of concurrent flows is
+	// reached (429 with Retry-After).
+	ErrTotalCap = errors.New("total P/D in-flight cap reached")
+	// ErrParkTimeout means a request waited too long for an endpoint
+	// slot without getting one (503 with Retry-After).
+	ErrParkTimeout = errors.New("waited too long for an endpoint slot")
+	// ErrParamsMissing means a prefill leg succeeded without the transfer
+	// parameters the decode leg needs (502).
+	ErrParamsMissing = errors.New("prefill returned no transfer parameters")
+	// ErrParamsMalformed means the transfer parameters cannot be used
+	// (502).
+	ErrParamsMalformed = errors.New("prefill returned malformed transfer parameters")
+	// ErrUpstreamStatus means a leg's endpoint answered with a server
+	// error where the flow needs an answer to go on (502).
+	ErrUpstreamStatus = errors.New("upstream error status")
 )
+
+// LegError is a failed leg of a flow (Plan.Dispatch): which leg, to
+// which endpoint, and why. Err wraps one of the sentinels. A broken leg
+// answers code upstream_error whatever broke it, the code prefill/decode
+// clients have always seen.
+type LegError struct {
+	Leg  string // prefill or decode
+	Addr string // the endpoint's host:port
+	Err  error
+}
+
+func (e *LegError) Error() string { return fmt.Sprintf("%s leg to %s: %v", e.Leg, e.Addr, e.Err) }
+
+// Unwrap returns the cause.
+func (e *LegError) Unwrap() error { return e.Err }
 
 // Reason codes of ListenError, the same the management API answers a
 // create with.
@@ -130,6 +168,10 @@ func classify(err error) errorInfo {
 		return errorInfo{http.StatusBadRequest, "invalid_request_error", "bad_request", ClassBadRequest, false}
 	case errors.Is(err, ErrOverloaded):
 		return errorInfo{http.StatusServiceUnavailable, "service_unavailable", "proxy_overloaded", ClassUnavailable, true}
+	case errors.Is(err, ErrQueueFull), errors.Is(err, ErrTotalCap):
+		return errorInfo{http.StatusTooManyRequests, "service_unavailable", "pd_queue_full", ClassUnavailable, true}
+	case errors.Is(err, ErrParkTimeout):
+		return errorInfo{http.StatusServiceUnavailable, "service_unavailable", "pd_admission_timeout", ClassUnavailable, true}
 	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrNoService):
 		return errorInfo{http.StatusServiceUnavailable, "service_unavailable", "no_healthy_endpoint", ClassUnavailable, false}
 	case errors.Is(err, ErrUpstreamTimeout):
@@ -138,8 +180,19 @@ func classify(err error) errorInfo {
 		return errorInfo{http.StatusBadGateway, "upstream_error", "upstream_tls_error", ClassTLS, false}
 	case errors.Is(err, ErrUpstreamConnect):
 		return errorInfo{http.StatusBadGateway, "upstream_error", "upstream_connect_error", ClassConnect, false}
+	case errors.Is(err, ErrParamsMissing):
+		return errorInfo{http.StatusBadGateway, "upstream_error", "pd_params_missing", ClassProtocol, false}
+	case errors.Is(err, ErrParamsMalformed):
+		return errorInfo{http.StatusBadGateway, "upstream_error", "pd_params_malformed", ClassProtocol, false}
+	case errors.Is(err, ErrUpstreamStatus):
+		return errorInfo{http.StatusBadGateway, "upstream_error", "upstream_error", ClassProtocol, false}
 	case errors.Is(err, ErrUpstreamProtocol):
-		return errorInfo{http.StatusBadGateway, "upstream_error", "upstream_protocol_error", ClassProtocol, false}
+		code := "upstream_protocol_error"
+		var le *LegError
+		if errors.As(err, &le) {
+			code = "upstream_error"
+		}
+		return errorInfo{http.StatusBadGateway, "upstream_error", code, ClassProtocol, false}
 	default:
 		return errorInfo{http.StatusInternalServerError, "internal_error", "internal_error", ClassInternal, false}
 	}
@@ -160,6 +213,37 @@ func outcomeOf(err error) outlier.Outcome {
 // exported face of the single mapping function, for tests and callers that
 // need to predict the proxy's answer.
 func StatusFor(err error) int { return classify(err).status }
+
+// Verdict is the proxy's answer for an error, as the single mapping
+// function gives it.
+type Verdict struct {
+	// Status is the HTTP status; StatusClientClosed (499) is recorded,
+	// never sent.
+	Status int
+	// Class is the error class (Result.Class, metric labels).
+	Class ErrorClass
+	// RetryAfter says the refusal passes quickly: the answer carries
+	// Retry-After.
+	RetryAfter bool
+}
+
+// VerdictFor maps err like the proxy does for its own failures.
+func VerdictFor(err error) Verdict {
+	info := classify(err)
+	return Verdict{Status: info.status, Class: info.class, RetryAfter: info.retryAfter}
+}
+
+// WriteError answers the client with err exactly as the proxy answers its
+// own failures (the OpenAI-style JSON error, status from the single
+// mapping function), for flows that write their own response
+// (Plan.Dispatch). retryAfter is the Retry-After value of refusals that
+// pass quickly, rounded up to whole seconds and at least 1. Nothing is
+// written for a client that went away.
+func WriteError(w http.ResponseWriter, err error, retryAfter time.Duration) Verdict {
+	info := classify(err)
+	writeErrorAfter(w, info, err, retryAfter)
+	return Verdict{Status: info.status, Class: info.class, RetryAfter: info.retryAfter}
+}
 
 // upstreamError classifies a transport error from one attempt against the
 // endpoint at addr and wraps it with the matching sentinel. retryable is
@@ -217,6 +301,10 @@ func isTimeout(err error) bool {
 // {"error":{"message":...,"type":...,"param":null,"code":...}}. param is
 // always present, as in OpenAI's errors, so clients that read it find it.
 func writeError(w http.ResponseWriter, info errorInfo, err error) {
+	writeErrorAfter(w, info, err, time.Second)
+}
+
+func writeErrorAfter(w http.ResponseWriter, info errorInfo, err error, retryAfter time.Duration) {
 	if info.status == StatusClientClosed {
 		return // nobody is listening
 	}
@@ -240,7 +328,11 @@ func writeError(w http.ResponseWriter, info errorInfo, err error) {
 	h.Set("Content-Length", strconv.Itoa(len(b)+1))
 	h.Del("Content-Encoding")
 	if info.retryAfter {
-		h.Set("Retry-After", "1")
+		secs := "1"
+		if retryAfter > time.Second {
+			secs = strconv.Itoa(int((retryAfter + time.Second - 1) / time.Second))
+		}
+		h.Set("Retry-After", secs)
 	}
 	w.WriteHeader(info.status)
 	_, _ = w.Write(append(b, '\n'))

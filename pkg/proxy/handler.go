@@ -185,6 +185,7 @@ func (ex *exchange) run() {
 // dispatch hands the exchange to the plan's own flow (prefill/decode).
 func (ex *exchange) dispatch(req *Request) {
 	bytesIn := ex.res.BytesIn
+	req.Legs = legTripper{s: ex.s, service: ex.svc.cfg.ID, svc: ex.svc}
 	res := ex.plan.Dispatch(ex.ctx, ex.w, req)
 	res.BytesIn = bytesIn
 	if res.Status == 0 {

@@ -30,6 +30,11 @@ type Request struct {
 	Body []byte
 	// ClientAddr is the client's address as seen by the proxy.
 	ClientAddr netip.AddrPort
+	// Legs is set by the Server just before it hands the exchange to
+	// Plan.Dispatch: the rule's pooled endpoint connections for the
+	// flow's legs (Server.RoundTripper for this service). It is nil when
+	// the Picker runs.
+	Legs http.RoundTripper
 }
 
 // Endpoint is one upstream candidate chosen by the Picker.
@@ -86,9 +91,9 @@ type Plan struct {
 	// ignored. If Dispatch returns Result.Status 0 nothing was written and
 	// the proxy answers with the error class of Result.Err; a 2xx Status
 	// with a non-nil Err means the flow broke mid-body, and the proxy cuts
-	// the client connection. Server.RoundTripper gives the flow the
-	// rule's pooled, TLS-configured endpoint connections and in-flight
-	// accounting.
+	// the client connection. req.Legs gives the flow the rule's pooled,
+	// TLS-configured endpoint connections, the proxy's error classes and
+	// in-flight accounting.
 	Dispatch func(ctx context.Context, w http.ResponseWriter, req *Request) Result
 }
 

@@ -902,3 +902,49 @@ func TestErrorBodyShape(t *testing.T) {
 		}
 	}
 }
+
+// TestFlowErrorsMapped: the errors of flows that run their own legs go
+// through the same mapping as the proxy's: status, code, Retry-After
+// (the flow's value, rounded up to whole seconds), and a broken leg keeps
+// the upstream_error code its clients know.
+func TestFlowErrorsMapped(t *testing.T) {
+	leg := func(err error) error { return &LegError{Leg: "decode", Addr: "127.0.0.1:1", Err: err} }
+	cases := []struct {
+		err        error
+		status     int
+		code       string
+		retryAfter string
+		class      ErrorClass
+	}{
+		{fmt.Errorf("%w: ep 1", ErrQueueFull), 429, "pd_queue_full", "2", ClassUnavailable},
+		{fmt.Errorf("%w: 9 requests", ErrTotalCap), 429, "pd_queue_full", "2", ClassUnavailable},
+		{fmt.Errorf("%w: ep 1", ErrParkTimeout), 503, "pd_admission_timeout", "2", ClassUnavailable},
+		{fmt.Errorf("%w: no field", ErrParamsMissing), 502, "pd_params_missing", "", ClassProtocol},
+		{fmt.Errorf("%w: not an object", ErrParamsMalformed), 502, "pd_params_malformed", "", ClassProtocol},
+		{leg(fmt.Errorf("%w: answered 500", ErrUpstreamStatus)), 502, "upstream_error", "", ClassProtocol},
+		{leg(fmt.Errorf("%w: EOF", ErrUpstreamProtocol)), 502, "upstream_error", "", ClassProtocol},
+		{fmt.Errorf("%w: EOF", ErrUpstreamProtocol), 502, "upstream_protocol_error", "", ClassProtocol},
+		{leg(fmt.Errorf("%w: refused", ErrUpstreamConnect)), 502, "upstream_connect_error", "", ClassConnect},
+		{leg(fmt.Errorf("%w: stalled", ErrUpstreamTimeout)), 504, "upstream_timeout", "", ClassTimeout},
+	}
+	for _, c := range cases {
+		rec := httptest.NewRecorder()
+		v := WriteError(rec, c.err, 1500*time.Millisecond)
+		var body struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		_ = json.Unmarshal(rec.Body.Bytes(), &body)
+		if v.Status != c.status || rec.Code != c.status || v.Class != c.class || body.Error.Code != c.code ||
+			rec.Header().Get("Retry-After") != c.retryAfter || v.RetryAfter != (c.retryAfter != "") {
+			t.Errorf("%v: verdict %+v, answered %d code %q Retry-After %q", c.err, v, rec.Code, body.Error.Code, rec.Header().Get("Retry-After"))
+		}
+		if body.Error.Message != c.err.Error() {
+			t.Errorf("message %q, want %q", body.Error.Message, c.err.Error())
+		}
+	}
+	// A client gone gets nothing written.
+	rec := httptest.NewRecorder()
+	if v := WriteError(rec, fmt.Errorf("%w: left", ErrClientCanceled), time.Second); v.Status != StatusClientClosed || rec.Body.Len() != 0 {
+		t.Errorf("client gone: %+v, wrote %q", v, rec.Body.String())
+	}
+}

@@ -30,13 +30,12 @@ import (
 // achieves; one reused sooner is not probed, and if the endpoint closed it
 // anyway the request is sent again on a fresh connection (roundTrip).
 type upstream struct {
-	dialer        net.Dialer
-	tlsConf       *tls.Config // nil for plain HTTP to endpoints
-	headerTimeout time.Duration
-	streamIdle    time.Duration
-	headerLimit   int64
-	idleTimeout   time.Duration
-	maxIdle       int
+	dialer      net.Dialer
+	tlsConf     *tls.Config // nil for plain HTTP to endpoints
+	lim         limits      // the service's time bounds (Config)
+	headerLimit int64
+	idleTimeout time.Duration
+	maxIdle     int
 
 	mu     sync.Mutex
 	idle   map[string][]*pconn // endpoint address -> idle connections, most recent last
@@ -48,14 +47,13 @@ type upstream struct {
 
 func newUpstream(cfg Config, tlsConf *tls.Config) *upstream {
 	return &upstream{
-		dialer:        net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second},
-		tlsConf:       tlsConf,
-		headerTimeout: cfg.ResponseHeaderTimeout,
-		streamIdle:    cfg.StreamIdleTimeout,
-		headerLimit:   int64(cfg.MaxResponseHeaderBytes),
-		idleTimeout:   cfg.UpstreamIdleTimeout,
-		maxIdle:       cfg.MaxIdleConnsPerHost,
-		idle:          map[string][]*pconn{},
+		dialer:      net.Dialer{KeepAlive: 30 * time.Second},
+		tlsConf:     tlsConf,
+		lim:         limits{dial: cfg.DialTimeout, header: cfg.ResponseHeaderTimeout, idle: cfg.StreamIdleTimeout},
+		headerLimit: int64(cfg.MaxResponseHeaderBytes),
+		idleTimeout: cfg.UpstreamIdleTimeout,
+		maxIdle:     cfg.MaxIdleConnsPerHost,
+		idle:        map[string][]*pconn{},
 	}
 }
 
@@ -246,11 +244,18 @@ func (s *stdRequest) rewind() error {
 	return nil
 }
 
+// limits bound one exchange in time; a zero field means no bound.
+type limits struct {
+	dial   time.Duration // connect and TLS handshake
+	header time.Duration // response headers, then the first body byte
+	idle   time.Duration // silence between two body reads
+}
+
 // roundTrip sends req to addr and returns the response with its headers
 // read. The response body must be read to EOF or closed; either returns
 // the connection to the pool or closes it.
 func (u *upstream) roundTrip(req *http.Request, addr string) (*http.Response, error) {
-	return u.send(req.Context(), addr, &stdRequest{req: req}, req, req.Close)
+	return u.sendWithin(req.Context(), addr, &stdRequest{req: req}, req, req.Close, u.lim)
 }
 
 // send writes the request w to addr under ctx and returns the response
@@ -258,12 +263,17 @@ func (u *upstream) roundTrip(req *http.Request, addr string) (*http.Response, er
 // the response parser needs it (its method); closeAfter says the
 // connection is not to be reused.
 func (u *upstream) send(ctx context.Context, addr string, w requestWriter, parse *http.Request, closeAfter bool) (*http.Response, error) {
+	return u.sendWithin(ctx, addr, w, parse, closeAfter, u.lim)
+}
+
+// sendWithin is send under the time bounds lim instead of the service's.
+func (u *upstream) sendWithin(ctx context.Context, addr string, w requestWriter, parse *http.Request, closeAfter bool, lim limits) (*http.Response, error) {
 	for try := 0; ; try++ {
-		pc, err := u.get(ctx, addr, try > 0)
+		pc, err := u.get(ctx, addr, try > 0, lim.dial)
 		if err != nil {
 			return nil, &connectError{err: err}
 		}
-		resp, err := pc.exchange(ctx, w, parse, closeAfter)
+		resp, err := pc.exchange(ctx, w, parse, closeAfter, lim)
 		if err == nil {
 			return resp, nil
 		}
@@ -278,8 +288,8 @@ func (u *upstream) send(ctx context.Context, addr string, w requestWriter, parse
 	}
 }
 
-// get returns a live idle connection or dials a new one.
-func (u *upstream) get(ctx context.Context, addr string, fresh bool) (*pconn, error) {
+// get returns a live idle connection or dials a new one within dial.
+func (u *upstream) get(ctx context.Context, addr string, fresh bool, dial time.Duration) (*pconn, error) {
 	if !fresh {
 		for {
 			pc := u.popIdle(addr)
@@ -299,7 +309,7 @@ func (u *upstream) get(ctx context.Context, addr string, fresh bool) (*pconn, er
 			_ = pc.conn.Close()
 		}
 	}
-	return u.dial(ctx, addr)
+	return u.dial(ctx, addr, dial)
 }
 
 func (u *upstream) popIdle(addr string) *pconn {
@@ -315,8 +325,10 @@ func (u *upstream) popIdle(addr string) *pconn {
 	return pc
 }
 
-func (u *upstream) dial(ctx context.Context, addr string) (*pconn, error) {
-	raw, err := u.dialer.DialContext(ctx, "tcp", addr)
+func (u *upstream) dial(ctx context.Context, addr string, timeout time.Duration) (*pconn, error) {
+	dialer := u.dialer
+	dialer.Timeout = timeout
+	raw, err := dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
@@ -333,7 +345,10 @@ func (u *upstream) dial(ctx context.Context, addr string) (*pconn, error) {
 			tc.ServerName = host
 		}
 		tlsConn := tls.Client(raw, tc)
-		hctx, cancel := context.WithTimeout(ctx, u.dialer.Timeout)
+		hctx, cancel := ctx, context.CancelFunc(func() {})
+		if timeout > 0 {
+			hctx, cancel = context.WithTimeout(ctx, timeout)
+		}
 		err := tlsConn.HandshakeContext(hctx)
 		cancel()
 		if err != nil {
@@ -364,7 +379,7 @@ func (u *upstream) newPconn(addr string, conn, raw net.Conn) *pconn {
 // request context's cancellation is wired to the connection's deadline
 // until the body is done, so a client that goes away unblocks any read or
 // write.
-func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Request, closeAfter bool) (*http.Response, error) {
+func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Request, closeAfter bool, lim limits) (*http.Response, error) {
 	pc.lr.got = 0
 	if pc.cancelFn == nil {
 		pc.cancelFn = pc.cancel
@@ -376,8 +391,8 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 	if err := pc.bw.Flush(); err != nil {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}
-	if pc.u.headerTimeout > 0 {
-		pc.setReadDeadline(time.Now().Add(pc.u.headerTimeout))
+	if lim.header > 0 {
+		pc.setReadDeadline(time.Now().Add(lim.header))
 	}
 	var (
 		resp *http.Response
@@ -420,13 +435,13 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 		break
 	}
 	pc.lr.armed = false
-	if pc.u.headerTimeout > 0 {
+	if lim.header > 0 {
 		pc.setReadDeadline(time.Time{})
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil, errors.New("endpoint switched protocols, which the proxy does not relay")
 	}
-	*body = bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !closeAfter}
+	*body = bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !closeAfter, first: lim.header, idle: lim.idle}
 	resp.Body = body
 	return resp, nil
 }
@@ -438,7 +453,7 @@ func (pc *pconn) release() {
 		_ = pc.conn.Close()
 		return
 	}
-	if pc.u.streamIdle > 0 || pc.u.headerTimeout > 0 {
+	if pc.u.lim.idle > 0 || pc.u.lim.header > 0 {
 		// An expired deadline would fail the liveness probe before reuse.
 		_ = pc.conn.SetReadDeadline(time.Time{})
 	}
@@ -528,18 +543,19 @@ type bodyReader struct {
 	rc       io.ReadCloser
 	pc       *pconn
 	reusable bool
-	done     bool
-	started  bool // a body byte arrived
+	// first and idle are the exchange's header and idle bounds.
+	first, idle time.Duration
+	done        bool
+	started     bool // a body byte arrived
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
 	if b.done {
 		return 0, io.EOF
 	}
-	u := b.pc.u
-	wait := u.streamIdle
+	wait := b.idle
 	if !b.started {
-		wait = u.headerTimeout
+		wait = b.first
 	}
 	if wait > 0 {
 		b.pc.setReadDeadline(time.Now().Add(wait))

@@ -53,7 +53,7 @@ func FuzzUpstreamResponse(f *testing.F) {
 		defer cli.Close()
 		pc := u.newPconn("endpoint", cli, cli)
 		req, _ := http.NewRequest(http.MethodPost, "http://endpoint/v1/completions", strings.NewReader("{}"))
-		resp, err := pc.exchange(req.Context(), &stdRequest{req: req}, req, false)
+		resp, err := pc.exchange(req.Context(), &stdRequest{req: req}, req, false, u.lim)
 		if err != nil {
 			pc.close()
 			if errors.Is(err, ErrUpstreamHeaderTooLarge) && len(raw) < headerCap {

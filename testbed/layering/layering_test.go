@@ -5,7 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -19,6 +23,8 @@ const mod = "github.com/loxilb-llm/loxilb"
 // pkgInfo is what `go list -json` says of one package of the module.
 type pkgInfo struct {
 	ImportPath   string
+	Dir          string
+	GoFiles      []string // non-test Go files of the build
 	Imports      []string // direct imports of the non-test files
 	Deps         []string // transitive imports of the non-test files
 	TestImports  []string // direct imports of the in-package test files
@@ -140,7 +146,7 @@ func listModule(t *testing.T) []pkgInfo {
 			t.Fatalf("the go command is needed to list the module's imports: %v", err)
 		}
 	}
-	cmd := exec.Command(gobin, "list", "-e", "-json=ImportPath,Imports,Deps,TestImports,XTestImports,Error", mod+"/...")
+	cmd := exec.Command(gobin, "list", "-e", "-json=ImportPath,Dir,GoFiles,Imports,Deps,TestImports,XTestImports,Error", mod+"/...")
 	cmd.Dir = ".." // inside the module; the pattern names the whole of it
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -163,6 +169,116 @@ func listModule(t *testing.T) []pkgInfo {
 		t.Fatalf("go list found %d packages in %s; expected the whole module", len(pkgs), mod)
 	}
 	return pkgs
+}
+
+// requestPath are the packages a mode-4 request passes through on its way
+// to an endpoint. Only pkg/proxy talks to endpoints (its upstream: pooled
+// connections, TLS settings, error classes, in-flight counts); these
+// packages build no net/http client or transport of their own, and P/D
+// legs take the proxy's (proxy.Request.Legs).
+var requestPath = []string{mod + "/pkg/dispatch", mod + "/pkg/gateway", mod + "/pkg/router", mod + "/pkg/selector"}
+
+// clientExceptions are files of requestPath packages that may build an
+// HTTP client because they are not on the request path, each with its
+// reason.
+var clientExceptions = map[string]string{
+	mod + "/pkg/gateway/scrape.go": "the engines' metrics scraper, a side input polled on its own timer",
+}
+
+// httpClientNames are the net/http names that send requests.
+var httpClientNames = []string{"Transport", "Client", "DefaultTransport", "DefaultClient"}
+
+// httpClientUses returns "file:line: http.Name" for every use of an
+// httpClientNames name in src (one Go file).
+func httpClientUses(name string, src []byte) ([]string, error) {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, name, src, parser.SkipObjectResolution)
+	if err != nil {
+		return nil, err
+	}
+	local := ""
+	for _, im := range f.Imports {
+		if im.Path.Value == `"net/http"` {
+			local = "http"
+			if im.Name != nil {
+				local = im.Name.Name
+			}
+		}
+	}
+	if local == "" {
+		return nil, nil
+	}
+	var out []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		sel, ok := n.(*ast.SelectorExpr)
+		if !ok {
+			return true
+		}
+		if id, ok := sel.X.(*ast.Ident); ok && id.Name == local && slices.Contains(httpClientNames, sel.Sel.Name) {
+			out = append(out, fmt.Sprintf("%s:%d: http.%s", name, fset.Position(sel.Pos()).Line, sel.Sel.Name))
+		}
+		return true
+	})
+	return out, nil
+}
+
+// TestOnlyProxyTalksToEndpoints: no package of the request path but
+// pkg/proxy builds an HTTP client or transport.
+func TestOnlyProxyTalksToEndpoints(t *testing.T) {
+	checked := 0
+	for _, p := range listModule(t) {
+		if !slices.Contains(requestPath, p.ImportPath) {
+			continue
+		}
+		for _, f := range p.GoFiles {
+			if _, ok := clientExceptions[p.ImportPath+"/"+f]; ok {
+				continue
+			}
+			src, err := os.ReadFile(filepath.Join(p.Dir, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			uses, err := httpClientUses(p.ImportPath+"/"+f, src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, u := range uses {
+				t.Errorf("%s: the request path sends to endpoints only through pkg/proxy's upstream", u)
+			}
+			checked++
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no file of the request path was checked")
+	}
+	for f := range clientExceptions {
+		if _, err := os.Stat(filepath.Join("..", "..", strings.TrimPrefix(f, mod+"/"))); err != nil {
+			t.Errorf("exception %s no longer exists; remove it", f)
+		}
+	}
+}
+
+// TestHTTPClientUses: the scanner sees a transport built under any import
+// name, and not a name that only looks alike.
+func TestHTTPClientUses(t *testing.T) {
+	src := `package x
+import (
+	nethttp "net/http"
+	other "example.com/http"
+)
+var a = &nethttp.Transport{}
+var b = nethttp.DefaultClient
+var c = other.Transport{}
+var d = nethttp.Header{}
+`
+	got, err := httpClientUses("x.go", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"x.go:6: http.Transport", "x.go:7: http.DefaultClient"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %q, want %q", got, want)
+	}
 }
 
 func TestLayering(t *testing.T) {
