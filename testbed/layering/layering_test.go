@@ -92,6 +92,7 @@ var rules = []rule{
 			{mod + "/pkg/gateway", mod + "/testbed/pki"}, // a throw-away CA for the TLS tests
 			{mod + "/pkg/proxy", mod + "/testbed/pki"},
 			{mod + "/pkg/dispatch", mod + "/testbed/wait"}, // the shared Eventually
+			{mod + "/pkg/proxy", mod + "/testbed/wait"},
 		},
 	},
 	{
