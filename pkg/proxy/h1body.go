@@ -107,7 +107,13 @@ func (b *h1Body) line() ([]byte, error) {
 	if len(l) < 2 || l[len(l)-2] != '\r' {
 		return nil, fmt.Errorf("%w: line not ended by CRLF", errChunkedSyntax)
 	}
-	return l[:len(l)-2], nil
+	l = l[:len(l)-2]
+	// A bare CR inside the line (in an extension, say) is refused, as
+	// net/http refuses it: two parsers must never split a body differently.
+	if indexByte(l, '\r') >= 0 {
+		return nil, fmt.Errorf("%w: bare CR in chunked line", errChunkedSyntax)
+	}
+	return l, nil
 }
 
 // nextChunk reads a chunk-size line; after the last chunk it reads the
