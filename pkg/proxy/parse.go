@@ -218,10 +218,10 @@ func parseUsage(b []byte, r *Result) {
 		return // absent, or null as in vLLM's non-final stream chunks
 	}
 	r.HasUsage = true
-	if v, ok := jsonInt(jsonPath(u, "prompt_tokens")); ok {
+	if v, ok := parseDecimal(jsonPath(u, "prompt_tokens")); ok {
 		r.PromptTokens = v
 	}
-	if v, ok := jsonInt(jsonPath(u, "prompt_tokens_details", "cached_tokens")); ok {
+	if v, ok := parseDecimal(jsonPath(u, "prompt_tokens_details", "cached_tokens")); ok {
 		r.CachedTokens, r.HasCachedTokens = v, true
 	}
 }
@@ -263,21 +263,6 @@ func jsonPath(b []byte, path ...string) []byte {
 		return nil
 	}
 	return b[start:s.i]
-}
-
-// jsonInt parses a non-negative JSON integer of at most 18 digits.
-func jsonInt(v []byte) (int64, bool) {
-	if len(v) == 0 || len(v) > 18 {
-		return 0, false
-	}
-	var n int64
-	for _, c := range v {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		n = n*10 + int64(c-'0')
-	}
-	return n, true
 }
 
 // usageTap watches response bytes as they are relayed and extracts usage
