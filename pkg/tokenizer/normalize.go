@@ -30,10 +30,12 @@ func (n normForm) normalize(s string) string {
 // never the second of a composition, so NFC acts on each run of
 // non-ASCII text together with the ASCII character before it (which may
 // compose with the run, as "e" with U+0301) independently of the rest:
-// s is normal if and only if every such piece is.
+// s is normal if and only if every such piece is. That holds for valid
+// UTF-8 only: x/text reads an invalid lead byte together with whatever
+// follows it, ASCII included, so text with invalid bytes is checked whole.
 func (n normForm) isNormal(s string) bool {
 	const nfcGap = 64
-	if n.f != norm.NFC {
+	if n.f != norm.NFC || !utf8.ValidString(s) {
 		return n.f.IsNormalString(s)
 	}
 	for i := 0; i < len(s); {
