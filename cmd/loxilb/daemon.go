@@ -46,14 +46,17 @@ type daemon struct {
 	tokens  *tokenizer.Registry
 	prober  *health.Prober
 	scraper *gateway.Scraper
-	gw      *gateway.Gateway
-	pdd     *dispatch.Dispatcher
-	pd      *gateway.PD
-	px      *proxy.Server
-	ctl     *control.Controller
-	kernel  kernelPlane
-	caps    *capabilities
-	members *cluster.Membership
+	// inflight counts the requests the proxy sends per endpoint; the
+	// gateway reads it as local load and the drain API as what is left.
+	inflight *proxy.InFlightTable
+	gw       *gateway.Gateway
+	pdd      *dispatch.Dispatcher
+	pd       *gateway.PD
+	px       *proxy.Server
+	ctl      *control.Controller
+	kernel   kernelPlane
+	caps     *capabilities
+	members  *cluster.Membership
 	// seedFP identifies LLB_KV_NONE_HASH_SEED without revealing it, in the
 	// membership record and in diagnostics alike; computed once, as it is
 	// deliberately slow.
@@ -131,13 +134,16 @@ func (d *daemon) buildRouting() error {
 	if err != nil {
 		return err
 	}
+	// Created before both of its users, so the gateway (the proxy's
+	// Picker) and the proxy need no link to each other after construction.
+	d.inflight = new(proxy.InFlightTable)
 	d.gw, err = gateway.New(gateway.Config{Seed: cfg.seed, Outliers: outliers, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
 		ClientCertFile: cfg.proxyClient.cert, ClientKeyFile: cfg.proxyClient.key, ClientCAFile: cfg.proxyClient.ca,
 		Receipts: cfg.receipts, Proxy: cfg.proxyConfig(), CoalesceWait: cfg.gatewayCoalesceWait(),
 		PrefillSlots: cfg.prefillSlots, PrefillQueueWait: cfg.prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
 		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: d.events,
-		ClusterLoad: cfg.clusterRoutingOn()}, d.tokens, d.index, rt, d.prober, d.scraper, logger, reg)
+		ClusterLoad: cfg.clusterRoutingOn()}, d.tokens, d.index, rt, d.prober, d.scraper, d.inflight, logger, reg)
 	return err
 }
 
@@ -152,7 +158,7 @@ func (d *daemon) buildProxy() error {
 	if d.pd, err = gateway.NewPD(d.gw, d.pdd); err != nil {
 		return err
 	}
-	if d.px, err = proxy.New(d.cfg.proxyConfig(), d.pd, d.logger, d.reg); err != nil {
+	if d.px, err = proxy.New(d.cfg.proxyConfig(), d.pd, d.inflight, d.logger, d.reg); err != nil {
 		return err
 	}
 	d.gw.SetProxy(d.px)
@@ -307,7 +313,7 @@ func (d *daemon) applyRules(ctx context.Context, wg *sync.WaitGroup) {
 // startAPI binds and serves the management API until apiCtx ends; a
 // failure arrives on errc and stops the daemon (cancel).
 func (d *daemon) startAPI(apiCtx context.Context, apiCfg api.Config, errc chan error, cancel func()) error {
-	cfg, gw, px, pdd := d.cfg, d.gw, d.px, d.pdd
+	cfg, gw, inflight, pdd := d.cfg, d.gw, d.inflight, d.pdd
 	srv, err := api.New(apiCfg,
 		api.Deps{Rules: d.ctl, Capabilities: d.caps.list, Gatherer: d.reg, Registerer: d.reg, Logger: d.logger, Settings: d.st,
 			KV: inspector{index: d.index, events: d.events}, Prefill: gw,
@@ -325,7 +331,7 @@ func (d *daemon) startAPI(apiCtx context.Context, apiCfg api.Config, errc chan e
 			// The proxy counts the requests it forwards and the P/D legs
 			// it carries; the dispatcher counts those legs from their
 			// admission on, a wait for an endpoint slot included.
-			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) },
+			InFlight: func(s uint32, ep int) int { return max(inflight.Count(s, ep), pdd.InFlight(s, ep)) },
 			Diagnose: diag.Sources{Rules: d.ctl.List, Events: d.events.Status, SeedFingerprint: d.seedFP, SeedProblem: lbrule.SeedPrecondition(cfg.ruleSettings()),
 				TokenizerDir: cfg.tokenizerDir, SidePort: pdd.SidePort}.Run})
 	if err != nil {

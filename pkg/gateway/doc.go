@@ -14,8 +14,9 @@
 //	        -> (queued while the endpoint's prefill slots are taken, shortest
 //	           predicted prefill first: prefill admission, prefillq.go)
 //
-// Candidates' load is this node's in-flight requests (open, held,
-// queued) and the engines' scraped running/waiting (scrape.go); with
+// Candidates' load is this node's in-flight requests (open: the
+// proxy.InFlightTable the proxy counts into, given to New; held; queued)
+// and the engines' scraped running/waiting (scrape.go); with
 // several gateway nodes (Config.ClusterLoad) the in-flight count also
 // carries what the others sent, as of the last scrape, so every node ranks
 // endpoints alike.

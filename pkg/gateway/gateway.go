@@ -72,7 +72,6 @@ type OtherNodesLoad interface {
 // ProxyTable is the proxy's configuration entry point (*proxy.Server).
 type ProxyTable interface {
 	Update(cfg proxy.Config) error
-	InFlight(service uint32, ep int) int
 }
 
 // Config holds process-wide gateway settings.
@@ -189,23 +188,26 @@ const DefaultCoalesceWait = 3 * time.Second
 
 // Gateway is the mode-4 service table and proxy.Picker.
 type Gateway struct {
-	cfg     Config
-	tok     Tokenizers
-	inv     Inventory
-	router  *router.Router
-	health  HealthView
-	engine  EngineMetrics
-	others  OtherNodesLoad // ClusterLoad's source; nil when off
-	logger  *slog.Logger
-	m       *metrics
-	table   atomic.Pointer[map[uint32]*service]
-	proxy   atomic.Value // ProxyTable
-	mu      sync.Mutex   // serializes Reconcile
-	keyPool sync.Pool
-	leaders leaders
-	prefill prefillGate
-	work    prefillWork // outstanding prefill tokens per endpoint
-	ranks   rankLoad    // per data-parallel rank: requests in flight, recent placements
+	cfg    Config
+	tok    Tokenizers
+	inv    Inventory
+	router *router.Router
+	health HealthView
+	engine EngineMetrics
+	// inflight is the proxy's count of requests sent to each endpoint
+	// and not yet finished, shared with it from construction.
+	inflight *proxy.InFlightTable
+	others   OtherNodesLoad // ClusterLoad's source; nil when off
+	logger   *slog.Logger
+	m        *metrics
+	table    atomic.Pointer[map[uint32]*service]
+	proxy    atomic.Value // ProxyTable
+	mu       sync.Mutex   // serializes Reconcile
+	keyPool  sync.Pool
+	leaders  leaders
+	prefill  prefillGate
+	work     prefillWork // outstanding prefill tokens per endpoint
+	ranks    rankLoad    // per data-parallel rank: requests in flight, recent placements
 	// rankEngine is engine's per-rank gauges, when it scrapes them.
 	rankEngine RankMetrics
 	// tokSlots bounds concurrent tokenization (TokenizeConcurrency).
@@ -239,10 +241,13 @@ type service struct {
 func (st *service) isDraining(i int) bool { return i < len(st.draining) && st.draining[i] }
 
 // New builds the gateway. health and engine may be nil (every endpoint is
-// healthy; no engine metrics).
-func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health HealthView, engine EngineMetrics, logger *slog.Logger, reg prometheus.Registerer) (*Gateway, error) {
-	if tok == nil || inv == nil || rt == nil {
-		return nil, errors.New("gateway: tokenizers, inventory and router are required")
+// healthy; no engine metrics). inflight is the table the proxy counts its
+// requests in (the same one given to proxy.New): it is every candidate's
+// local load, so it is required.
+func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health HealthView, engine EngineMetrics,
+	inflight *proxy.InFlightTable, logger *slog.Logger, reg prometheus.Registerer) (*Gateway, error) {
+	if tok == nil || inv == nil || rt == nil || inflight == nil {
+		return nil, errors.New("gateway: tokenizers, inventory, router and in-flight table are required")
 	}
 	if logger == nil {
 		logger = slog.Default()
@@ -269,19 +274,14 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, tok: tok, inv: inv, router: rt, health: health, engine: engine, logger: logger, m: m,
+	g := &Gateway{cfg: cfg, tok: tok, inv: inv, router: rt, health: health, engine: engine, inflight: inflight, logger: logger, m: m,
 		tokSlots:   make(chan struct{}, cfg.TokenizeConcurrency),
 		unknownLog: logLimiter{every: logEvery}, rejectLog: logLimiter{every: logEvery}}
 	g.prefill.slots = max(cfg.PrefillSlots, PrefillAuto)
 	g.prefill.learner, _ = engine.(SlotLearner)
 	if o, ok := engine.(OtherNodesLoad); ok && cfg.ClusterLoad {
 		g.others = o
-		o.SetSelfInFlight(func(service uint32, ep int) int {
-			if pt := g.proxyTable(); pt != nil {
-				return pt.InFlight(service, ep)
-			}
-			return 0
-		})
+		o.SetSelfInFlight(inflight.Count)
 	}
 	g.rankEngine, _ = engine.(RankMetrics)
 	if reg != nil {

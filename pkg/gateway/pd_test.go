@@ -129,7 +129,7 @@ func newPDBenchWith(t *testing.T, engine string, kvMode, third, ranks int, tweak
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.g, err = New(Config{}, toks, b.index, rt, nil, nil, nil, reg)
+	b.g, err = New(Config{}, toks, b.index, rt, nil, nil, new(proxy.InFlightTable), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +310,7 @@ func TestPDThroughProxy(t *testing.T) {
 	ln.Close()
 	rule := b.g.lookup(1).rule.Clone()
 	rule.Service.ExternalIP, rule.Service.Port = vip.Addr().String(), int(vip.Port())
-	px, err := proxy.New(proxy.Config{}, b.pd, nil, prometheus.NewRegistry())
+	px, err := proxy.New(proxy.Config{}, b.pd, b.g.inflight, nil, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -365,7 +365,6 @@ func (g *Gateway) promptTokensRendered(ctx context.Context, st *service, model s
 func (g *Gateway) candidates(st *service) []selector.Candidate {
 	r := st.rule
 	out := make([]selector.Candidate, 0, len(r.Endpoints))
-	pt := g.proxyTable()
 	for i, ep := range r.Endpoints {
 		if r.Service.PDDisagg && ep.Role != lbrule.RoleNone {
 			continue
@@ -374,9 +373,7 @@ func (g *Gateway) candidates(st *service) []selector.Candidate {
 		if g.health != nil && c.Healthy {
 			c.Healthy = g.health.Healthy(st.id, i)
 		}
-		if pt != nil {
-			c.InFlight = pt.InFlight(st.id, i)
-		}
+		c.InFlight = g.inflight.Count(st.id, i)
 		// Requests held for a shared prefill on this endpoint will be sent
 		// to it: they are its load already.
 		c.InFlight += g.leaders.heldFor(st.id, i)

@@ -21,7 +21,7 @@ import (
 // port frees opens the missing one.
 func TestReconcileHeldPortIsOneRulesFailure(t *testing.T) {
 	f := newFixture(t)
-	px, err := proxy.New(proxy.Config{}, f.g, nil, prometheus.NewRegistry())
+	px, err := proxy.New(proxy.Config{}, f.g, f.g.inflight, nil, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

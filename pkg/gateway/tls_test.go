@@ -123,7 +123,7 @@ func TestBackendMutualTLSThroughGateway(t *testing.T) {
 		}
 		f := newFixtureConfig(t, cfg)
 		reg := prometheus.NewRegistry()
-		px, err := proxy.New(proxy.Config{}, f.g, nil, reg)
+		px, err := proxy.New(proxy.Config{}, f.g, f.g.inflight, nil, reg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,8 +17,8 @@
 // per-request outcomes (status, bytes, usage.prompt_tokens_details.
 // cached_tokens) back to the Picker through Plan.Done, so the router can
 // compare predicted with actual cache hits; in-flight counts per endpoint
-// (Server.InFlight) that the router blends into its score; Prometheus
-// metrics labelled by service and endpoint.
+// in an InFlightTable (inflight.go) that the router reads into its score;
+// Prometheus metrics labelled by service and endpoint.
 //
 // Client side: a lean HTTP/1.1 server (h1conn.go, h1parse.go, h1body.go,
 // h1writer.go) serves every listener, plaintext or TLS, in place of
@@ -71,8 +71,10 @@
 //
 // Neighbours: the router implements Picker (and uses the tokenizer,
 // blockhash and kvindex packages to decide); control builds Config from
-// the rules and calls Update when endpoints change; the daemon creates
-// the Server, and the dataplane steers VIP traffic to its listener.
+// the rules and calls Update when endpoints change; the dataplane steers
+// VIP traffic to its listener. The daemon creates the InFlightTable
+// first and hands it to the gateway (which reads it) and to the Server
+// (which counts into it, with the gateway as its Picker).
 //
 // Request handling, in order:
 //

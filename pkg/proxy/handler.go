@@ -236,7 +236,7 @@ func (ex *exchange) forward(body []byte) {
 // returns an error only when nothing was sent to the client, and says
 // whether the next candidate may be tried.
 func (ex *exchange) attempt(ep Endpoint, body []byte) (retryable bool, err error) {
-	inflight := ex.s.inflightCounter(ex.svc.cfg.ID, ep.Idx)
+	inflight := ex.s.inflight.Counter(ex.svc.cfg.ID, ep.Idx)
 	inflight.Add(1)
 	defer inflight.Add(-1)
 

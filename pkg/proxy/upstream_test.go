@@ -101,7 +101,7 @@ func TestUpstreamPoolBounded(t *testing.T) {
 		}()
 	}
 	entered.Wait()
-	if got := px.InFlight(7, 0); got != 4 {
+	if got := px.inflight.Count(7, 0); got != 4 {
 		t.Errorf("InFlight = %d, want 4", got)
 	}
 	close(release)
@@ -151,7 +151,7 @@ func TestClientCancelWhileWaitingForEndpoint(t *testing.T) {
 		t.Errorf("result %+v, want client_canceled / 499", r)
 	}
 	<-endpointSawCancel // the proxy hung up on the endpoint too
-	if got := px.InFlight(7, 0); got != 0 {
+	if got := px.inflight.Count(7, 0); got != 0 {
 		t.Errorf("InFlight after cancel = %d", got)
 	}
 }
