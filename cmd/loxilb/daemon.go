@@ -137,9 +137,7 @@ func (d *daemon) buildRouting() error {
 	// Created before both of its users, so the gateway (the proxy's
 	// Picker) and the proxy need no link to each other after construction.
 	d.inflight = new(proxy.InFlightTable)
-	d.gw, err = gateway.New(gateway.Config{Seed: cfg.seed, Outliers: outliers, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
-		ClientCertFile: cfg.proxyClient.cert, ClientKeyFile: cfg.proxyClient.key, ClientCAFile: cfg.proxyClient.ca,
-		Receipts: cfg.receipts, Proxy: cfg.proxyConfig(), CoalesceWait: cfg.gatewayCoalesceWait(),
+	d.gw, err = gateway.New(gateway.Config{Seed: cfg.seed, Outliers: outliers, CoalesceWait: cfg.gatewayCoalesceWait(),
 		PrefillSlots: cfg.prefillSlots, PrefillQueueWait: cfg.prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
 		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: d.events,
@@ -158,11 +156,8 @@ func (d *daemon) buildProxy() error {
 	if d.pd, err = gateway.NewPD(d.gw, d.pdd); err != nil {
 		return err
 	}
-	if d.px, err = proxy.New(d.cfg.proxyConfig(), d.pd, d.inflight, d.logger, d.reg); err != nil {
-		return err
-	}
-	d.gw.SetProxy(d.px)
-	return nil
+	d.px, err = proxy.New(d.cfg.proxyConfig(), d.pd, d.inflight, d.logger, d.reg)
+	return err
 }
 
 // buildControl creates the controller, opens the data plane and registers
@@ -182,6 +177,11 @@ func (d *daemon) buildControl() error {
 	d.closers = append(d.closers, kernel.close)
 	d.ctl.AddReconciler(&gateway.KVReconciler{Subs: d.events, Inv: d.index, Seed: d.cfg.seed})
 	d.ctl.AddReconciler(d.scraper)
+	// The proxy's listeners go in just before the gateway's routing table:
+	// a listener failure (VIP:port held, TLS files missing) is the rule's
+	// "proxy" failure, and a removed rule's listener closes before its
+	// routing state goes.
+	d.ctl.AddReconciler(&gateway.ListenerReconciler{Proxy: d.px, Config: d.cfg.listenerConfig()})
 	d.ctl.AddReconciler(d.gw)
 	d.ctl.AddReconciler(d.pd)
 

@@ -22,8 +22,11 @@
 // endpoints alike.
 //
 // It also holds the reconcilers that keep the other stages in step with the
-// rule set: proxy listeners, KV-event subscriptions, inventories and health
-// probes. Control calls them with the complete desired set after each change.
+// rule set: proxy listeners (ListenerReconciler, listeners.go: the proxy
+// is configured by control, never through the Gateway, whose own
+// Reconcile only rebuilds its routing table), KV-event subscriptions,
+// inventories and health probes. Control calls them with the complete
+// desired set after each change.
 //
 // Requests are untrusted: a model name longer than MaxModelNameBytes and a
 // prompt past MaxPromptBytes or the token bound get 400 before any routing

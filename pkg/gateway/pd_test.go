@@ -314,9 +314,8 @@ func TestPDThroughProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.g.SetProxy(px)
-	b.g.cfg.Receipts = proxy.ReceiptsOnRequest
-	if err := b.g.Reconcile(context.Background(), []control.Service{{ID: 1, Rule: rule}}); err != nil {
+	lr := &ListenerReconciler{Proxy: px, Config: ListenerConfig{Receipts: proxy.ReceiptsOnRequest}}
+	if err := reconcileAll(lr, b.g, []control.Service{{ID: 1, Rule: rule}}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -70,11 +70,13 @@
 // net/http's server input by input.
 //
 // Neighbours: the router implements Picker (and uses the tokenizer,
-// blockhash and kvindex packages to decide); control builds Config from
-// the rules and calls Update when endpoints change; the dataplane steers
-// VIP traffic to its listener. The daemon creates the InFlightTable
-// first and hands it to the gateway (which reads it) and to the Server
-// (which counts into it, with the gateway as its Picker).
+// blockhash and kvindex packages to decide); a control stage (the
+// gateway package's ListenerReconciler) builds Config from the rules and
+// calls Update when they change; the dataplane steers VIP traffic to its
+// listener. The daemon creates the InFlightTable first and hands it to
+// the gateway (which reads it) and to the Server (which counts into it,
+// with the gateway as its Picker); nothing is connected after
+// construction.
 //
 // Request handling, in order:
 //
