@@ -31,8 +31,9 @@ import (
 )
 
 // daemon holds the components run builds, in the order of its steps: the
-// rule store, the KV plane, mode-4 routing, the proxy and P/D dispatcher,
-// then the controller and the data plane that apply the rules.
+// rule store, the KV plane, mode-4 routing (the P/D dispatcher and the
+// in-flight table included), the proxy, then the controller and the data
+// plane that apply the rules.
 type daemon struct {
 	cfg    *config
 	logger *slog.Logger
@@ -51,7 +52,6 @@ type daemon struct {
 	inflight *proxy.InFlightTable
 	gw       *gateway.Gateway
 	pdd      *dispatch.Dispatcher
-	pd       *gateway.PD
 	px       *proxy.Server
 	ctl      *control.Controller
 	kernel   kernelPlane
@@ -108,8 +108,8 @@ func (d *daemon) buildKVPlane() error {
 }
 
 // buildRouting creates mode-4 routing: tokenizers, health probes, the
-// Tier-1.5 router, the engine-metrics scraper, passive health checks and
-// the gateway composing them.
+// Tier-1.5 router, the engine-metrics scraper, passive health checks, the
+// P/D dispatcher, the in-flight table and the gateway composing them.
 func (d *daemon) buildRouting() error {
 	cfg, logger, reg := d.cfg, d.logger, d.reg
 	var err error
@@ -134,10 +134,14 @@ func (d *daemon) buildRouting() error {
 	if err != nil {
 		return err
 	}
+	// The dispatcher runs prefill/decode rules for the gateway.
+	if d.pdd, err = dispatch.New(cfg.dispatchConfig(), logger, reg); err != nil {
+		return err
+	}
 	// Created before both of its users, so the gateway (the proxy's
 	// Picker) and the proxy need no link to each other after construction.
 	d.inflight = new(proxy.InFlightTable)
-	d.gw, err = gateway.New(gateway.Config{Seed: cfg.seed, Outliers: outliers, CoalesceWait: cfg.gatewayCoalesceWait(),
+	d.gw, err = gateway.New(gateway.Config{Seed: cfg.seed, Outliers: outliers, PD: d.pdd, CoalesceWait: cfg.gatewayCoalesceWait(),
 		PrefillSlots: cfg.prefillSlots, PrefillQueueWait: cfg.prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
 		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: d.events,
@@ -145,18 +149,13 @@ func (d *daemon) buildRouting() error {
 	return err
 }
 
-// buildProxy creates the P/D dispatcher and the mode-4 proxy, whose picker
-// sends prefill/decode rules to the dispatcher and every other mode-4 rule
-// to the gateway's single-pool routing.
+// buildProxy creates the mode-4 proxy, with the gateway as its picker
+// (prefill/decode rules through the dispatcher, every other mode-4 rule
+// through single-pool routing) and counting into the shared in-flight
+// table.
 func (d *daemon) buildProxy() error {
 	var err error
-	if d.pdd, err = dispatch.New(d.cfg.dispatchConfig(), d.logger, d.reg); err != nil {
-		return err
-	}
-	if d.pd, err = gateway.NewPD(d.gw, d.pdd); err != nil {
-		return err
-	}
-	d.px, err = proxy.New(d.cfg.proxyConfig(), d.pd, d.inflight, d.logger, d.reg)
+	d.px, err = proxy.New(d.cfg.proxyConfig(), d.gw, d.inflight, d.logger, d.reg)
 	return err
 }
 
@@ -183,7 +182,6 @@ func (d *daemon) buildControl() error {
 	// routing state goes.
 	d.ctl.AddReconciler(&gateway.ListenerReconciler{Proxy: d.px, Config: d.cfg.listenerConfig()})
 	d.ctl.AddReconciler(d.gw)
-	d.ctl.AddReconciler(d.pd)
 
 	d.caps = &capabilities{rules: d.cfg.ruleSettings()}
 	d.caps.add(func() []api.Capability { return []api.Capability{kernel.capab} })

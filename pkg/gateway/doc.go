@@ -14,6 +14,12 @@
 //	        -> (queued while the endpoint's prefill slots are taken, shortest
 //	           predicted prefill first: prefill admission, prefillq.go)
 //
+// Rules with pd_disagg_mode are served through pkg/dispatch when Config.PD
+// is set (pd.go): Pick returns a plan whose Dispatch runs the engine's
+// prefill/decode flow, or forwards a non-inference call to a decode
+// endpoint, and Reconcile drops the dispatcher's state of rules that are
+// gone. Without a dispatcher such rules get 503.
+//
 // Candidates' load is this node's in-flight requests (open: the
 // proxy.InFlightTable the proxy counts into, given to New; held; queued)
 // and the engines' scraped running/waiting (scrape.go); with

@@ -16,6 +16,7 @@ import (
 
 	"github.com/loxilb-llm/loxilb/pkg/blockhash"
 	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/dispatch"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
@@ -109,6 +110,10 @@ type Config struct {
 	// (--tokenize-concurrency); the others wait, for as long as their
 	// client does. 0 means GOMAXPROCS.
 	TokenizeConcurrency int
+	// PD, when not nil, runs the rules with pd_disagg_mode (pkg/dispatch:
+	// the engine's prefill/decode flow behind Plan.Dispatch); without it
+	// those rules are refused (503).
+	PD *dispatch.Dispatcher
 	// Outliers, when not nil, is passive health checking: attempts are
 	// reported to it and the endpoints it ejected are left out.
 	Outliers Outliers
@@ -306,6 +311,7 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 	}
 	g.table.Store(&next)
 	g.tok.Pin(models)
+	g.forgetPD(old, next)
 	for id := range old {
 		if _, ok := next[id]; !ok {
 			g.router.Forget(id)

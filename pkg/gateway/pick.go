@@ -47,7 +47,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	}
 	r := st.rule
 	if r.Service.PDDisagg {
-		return g.pickPD(st)
+		return g.pickPD(ctx, st, req)
 	}
 	if err := g.checkModelName(st, req); err != nil {
 		return proxy.Plan{}, err
