@@ -19,6 +19,22 @@ func agentStart(sys []uint64, a int) []uint64 {
 	return k
 }
 
+// promptOnRank0 returns an inventory where only rank 0 of endpoint 0 of
+// service 1 holds a 64-block system prompt, and that prompt.
+func promptOnRank0(t *testing.T) (*kvindex.Index, []uint64) {
+	t.Helper()
+	ix, err := kvindex.New(kvindex.Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys := make([]uint64, 64)
+	for i := range sys {
+		sys[i] = uint64(i + 1)
+	}
+	ix.Store(1, 0, 0, sys)
+	return ix, sys
+}
+
 // Agents whose shared system prompt is long against their own task: with
 // only rank 0 holding the prompt, no other rank ties, and before seeding
 // every agent went to rank 0 however busy it was (on the SGLang bench
@@ -26,12 +42,7 @@ func agentStart(sys []uint64, a int) []uint64 {
 // A busier rank 0 now seeds the idle rank 1, once; later agents tie and
 // spread by load.
 func TestChooseRankSeedsIdleRank(t *testing.T) {
-	ix, _ := kvindex.New(kvindex.Config{}, nil)
-	sys := make([]uint64, 64)
-	for i := range sys {
-		sys[i] = uint64(i + 1)
-	}
-	ix.Store(1, 0, 0, sys)
+	ix, sys := promptOnRank0(t)
 	var rl rankLoad
 	now := time.Unix(1000, 0)
 	rl.begin(1, 0, 0, agentStart(sys, 0), 64, now) // agent 0 in flight on rank 0
@@ -57,12 +68,7 @@ func TestChooseRankSeedsIdleRank(t *testing.T) {
 // The seed throws away only a typical prefix, only for a rank with a
 // queue, and only onto a rank holding none of the request.
 func TestChooseRankSeedGates(t *testing.T) {
-	ix, _ := kvindex.New(kvindex.Config{}, nil)
-	sys := make([]uint64, 64)
-	for i := range sys {
-		sys[i] = uint64(i + 1)
-	}
-	ix.Store(1, 0, 0, sys)
+	ix, sys := promptOnRank0(t)
 	req := agentStart(sys, 1)
 	cases := []struct {
 		name     string
