@@ -220,7 +220,10 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 		// run on the request's goroutine, one after the other. The choice
 		// reads and counts the ranks' load as a mode-4 request's does, so
 		// prefill legs spread over the ranks and seed a cold one alike.
-		type rankPick struct{ rank, held int }
+		type rankPick struct {
+			rank, held int
+			seeded     bool
+		}
 		chosen := map[int]rankPick{}
 		pick := func(ep int) rankPick {
 			p, ok := chosen[ep]
@@ -228,6 +231,7 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 				var lv rankSnapshot
 				g.rankView(st, ep, ranks, time.Now(), &lv)
 				p.rank, p.held = chooseRank(ri, st.id, ep, ranks, keys, &lv)
+				p.seeded = lv.seeded
 				chosen[ep] = p
 			}
 			return p
@@ -236,6 +240,9 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 		dreq.PrefillRank = func(ep int) (int, int, bool) {
 			p := pick(ep)
 			g.m.rankTargeted.WithLabelValues(st.label, strconv.Itoa(ep), strconv.Itoa(p.rank)).Inc()
+			if p.seeded {
+				g.m.rankSeeded.WithLabelValues(st.label, strconv.Itoa(ep), strconv.Itoa(p.rank)).Inc()
+			}
 			rankDone = append(rankDone, g.ranks.begin(st.id, ep, p.rank, keys, p.held, time.Now()))
 			return p.rank, ranks, true
 		}

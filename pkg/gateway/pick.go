@@ -143,6 +143,9 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 			plan.Candidates[0] = ep
 			rc.Rank, rc.RankSet = rank, true
 			g.m.rankTargeted.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(rank)).Inc()
+			if lv.seeded {
+				g.m.rankSeeded.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(rank)).Inc()
+			}
 			rankDone = g.ranks.begin(st.id, d.EP, rank, keys, held, now)
 		}
 	}

@@ -75,6 +75,7 @@ type rankSnapshot struct {
 	// seedLoss is the most cached blocks a rank seed may throw away
 	// (rankseed.go); 0: no seeding.
 	seedLoss int
+	seeded   bool // chooseRank seeded a cold rank
 }
 
 // follow returns the rank key was placed on within the TTL; ok is false

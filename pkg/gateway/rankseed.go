@@ -18,13 +18,13 @@ import "time"
 // seeds a cold endpoint (pkg/router, movecost.go): the request goes there
 // when the rank has fewer requests in flight than the pick (the pick has
 // a queue the seed avoids; recent placements alone do not count, so
-// requests one after another on an idle engine keep their prefix) and
-// the cached prefix it throws away is
-// no longer than the service's median cached prefix (Router.SeedLoss),
-// so a typical new prompt pays once to warm the rank, never the long tail
-// of a session. Once the rank holds the shared part, later prompts after
-// it tie and spread by load, and sessions stay on their history: a rank
-// that holds any of the request is not cold for it.
+// requests one after another on an idle engine keep their prefix) and the
+// cached prefix it throws away is no longer than the service's median
+// cached prefix (Router.SeedLoss), so a typical new prompt pays once to
+// warm the rank, never the long tail of a session. Once the rank holds
+// the shared part, later prompts after it tie and spread by load, and
+// sessions stay on their history: a rank that holds any of the request is
+// not cold for it. loxilb_kv_rank_seeds_total counts the seeds.
 
 // lighter reports whether rank a is less loaded than rank b: fewer
 // requests in flight, then fewer recent placements.
@@ -34,10 +34,9 @@ func (s *rankSnapshot) lighter(a, b int) bool {
 
 // seedRank returns the rank to send a request to instead of pick: the
 // rank with the fewest requests in flight, fewer than pick's, that holds
-// none of the request (depth 0), when pick's prefix is at most
-// s.seedLoss blocks; else pick. depth
-// is every rank's cached prefix of the request. A nil s (no load known)
-// keeps pick.
+// none of the request (depth 0), when pick's prefix is at most s.seedLoss
+// blocks (s.seeded is then set); else pick. depth is every rank's cached
+// prefix of the request. A nil s (no load known) keeps pick.
 func (s *rankSnapshot) seedRank(depth []int, pick int) int {
 	if s == nil || depth[pick] == 0 || depth[pick] > s.seedLoss {
 		return pick
@@ -48,6 +47,7 @@ func (s *rankSnapshot) seedRank(depth []int, pick int) int {
 			seed = r
 		}
 	}
+	s.seeded = seed != pick
 	return seed
 }
 

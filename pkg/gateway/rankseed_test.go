@@ -50,8 +50,8 @@ func TestChooseRankSeedsIdleRank(t *testing.T) {
 	rl.snapshot(1, 0, 2, 5*time.Second, now, nil, &lv)
 	lv.seedLoss = 64
 	first := agentStart(sys, 1)
-	if r, held := chooseRank(ix, 1, 0, 2, first, &lv); r != 1 || held != 64 {
-		t.Fatalf("agent 1 went to rank %d (held %d) next to a busy rank 0 and an idle, cold rank 1", r, held)
+	if r, held := chooseRank(ix, 1, 0, 2, first, &lv); r != 1 || held != 64 || !lv.seeded {
+		t.Fatalf("agent 1 went to rank %d (held %d, seeded %v) next to a busy rank 0 and an idle, cold rank 1", r, held, lv.seeded)
 	}
 	// Once rank 1 holds the prompt too, the agents tie and spread.
 	ix.Store(1, 0, 1, first)
@@ -87,8 +87,8 @@ func TestChooseRankSeedGates(t *testing.T) {
 		lv := rankSnapshot{seedLoss: c.seedLoss}
 		lv.load[0], lv.load[1] = c.load[0], c.load[1]
 		lv.placed[0], lv.placed[1] = c.placed[0], c.placed[1]
-		if r, _ := chooseRank(ix, 1, 0, 2, req, &lv); r != c.want {
-			t.Errorf("%s: rank %d, want %d", c.name, r, c.want)
+		if r, _ := chooseRank(ix, 1, 0, 2, req, &lv); r != c.want || lv.seeded != (c.want == 1) {
+			t.Errorf("%s: rank %d (seeded %v), want %d", c.name, r, lv.seeded, c.want)
 		}
 	}
 	// A rank holding part of the request is not cold for it: a session
