@@ -137,12 +137,15 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	if ri, ok := g.inv.(RankInventory); ok && st.rank != nil && len(keys) > 0 {
 		now := time.Now()
 		var lv rankSnapshot
-		g.ranks.snapshot(st.id, d.EP, st.rank.ranks, g.cfg.SpeculativeTTL, now, g.rankEngine, &lv)
+		g.rankView(st, d.EP, st.rank.ranks, now, &lv)
 		rank, held := chooseRank(ri, st.id, d.EP, st.rank.ranks, keys, &lv)
 		if ep, ok := st.rank.targetEndpoint(plan.Candidates[0], rank, req.Body); ok {
 			plan.Candidates[0] = ep
 			rc.Rank, rc.RankSet = rank, true
 			g.m.rankTargeted.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(rank)).Inc()
+			if lv.seeded {
+				g.m.rankSeeded.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(rank)).Inc()
+			}
 			rankDone = g.ranks.begin(st.id, d.EP, rank, keys, held, now)
 		}
 	}
