@@ -144,7 +144,7 @@ type Request struct {
 // when the body is not one JSON object. The body must not change while the
 // Request is used.
 func ParseRequest(body []byte) (*Request, error) {
-	trimmed := bytes.TrimSpace(body)
+	trimmed := trimJSONSpace(body)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, fmt.Errorf("%w: body is not a JSON object", ErrBadRequest)
 	}
@@ -157,6 +157,24 @@ func ParseRequest(body []byte) (*Request, error) {
 		r.typeErr = fmt.Errorf("%w: %v", ErrBadRequest, typeErr)
 	}
 	return r, nil
+}
+
+// trimJSONSpace drops the white space JSON allows around a value (space,
+// tab, LF, CR) and nothing else: bytes.TrimSpace would also accept a
+// vertical tab, a form feed or a Unicode space, which JSON does not.
+func trimJSONSpace(b []byte) []byte {
+	s := jsonScan{b: b}
+	s.ws()
+	b = b[s.i:]
+	for len(b) > 0 {
+		switch b[len(b)-1] {
+		case ' ', '\t', '\n', '\r':
+			b = b[:len(b)-1]
+			continue
+		}
+		break
+	}
+	return b
 }
 
 // EncodeRequestWith is EncodeRequest with deployment quirks.
