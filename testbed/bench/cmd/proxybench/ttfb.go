@@ -151,7 +151,7 @@ func runTTFB(ctx context.Context, o options) error {
 		bins = append(bins, struct{ name, path string }{"compare", o.compare})
 	}
 	for _, b := range bins {
-		d, err := startKVDaemon(ctx, b.path, filepath.Join(dir, b.name), tokDir, eng.Addr(), zmq[0])
+		d, err := startKVDaemon(ctx, b.path, filepath.Join(dir, b.name), tokDir, eng.Addr(), zmq[0], o.runFor(b.name))
 		if err != nil {
 			return fmt.Errorf("%s: %w", b.name, err)
 		}
@@ -275,11 +275,11 @@ func loadAvg() string {
 // 3, vLLM sha256_cbor, the engine's ZMQ events) whose one endpoint is the
 // engine, and waits until the VIP answers a chat request and the event
 // subscription is up.
-func startKVDaemon(ctx context.Context, bin, stateDir, tokDir, engine string, zmqPort int) (*daemon, error) {
+func startKVDaemon(ctx context.Context, bin, stateDir, tokDir, engine string, zmqPort int, run daemonRun) (*daemon, error) {
 	c := &http.Client{Timeout: 5 * time.Second}
 	var probe *ttfbTarget // one connection for every attempt
-	return startDaemonWith(ctx, bin, daemonSpec{stateDir: stateDir,
-		env:  []string{"LLB_KV_NONE_HASH_SEED=4242"},
+	run.env = append([]string{"LLB_KV_NONE_HASH_SEED=4242"}, run.env...)
+	return startDaemonWith(ctx, bin, daemonSpec{stateDir: stateDir, daemonRun: run,
 		args: []string{"--tokenizer-dir", tokDir, "--metrics"},
 		rule: func(vh, vp string) string {
 			eh, ep, _ := net.SplitHostPort(engine)
