@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -273,8 +274,8 @@ func loadAvg() string {
 
 // startKVDaemon runs the daemon with a KV-exact mode-4 rule (kvExactMode
 // 3, vLLM sha256_cbor, the engine's ZMQ events) whose one endpoint is the
-// engine, and waits until the VIP answers a chat request and the event
-// subscription is up.
+// engine, and waits until the VIP answers a chat request, the event
+// subscription is up and the start-up tokenizer loads are done.
 func startKVDaemon(ctx context.Context, bin, stateDir, tokDir, engine string, zmqPort int, run daemonRun) (*daemon, error) {
 	c := &http.Client{Timeout: 5 * time.Second}
 	var probe *ttfbTarget // one connection for every attempt
@@ -294,14 +295,18 @@ func startKVDaemon(ctx context.Context, bin, stateDir, tokDir, engine string, zm
 			if _, err := probe.ttfb(ctx, chatBody2k(" probe")); err != nil {
 				return err
 			}
-			return subscribed(c, base+"/metrics")
+			return settled(c, base+"/metrics", tokDir)
 		},
 	})
 }
 
-// subscribed succeeds once the daemon's export shows a connected KV event
-// subscriber: without one its inventory of the engine stays empty.
-func subscribed(c *http.Client, url string) error {
+// settled succeeds once the daemon's export shows a connected KV event
+// subscriber (without one its inventory of the engine stays empty) and a
+// load attempt for every tokenizer staged in tokDir: at start the daemon
+// loads them all in the background, and a model loading (a second or more
+// of CPU and a hundred MB or more of garbage each) while requests are
+// timed is start-up cost, not what the rule adds to a request.
+func settled(c *http.Client, url, tokDir string) error {
 	resp, err := c.Get(url)
 	if err != nil {
 		return err
@@ -311,10 +316,39 @@ func subscribed(c *http.Client, url string) error {
 	if err != nil {
 		return err
 	}
+	sub, loads := false, 0.0
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "loxilb_kv_subscriber_connected") && strings.HasSuffix(strings.TrimSpace(l), " 1") {
-			return nil
+		l = strings.TrimSpace(l)
+		switch {
+		case strings.HasPrefix(l, "loxilb_kv_subscriber_connected") && strings.HasSuffix(l, " 1"):
+			sub = true
+		case strings.HasPrefix(l, "loxilb_tokenizer_loads_total{"):
+			if v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64); err == nil {
+				loads += v
+			}
 		}
 	}
-	return errors.New("no KV event subscriber connected yet")
+	if !sub {
+		return errors.New("no KV event subscriber connected yet")
+	}
+	if staged := stagedTokenizers(tokDir); loads < float64(staged) {
+		return fmt.Errorf("%v of %d staged tokenizers loaded so far", loads, staged)
+	}
+	return nil
+}
+
+// stagedTokenizers counts the model directories in tokDir, as the
+// daemon's start-up load walks them.
+func stagedTokenizers(tokDir string) int {
+	des, err := os.ReadDir(tokDir)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, de := range des {
+		if de.IsDir() {
+			n++
+		}
+	}
+	return n
 }
