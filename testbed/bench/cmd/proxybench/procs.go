@@ -230,7 +230,11 @@ func startDaemonWith(ctx context.Context, bin string, spec daemonSpec) (*daemon,
 		return nil, err
 	}
 	vh, vp, _ := net.SplitHostPort(vip)
-	resp, err := c.Post(base+"/config/loadbalancer", "application/json", strings.NewReader(spec.rule(vh, vp)))
+	// The rule is created while the daemon's start-up tokenizer loads take
+	// its CPU: on a loaded machine the answer took more than the other
+	// calls' 5 s.
+	create := &http.Client{Timeout: time.Minute}
+	resp, err := create.Post(base+"/config/loadbalancer", "application/json", strings.NewReader(spec.rule(vh, vp)))
 	if err != nil {
 		d.stop()
 		return nil, fmt.Errorf("create rule: %w", err)
