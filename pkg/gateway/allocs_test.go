@@ -13,22 +13,27 @@ import (
 // small completion request on rule 1.
 func pickAllocs(t *testing.T, f fixture, r *proxy.Request) float64 {
 	t.Helper()
-	one := func() {
-		p, err := f.g.Pick(context.Background(), r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p.FirstByte != nil {
-			p.FirstByte()
-		}
-		if p.Done != nil {
-			p.Done(proxy.Result{Status: 200, Endpoint: p.Candidates[0].Idx})
-		}
-	}
+	one := func() { pickDone(t, f, r) }
 	for range 20 {
 		one()
 	}
 	return testing.AllocsPerRun(200, one)
+}
+
+// pickDone picks r and completes the request as the proxy does.
+func pickDone(t *testing.T, f fixture, r *proxy.Request) proxy.Plan {
+	t.Helper()
+	p, err := f.g.Pick(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.FirstByte != nil {
+		p.FirstByte()
+	}
+	if p.Done != nil {
+		p.Done(proxy.Result{Status: 200, Endpoint: p.Candidates[0].Idx})
+	}
+	return p
 }
 
 // maxPickAllocsRR bounds the allocations of a round-robin rule's Pick: no
@@ -94,18 +99,8 @@ func TestPickChatReusesTokenIDs(t *testing.T) {
 	st := f.g.lookup(1)
 	f.ix.Store(1, 0, 0, st.hasher.Keys(nil, rt.IDs)) // endpoint 0 holds the first prompt
 	pick := func(body []byte) string {
-		p, err := f.g.Pick(context.Background(), &proxy.Request{Service: 1, Method: "POST", Path: "/v1/chat/completions",
-			Body: body, Model: "Qwen/Qwen3-0.6B"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p.FirstByte != nil {
-			p.FirstByte()
-		}
-		if p.Done != nil {
-			p.Done(proxy.Result{Status: 200, Endpoint: p.Candidates[0].Idx})
-		}
-		return p.Receipt
+		return pickDone(t, f, &proxy.Request{Service: 1, Method: "POST", Path: "/v1/chat/completions",
+			Body: body, Model: "Qwen/Qwen3-0.6B"}).Receipt
 	}
 	// A first pick stores its prompt's blocks speculatively on the chosen
 	// endpoint; from the second on, each prompt's receipt stays the same.
