@@ -164,7 +164,8 @@ func (p *proc) waitUp(ctx context.Context, what string, check func() error) erro
 // front of the backend.
 type daemon struct {
 	*proc
-	vip string
+	vip     string
+	metrics string // the API's metrics URL
 }
 
 func startDaemon(ctx context.Context, bin, stateDir, backend string, run daemonRun) (*daemon, error) {
@@ -222,7 +223,7 @@ func startDaemonWith(ctx context.Context, bin string, spec daemonSpec) (*daemon,
 	if err != nil {
 		return nil, err
 	}
-	d := &daemon{proc: p, vip: vip}
+	d := &daemon{proc: p, vip: vip, metrics: "http://" + api + "/netlox/v1/metrics"}
 	c := &http.Client{Timeout: 5 * time.Second}
 	base := "http://" + api + "/netlox/v1"
 	if err := p.waitUp(ctx, bin, func() error { return get(c, base+"/version") }); err != nil {

@@ -138,6 +138,25 @@ func TestSettled(t *testing.T) {
 	}
 }
 
+// A daemon's allocation counter is read from its export, and an export
+// without it is an error, not a zero.
+func TestAllocated(t *testing.T) {
+	var body atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, body.Load().(string))
+	}))
+	defer srv.Close()
+	v := &ttfbTarget{name: "d", metrics: srv.URL}
+	body.Store("# TYPE go_memstats_alloc_bytes_total counter\ngo_memstats_alloc_bytes_total 1.2345e+08\ngo_memstats_alloc_bytes 1\n")
+	if got, err := v.allocated(); err != nil || got != 1.2345e8 {
+		t.Errorf("allocated = %v, %v", got, err)
+	}
+	body.Store("go_memstats_alloc_bytes 1\n")
+	if _, err := v.allocated(); err == nil {
+		t.Error("an export without the counter gave no error")
+	}
+}
+
 func TestBackendStreamsEvents(t *testing.T) {
 	ln, err := startBackend(3, time.Millisecond)
 	if err != nil {
