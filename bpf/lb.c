@@ -53,6 +53,31 @@ static __always_inline void svc_account(__u32 idx, __u64 bytes, int new_flow)
 		s->flows += 1;
 }
 
+/* hit_account counts a conntrack hit in its service's statistics, which
+ * also hold the hit counters (see struct svc_stats): one per-CPU line per
+ * hit instead of that line plus the lb_counters slots and their pointer
+ * lines, each a cache miss when packets come far apart. It returns the
+ * statistics for lb_forward's cached-FIB count, or NULL after counting
+ * in lb_counters (an index without statistics, which cannot happen while
+ * MAX_SERVICES covers every svc_idx). */
+static __always_inline struct svc_stats *hit_account(const struct ct_val *ct, __u64 bytes)
+{
+	__u32 idx = ct->svc_idx;
+	int reply = ct->flags & CT_F_REPLY;
+	struct svc_stats *s = bpf_map_lookup_elem(&lb_svc_stats, &idx);
+	if (!s) {
+		count(reply ? CNT_CT_HIT_REPLY : CNT_CT_HIT_ORIG);
+		return NULL;
+	}
+	s->pkts += 1;
+	s->bytes += bytes;
+	if (reply)
+		s->hit_reply += 1;
+	else
+		s->hit_orig += 1;
+	return s;
+}
+
 /* filter_hash is the bit of {addr, port, proto} in lb_filter (twin of
  * filterHash in Go): the address alone picks the 64-byte line, the whole
  * key the bit in it (Fibonacci hashing), so the packets of one address
@@ -147,9 +172,10 @@ static __always_inline void fib_store(struct ct_val *ct, const struct bpf_fib_lo
  * given, is the flow's entry for this direction: a resolved FIB result is
  * cached there and reused by the next packets (see fib_cached); tick is the
  * conntrack clock now, active whether the flow's previous packet is recent
- * enough for the cache to be used. */
+ * enough for the cache to be used; st the service statistics a cached
+ * redirect is counted in (NULL: lb_counters). */
 static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u32 dsr_nh, struct ct_val *ct, __u32 tick,
-				      int active)
+				      int active, struct svc_stats *st)
 {
 	if (!cfg_fib_forward && !dsr_nh) {
 		count(CNT_FWD_STACK);
@@ -164,7 +190,11 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 			count(CNT_DROP_REWRITE);
 			return TC_ACT_SHOT;
 		}
-		count(CNT_FIB_CACHED); /* one counter per packet: Go adds it to fwd_redirect */
+		/* One counter per packet: Go adds it to fwd_redirect. */
+		if (st)
+			st->fib_cached += 1;
+		else
+			count(CNT_FIB_CACHED);
 		return bpf_redirect(ct->fib_ifindex, 0);
 	}
 
@@ -388,20 +418,19 @@ static __always_inline int ct_hit(struct __sk_buff *skb, struct pkt *p, struct c
 	 * write costs more than the rare lost increment of a statistic. */
 	ct->pkts += 1;
 	ct->bytes += skb->len;
-	count(ct->flags & CT_F_REPLY ? CNT_CT_HIT_REPLY : CNT_CT_HIT_ORIG);
-	svc_account(ct->svc_idx, skb->len, 0);
+	struct svc_stats *st = hit_account(ct, skb->len);
 	ct_track(ct, p);
 	__u8 after = ct->state;
 
 	if (ct->flags & CT_F_DSR)
-		return lb_forward(skb, p, ct->new_daddr, ct, tick, active);
+		return lb_forward(skb, p, ct->new_daddr, ct, tick, active, st);
 	if (apply_xlate(skb, p, ct)) {
 		count(CNT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}
 	if (after >= CT_FIN && after != before)
 		peer_close(p, after);
-	return lb_forward(skb, p, 0, ct, tick, active);
+	return lb_forward(skb, p, 0, ct, tick, active, st);
 }
 
 struct lc_scan {
@@ -633,12 +662,12 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 	svc_account(idx, skb->len, 1);
 
 	if (mode == MODE_DSR)
-		return lb_forward(skb, p, be_addr, NULL, 0, 0);
+		return lb_forward(skb, p, be_addr, NULL, 0, 0, NULL);
 	if (apply_xlate(skb, p, &fv)) {
 		count(CNT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}
-	return lb_forward(skb, p, 0, NULL, 0, 0);
+	return lb_forward(skb, p, 0, NULL, 0, 0, NULL);
 }
 
 /* ct_forget removes a finished flow's entries before its tuple is reused. */

@@ -337,22 +337,17 @@ func (d *Dataplane) Stats(ctx context.Context) (dataplane.Stats, error) {
 		}
 		st.Counters[name] = sum
 	}
+	for id, s := range d.services {
+		sum, err := d.sumSvcStats(s.idx)
+		if err != nil {
+			return dataplane.Stats{}, fmt.Errorf("read counters of service %d: %w", id, err)
+		}
+		addHits(st.Counters, &sum)
+		st.Services[id] = dataplane.ServiceStats{Packets: sum.Pkts, Bytes: sum.Bytes, Flows: sum.Flows}
+	}
 	// A redirect with a cached FIB result bumps only fib_cached (one
 	// counter less on the hit path); fwd_redirect counts every redirect.
 	st.Counters[counterNames[lbLbCounterCNT_FWD_REDIRECT]] += st.Counters[counterNames[lbLbCounterCNT_FIB_CACHED]]
-	ss := make([]lbSvcStats, d.nCPU)
-	for id, s := range d.services {
-		if err := d.objs.LbSvcStats.Lookup(uint32(s.idx), &ss); err != nil {
-			return dataplane.Stats{}, fmt.Errorf("read counters of service %d: %w", id, err)
-		}
-		var out dataplane.ServiceStats
-		for _, v := range ss {
-			out.Packets += v.Pkts
-			out.Bytes += v.Bytes
-			out.Flows += v.Flows
-		}
-		st.Services[id] = out
-	}
 	return st, nil
 }
 

@@ -122,10 +122,13 @@ type lbSvcKey struct {
 }
 
 type lbSvcStats struct {
-	_     structs.HostLayout
-	Pkts  uint64
-	Bytes uint64
-	Flows uint64
+	_         structs.HostLayout
+	Pkts      uint64
+	Bytes     uint64
+	Flows     uint64
+	HitOrig   uint64
+	HitReply  uint64
+	FibCached uint64
 }
 
 type lbSvcVal struct {
