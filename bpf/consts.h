@@ -105,4 +105,6 @@ enum lb_counter {
 	CNT_MAX,
 };
 
+#define CNT_SLOTS 32 /* counters per CPU in lb_counters (struct lb_cpu_counters): 256 bytes */
+
 #endif

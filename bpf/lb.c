@@ -37,9 +37,10 @@ volatile const __u32 cfg_hash_seed = 0x9e3779b9; /* seed of the flow hash */
 
 static __always_inline void count(__u32 idx)
 {
-	__u64 *v = bpf_map_lookup_elem(&lb_counters, &idx);
-	if (v)
-		*v += 1; /* per-CPU slot: no atomic needed */
+	__u32 cpu = bpf_get_smp_processor_id(); /* inlined by the verifier: a per-CPU variable read */
+	struct lb_cpu_counters *c = bpf_map_lookup_elem(&lb_counters, &cpu);
+	if (c && idx < CNT_SLOTS)
+		c->n[idx] += 1; /* this CPU's block: no atomic needed */
 }
 
 static __always_inline void svc_account(__u32 idx, __u64 bytes, int new_flow)

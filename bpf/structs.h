@@ -6,6 +6,7 @@
 #define LB_STRUCTS_H
 
 #include <linux/types.h>
+#include "consts.h"
 
 struct svc_key {
 	__u32 vip;
@@ -116,6 +117,15 @@ struct lb_filter {
  * line its packet and byte counts already touch: the hit and cached-FIB
  * counters (CNT_CT_HIT_*, CNT_FIB_CACHED) are these fields summed by Go,
  * which moves an index's sums into lb_counters before reusing it. */
+/* One CPU's counters, indexed by enum lb_counter; CNT_SLOTS (whole cache
+ * lines) leaves room to add counters without changing the layout. */
+struct lb_cpu_counters {
+	__u64 n[CNT_SLOTS];
+};
+
+_Static_assert(CNT_MAX <= CNT_SLOTS, "every counter has a slot");
+_Static_assert(sizeof(struct lb_cpu_counters) % 64 == 0, "a CPU's counters are whole cache lines");
+
 struct svc_stats {
 	__u64 pkts;
 	__u64 bytes;

@@ -243,6 +243,8 @@ func (d *Dataplane) load() error {
 			return fmt.Errorf("set cfg_hash_seed: %w", err)
 		}
 	}
+	// One counter block per possible CPU, and Go's own after them.
+	spec.Maps["lb_counters"].MaxEntries = uint32(d.nCPU + 1)
 	opts := &ebpf.CollectionOptions{}
 	if d.cfg.PinPath != "" {
 		if err := ensureBPFFS(d.cfg.PinPath); err != nil {
@@ -326,16 +328,12 @@ func (d *Dataplane) Stats(ctx context.Context) (dataplane.Stats, error) {
 		Services:         make(map[uint32]dataplane.ServiceStats, len(d.services)),
 		ConntrackEntries: d.ctEntries,
 	}
-	per := make([]uint64, d.nCPU)
+	counters, err := d.sumCounters()
+	if err != nil {
+		return dataplane.Stats{}, err
+	}
 	for i, name := range counterNames {
-		if err := d.objs.LbCounters.Lookup(uint32(i), &per); err != nil {
-			return dataplane.Stats{}, fmt.Errorf("read counter %s: %w", name, err)
-		}
-		var sum uint64
-		for _, v := range per {
-			sum += v
-		}
-		st.Counters[name] = sum
+		st.Counters[name] = counters.N[i]
 	}
 	for id, s := range d.services {
 		sum, err := d.sumSvcStats(s.idx)

@@ -102,6 +102,11 @@ const (
 	lbLbCounterCNT_MAX                 lbLbCounter = 24
 )
 
+type lbLbCpuCounters struct {
+	_ structs.HostLayout
+	N [32]uint64
+}
+
 type lbLbFilter struct {
 	_    structs.HostLayout
 	Bits [256]uint64

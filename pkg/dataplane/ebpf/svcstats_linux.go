@@ -45,30 +45,44 @@ func addHits(counters map[string]uint64, s *lbSvcStats) {
 	}
 }
 
+// sumCounters reads lb_counters summed over its blocks: one per CPU, then
+// Go's (see retireSvcStats).
+func (d *Dataplane) sumCounters() (lbLbCpuCounters, error) {
+	var sum, c lbLbCpuCounters
+	for i := range uint32(d.nCPU + 1) {
+		if err := d.objs.LbCounters.Lookup(i, &c); err != nil {
+			return sum, fmt.Errorf("read the counters of CPU %d: %w", i, err)
+		}
+		for j, v := range c.N {
+			sum.N[j] += v
+		}
+	}
+	return sum, nil
+}
+
 // retireSvcStats moves index idx's hit counts into lb_counters and zeroes
 // its statistics, so the counters stay monotonic when the index passes to
-// another service. The program writes those lb_counters slots only if a
-// service index had no statistics, which MAX_SERVICES rules out, so the
-// read-modify-write here races with nothing; hits of the index between
-// the read and the zeroing (a packet already past the epoch check when
-// the service went) are lost, at most a few.
+// another service. The counts go to the last block of lb_counters, which
+// no CPU writes (the program counts in the block of its CPU number), so
+// the read-modify-write races with nothing; hits of the index between the
+// statistics' read and their zeroing (a packet already past the epoch
+// check when the service went) are lost, at most a few.
 func (d *Dataplane) retireSvcStats(idx uint16) error {
 	s, err := d.sumSvcStats(idx)
 	if err != nil {
 		return fmt.Errorf("read service counters: %w", err)
 	}
-	per := make([]uint64, d.nCPU)
-	for _, h := range svcHitCounters {
-		n := h.field(&s)
-		if n == 0 || len(per) == 0 {
-			continue
+	if s.HitOrig+s.HitReply+s.FibCached != 0 {
+		goBlock := uint32(d.nCPU)
+		var c lbLbCpuCounters
+		if err := d.objs.LbCounters.Lookup(goBlock, &c); err != nil {
+			return fmt.Errorf("read the counters: %w", err)
 		}
-		if err := d.objs.LbCounters.Lookup(uint32(h.cnt), &per); err != nil {
-			return fmt.Errorf("read counter %s: %w", counterNames[h.cnt], err)
+		for _, h := range svcHitCounters {
+			c.N[h.cnt] += h.field(&s)
 		}
-		per[0] += n
-		if err := d.objs.LbCounters.Put(uint32(h.cnt), per); err != nil {
-			return fmt.Errorf("write counter %s: %w", counterNames[h.cnt], err)
+		if err := d.objs.LbCounters.Put(goBlock, &c); err != nil {
+			return fmt.Errorf("write the counters: %w", err)
 		}
 	}
 	if err := d.objs.LbSvcStats.Put(uint32(idx), make([]lbSvcStats, d.nCPU)); err != nil {
