@@ -43,9 +43,17 @@ static __always_inline void count(__u32 idx)
 		c->n[idx] += 1; /* this CPU's block: no atomic needed */
 }
 
+/* svc_stats_of returns this CPU's statistics of service idx (see
+ * lb_svc_stats), or NULL for a CPU beyond the block Go sized the map for. */
+static __always_inline struct svc_stats *svc_stats_of(__u32 idx)
+{
+	__u32 key = bpf_get_smp_processor_id() * MAX_SERVICES + (idx & (MAX_SERVICES - 1));
+	return bpf_map_lookup_elem(&lb_svc_stats, &key);
+}
+
 static __always_inline void svc_account(__u32 idx, __u64 bytes, int new_flow)
 {
-	struct svc_stats *s = bpf_map_lookup_elem(&lb_svc_stats, &idx);
+	struct svc_stats *s = svc_stats_of(idx);
 	if (!s)
 		return;
 	s->pkts += 1;
@@ -59,13 +67,12 @@ static __always_inline void svc_account(__u32 idx, __u64 bytes, int new_flow)
  * hit instead of that line plus the lb_counters slots and their pointer
  * lines, each a cache miss when packets come far apart. It returns the
  * statistics for lb_forward's cached-FIB count, or NULL after counting
- * in lb_counters (an index without statistics, which cannot happen while
- * MAX_SERVICES covers every svc_idx). */
+ * in lb_counters (no statistics for this CPU, which cannot happen while
+ * Go sizes lb_svc_stats for every possible CPU). */
 static __always_inline struct svc_stats *hit_account(const struct ct_val *ct, __u64 bytes)
 {
-	__u32 idx = ct->svc_idx;
 	int reply = ct->flags & CT_F_REPLY;
-	struct svc_stats *s = bpf_map_lookup_elem(&lb_svc_stats, &idx);
+	struct svc_stats *s = svc_stats_of(ct->svc_idx);
 	if (!s) {
 		count(reply ? CNT_CT_HIT_REPLY : CNT_CT_HIT_ORIG);
 		return NULL;

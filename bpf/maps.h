@@ -107,12 +107,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_counters SEC(".maps");
 
-/* Per-service packets, bytes and new flows, indexed by service idx. */
+/* Per-service packets, bytes, new flows and hits, one block of MAX_SERVICES
+ * per CPU: element cpu * MAX_SERVICES + idx. As lb_counters, a plain array
+ * indexed by CPU number so a packet touches its statistics' line only;
+ * mmapable so every 64-byte element is one aligned line. max_entries is
+ * set by Go to the possible CPUs times MAX_SERVICES. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_SERVICES);
 	__type(key, __u32);
 	__type(value, struct svc_stats);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_svc_stats SEC(".maps");
 

@@ -113,7 +113,7 @@ struct lb_filter {
 	__u64 bits[FILTER_BITS / 64];
 };
 
-/* Per service and CPU. A conntrack hit counts itself here only, in the
+/* Per service and CPU (one line). A conntrack hit counts itself here only, in the
  * line its packet and byte counts already touch: the hit and cached-FIB
  * counters (CNT_CT_HIT_*, CNT_FIB_CACHED) are these fields summed by Go,
  * which moves an index's sums into lb_counters before reusing it. */
@@ -133,6 +133,9 @@ struct svc_stats {
 	__u64 hit_orig;   /* conntrack hits, client direction */
 	__u64 hit_reply;  /* conntrack hits, reply direction */
 	__u64 fib_cached; /* redirects with the FIB result cached in the entry */
+	__u64 pad[2];
 };
+
+_Static_assert(sizeof(struct svc_stats) == 64, "a service's statistics on one CPU are one cache line");
 
 #endif

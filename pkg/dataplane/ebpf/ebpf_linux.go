@@ -243,8 +243,10 @@ func (d *Dataplane) load() error {
 			return fmt.Errorf("set cfg_hash_seed: %w", err)
 		}
 	}
-	// One counter block per possible CPU, and Go's own after them.
+	// One counter block per possible CPU, and Go's own after them; one
+	// block of service statistics per possible CPU.
 	spec.Maps["lb_counters"].MaxEntries = uint32(d.nCPU + 1)
+	spec.Maps["lb_svc_stats"].MaxEntries = uint32(d.nCPU * dataplane.MaxServices)
 	opts := &ebpf.CollectionOptions{}
 	if d.cfg.PinPath != "" {
 		if err := ensureBPFFS(d.cfg.PinPath); err != nil {

@@ -134,6 +134,7 @@ type lbSvcStats struct {
 	HitOrig   uint64
 	HitReply  uint64
 	FibCached uint64
+	Pad       [2]uint64
 }
 
 type lbSvcVal struct {

@@ -7,7 +7,11 @@
 
 package ebpf
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/loxilb-llm/loxilb/pkg/dataplane"
+)
 
 // svcHitCounters are the lb_counters slots whose counts the program keeps
 // in struct svc_stats, with the field holding each.
@@ -20,14 +24,18 @@ var svcHitCounters = [...]struct {
 	{lbLbCounterCNT_FIB_CACHED, func(s *lbSvcStats) uint64 { return s.FibCached }},
 }
 
+// svcStatsKey is the lb_svc_stats element of service index idx on a CPU.
+func svcStatsKey(cpu int, idx uint16) uint32 {
+	return uint32(cpu)*dataplane.MaxServices + uint32(idx)
+}
+
 // sumSvcStats reads index idx's statistics summed over the CPUs.
 func (d *Dataplane) sumSvcStats(idx uint16) (lbSvcStats, error) {
-	per := make([]lbSvcStats, d.nCPU)
-	var sum lbSvcStats
-	if err := d.objs.LbSvcStats.Lookup(uint32(idx), &per); err != nil {
-		return sum, err
-	}
-	for _, v := range per {
+	var sum, v lbSvcStats
+	for cpu := range d.nCPU {
+		if err := d.objs.LbSvcStats.Lookup(svcStatsKey(cpu, idx), &v); err != nil {
+			return sum, err
+		}
 		sum.Pkts += v.Pkts
 		sum.Bytes += v.Bytes
 		sum.Flows += v.Flows
@@ -85,8 +93,10 @@ func (d *Dataplane) retireSvcStats(idx uint16) error {
 			return fmt.Errorf("write the counters: %w", err)
 		}
 	}
-	if err := d.objs.LbSvcStats.Put(uint32(idx), make([]lbSvcStats, d.nCPU)); err != nil {
-		return fmt.Errorf("reset service counters: %w", err)
+	for cpu := range d.nCPU {
+		if err := d.objs.LbSvcStats.Put(svcStatsKey(cpu, idx), &lbSvcStats{}); err != nil {
+			return fmt.Errorf("reset service counters: %w", err)
+		}
 	}
 	return nil
 }
