@@ -81,8 +81,8 @@ enum lb_counter {
 	CNT_PASS_NOT_IPV4 = 0,   /* non-IPv4 frame, left to the stack */
 	CNT_PASS_NOT_L4,         /* IPv4 but not TCP/UDP/SCTP */
 	CNT_PASS_NO_SERVICE,     /* no conntrack entry and no service: not ours */
-	CNT_CT_HIT_ORIG,         /* packet of a known flow, client direction (Go adds svc_stats.hit_orig) */
-	CNT_CT_HIT_REPLY,        /* packet of a known flow, reply direction (Go adds svc_stats.hit_reply) */
+	CNT_CT_HIT_ORIG,         /* packet of a known flow, client direction */
+	CNT_CT_HIT_REPLY,        /* packet of a known flow, reply direction */
 	CNT_NEW_FLOW,            /* connection created (selector ran) */
 	CNT_FWD_REDIRECT,        /* sent out after a FIB lookup (Go reports it plus CNT_FIB_CACHED) */
 	CNT_FWD_STACK,           /* handed to the stack for forwarding */
@@ -101,10 +101,8 @@ enum lb_counter {
 	CNT_PROXY_ASSIGN_FAILED, /* sk_lookup: bpf_sk_assign refused the socket */
 	CNT_FLOW_STALE,          /* packet of a flow whose endpoint or service is gone: entries dropped */
 	CNT_RST_SENT,            /* TCP RST sent for a mid-stream packet of an unknown flow */
-	CNT_FIB_CACHED,          /* redirected with the FIB result cached in its conntrack entry (Go adds svc_stats.fib_cached) */
+	CNT_FIB_CACHED,          /* redirected with the FIB result cached in its conntrack entry */
 	CNT_MAX,
 };
-
-#define CNT_SLOTS 32 /* counters per CPU in lb_counters (struct lb_cpu_counters): 256 bytes */
 
 #endif

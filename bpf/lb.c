@@ -37,53 +37,20 @@ volatile const __u32 cfg_hash_seed = 0x9e3779b9; /* seed of the flow hash */
 
 static __always_inline void count(__u32 idx)
 {
-	__u32 cpu = bpf_get_smp_processor_id(); /* inlined by the verifier: a per-CPU variable read */
-	struct lb_cpu_counters *c = bpf_map_lookup_elem(&lb_counters, &cpu);
-	if (c && idx < CNT_SLOTS)
-		c->n[idx] += 1; /* this CPU's block: no atomic needed */
-}
-
-/* svc_stats_of returns this CPU's statistics of service idx (see
- * lb_svc_stats), or NULL for a CPU beyond the block Go sized the map for. */
-static __always_inline struct svc_stats *svc_stats_of(__u32 idx)
-{
-	__u32 key = bpf_get_smp_processor_id() * MAX_SERVICES + (idx & (MAX_SERVICES - 1));
-	return bpf_map_lookup_elem(&lb_svc_stats, &key);
+	__u64 *v = bpf_map_lookup_elem(&lb_counters, &idx);
+	if (v)
+		*v += 1; /* per-CPU slot: no atomic needed */
 }
 
 static __always_inline void svc_account(__u32 idx, __u64 bytes, int new_flow)
 {
-	struct svc_stats *s = svc_stats_of(idx);
+	struct svc_stats *s = bpf_map_lookup_elem(&lb_svc_stats, &idx);
 	if (!s)
 		return;
 	s->pkts += 1;
 	s->bytes += bytes;
 	if (new_flow)
 		s->flows += 1;
-}
-
-/* hit_account counts a conntrack hit in its service's statistics, which
- * also hold the hit counters (see struct svc_stats): one per-CPU line per
- * hit instead of that line plus the lb_counters slots and their pointer
- * lines, each a cache miss when packets come far apart. It returns the
- * statistics for lb_forward's cached-FIB count, or NULL after counting
- * in lb_counters (no statistics for this CPU, which cannot happen while
- * Go sizes lb_svc_stats for every possible CPU). */
-static __always_inline struct svc_stats *hit_account(const struct ct_val *ct, __u64 bytes)
-{
-	int reply = ct->flags & CT_F_REPLY;
-	struct svc_stats *s = svc_stats_of(ct->svc_idx);
-	if (!s) {
-		count(reply ? CNT_CT_HIT_REPLY : CNT_CT_HIT_ORIG);
-		return NULL;
-	}
-	s->pkts += 1;
-	s->bytes += bytes;
-	if (reply)
-		s->hit_reply += 1;
-	else
-		s->hit_orig += 1;
-	return s;
 }
 
 /* filter_hash is the bit of {addr, port, proto} in lb_filter (twin of
@@ -180,10 +147,9 @@ static __always_inline void fib_store(struct ct_val *ct, const struct bpf_fib_lo
  * given, is the flow's entry for this direction: a resolved FIB result is
  * cached there and reused by the next packets (see fib_cached); tick is the
  * conntrack clock now, active whether the flow's previous packet is recent
- * enough for the cache to be used; st the service statistics a cached
- * redirect is counted in (NULL: lb_counters). */
+ * enough for the cache to be used. */
 static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u32 dsr_nh, struct ct_val *ct, __u32 tick,
-				      int active, struct svc_stats *st)
+				      int active)
 {
 	if (!cfg_fib_forward && !dsr_nh) {
 		count(CNT_FWD_STACK);
@@ -198,11 +164,7 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 			count(CNT_DROP_REWRITE);
 			return TC_ACT_SHOT;
 		}
-		/* One counter per packet: Go adds it to fwd_redirect. */
-		if (st)
-			st->fib_cached += 1;
-		else
-			count(CNT_FIB_CACHED);
+		count(CNT_FIB_CACHED); /* one counter per packet: Go adds it to fwd_redirect */
 		return bpf_redirect(ct->fib_ifindex, 0);
 	}
 
@@ -426,19 +388,20 @@ static __always_inline int ct_hit(struct __sk_buff *skb, struct pkt *p, struct c
 	 * write costs more than the rare lost increment of a statistic. */
 	ct->pkts += 1;
 	ct->bytes += skb->len;
-	struct svc_stats *st = hit_account(ct, skb->len);
+	count(ct->flags & CT_F_REPLY ? CNT_CT_HIT_REPLY : CNT_CT_HIT_ORIG);
+	svc_account(ct->svc_idx, skb->len, 0);
 	ct_track(ct, p);
 	__u8 after = ct->state;
 
 	if (ct->flags & CT_F_DSR)
-		return lb_forward(skb, p, ct->new_daddr, ct, tick, active, st);
+		return lb_forward(skb, p, ct->new_daddr, ct, tick, active);
 	if (apply_xlate(skb, p, ct)) {
 		count(CNT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}
 	if (after >= CT_FIN && after != before)
 		peer_close(p, after);
-	return lb_forward(skb, p, 0, ct, tick, active, st);
+	return lb_forward(skb, p, 0, ct, tick, active);
 }
 
 struct lc_scan {
@@ -670,12 +633,12 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 	svc_account(idx, skb->len, 1);
 
 	if (mode == MODE_DSR)
-		return lb_forward(skb, p, be_addr, NULL, 0, 0, NULL);
+		return lb_forward(skb, p, be_addr, NULL, 0, 0);
 	if (apply_xlate(skb, p, &fv)) {
 		count(CNT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}
-	return lb_forward(skb, p, 0, NULL, 0, 0, NULL);
+	return lb_forward(skb, p, 0, NULL, 0, 0);
 }
 
 /* ct_forget removes a finished flow's entries before its tuple is reused. */

@@ -90,34 +90,21 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_affinity SEC(".maps");
 
-/* Verdict and drop-reason counters: one struct lb_cpu_counters per CPU,
- * indexed by CPU number, summed by Go. A per-CPU array would cost a packet
- * two lines (the element's pointer in the map, then the CPU's copy); here
- * the address follows from the CPU number alone and the packet touches the
- * counter's line only. Mmapable so the values start page-aligned and each
- * CPU's block is whole lines of its own. max_entries is set by Go to the
- * possible CPUs plus one: the last element is Go's (counts moved from the
- * service statistics, see struct svc_stats). */
+/* Verdict and drop-reason counters, indexed by enum lb_counter, summed by Go. */
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CNT_MAX);
 	__type(key, __u32);
-	__type(value, struct lb_cpu_counters);
-	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_counters SEC(".maps");
 
-/* Per-service packets, bytes, new flows and hits, one block of MAX_SERVICES
- * per CPU: element cpu * MAX_SERVICES + idx. As lb_counters, a plain array
- * indexed by CPU number so a packet touches its statistics' line only;
- * mmapable so every 64-byte element is one aligned line. max_entries is
- * set by Go to the possible CPUs times MAX_SERVICES. */
+/* Per-service packets, bytes and new flows, indexed by service idx. */
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, MAX_SERVICES);
 	__type(key, __u32);
 	__type(value, struct svc_stats);
-	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_svc_stats SEC(".maps");
 

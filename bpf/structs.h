@@ -6,7 +6,6 @@
 #define LB_STRUCTS_H
 
 #include <linux/types.h>
-#include "consts.h"
 
 struct svc_key {
 	__u32 vip;
@@ -113,29 +112,10 @@ struct lb_filter {
 	__u64 bits[FILTER_BITS / 64];
 };
 
-/* Per service and CPU (one line). A conntrack hit counts itself here only, in the
- * line its packet and byte counts already touch: the hit and cached-FIB
- * counters (CNT_CT_HIT_*, CNT_FIB_CACHED) are these fields summed by Go,
- * which moves an index's sums into lb_counters before reusing it. */
-/* One CPU's counters, indexed by enum lb_counter; CNT_SLOTS (whole cache
- * lines) leaves room to add counters without changing the layout. */
-struct lb_cpu_counters {
-	__u64 n[CNT_SLOTS];
-};
-
-_Static_assert(CNT_MAX <= CNT_SLOTS, "every counter has a slot");
-_Static_assert(sizeof(struct lb_cpu_counters) % 64 == 0, "a CPU's counters are whole cache lines");
-
 struct svc_stats {
 	__u64 pkts;
 	__u64 bytes;
 	__u64 flows;
-	__u64 hit_orig;   /* conntrack hits, client direction */
-	__u64 hit_reply;  /* conntrack hits, reply direction */
-	__u64 fib_cached; /* redirects with the FIB result cached in the entry */
-	__u64 pad[2];
 };
-
-_Static_assert(sizeof(struct svc_stats) == 64, "a service's statistics on one CPU are one cache line");
 
 #endif

@@ -35,9 +35,6 @@ var counterNames = [...]string{
 // A compile-time check that every counter has a name.
 var _ [0]struct{} = [len(counterNames) - int(lbLbCounterCNT_MAX)]struct{}{}
 
-// And one that every counter has a slot in a CPU's block (CNT_SLOTS).
-var _ [len(lbLbCpuCounters{}.N) - int(lbLbCounterCNT_MAX)]struct{}
-
 // Twins of bpf/consts.h.
 const (
 	maxEPs     = 64

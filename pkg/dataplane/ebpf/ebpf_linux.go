@@ -243,10 +243,6 @@ func (d *Dataplane) load() error {
 			return fmt.Errorf("set cfg_hash_seed: %w", err)
 		}
 	}
-	// One counter block per possible CPU, and Go's own after them; one
-	// block of service statistics per possible CPU.
-	spec.Maps["lb_counters"].MaxEntries = uint32(d.nCPU + 1)
-	spec.Maps["lb_svc_stats"].MaxEntries = uint32(d.nCPU * dataplane.MaxServices)
 	opts := &ebpf.CollectionOptions{}
 	if d.cfg.PinPath != "" {
 		if err := ensureBPFFS(d.cfg.PinPath); err != nil {
@@ -330,24 +326,33 @@ func (d *Dataplane) Stats(ctx context.Context) (dataplane.Stats, error) {
 		Services:         make(map[uint32]dataplane.ServiceStats, len(d.services)),
 		ConntrackEntries: d.ctEntries,
 	}
-	counters, err := d.sumCounters()
-	if err != nil {
-		return dataplane.Stats{}, err
-	}
+	per := make([]uint64, d.nCPU)
 	for i, name := range counterNames {
-		st.Counters[name] = counters.N[i]
-	}
-	for id, s := range d.services {
-		sum, err := d.sumSvcStats(s.idx)
-		if err != nil {
-			return dataplane.Stats{}, fmt.Errorf("read counters of service %d: %w", id, err)
+		if err := d.objs.LbCounters.Lookup(uint32(i), &per); err != nil {
+			return dataplane.Stats{}, fmt.Errorf("read counter %s: %w", name, err)
 		}
-		addHits(st.Counters, &sum)
-		st.Services[id] = dataplane.ServiceStats{Packets: sum.Pkts, Bytes: sum.Bytes, Flows: sum.Flows}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		st.Counters[name] = sum
 	}
 	// A redirect with a cached FIB result bumps only fib_cached (one
 	// counter less on the hit path); fwd_redirect counts every redirect.
 	st.Counters[counterNames[lbLbCounterCNT_FWD_REDIRECT]] += st.Counters[counterNames[lbLbCounterCNT_FIB_CACHED]]
+	ss := make([]lbSvcStats, d.nCPU)
+	for id, s := range d.services {
+		if err := d.objs.LbSvcStats.Lookup(uint32(s.idx), &ss); err != nil {
+			return dataplane.Stats{}, fmt.Errorf("read counters of service %d: %w", id, err)
+		}
+		var out dataplane.ServiceStats
+		for _, v := range ss {
+			out.Packets += v.Pkts
+			out.Bytes += v.Bytes
+			out.Flows += v.Flows
+		}
+		st.Services[id] = out
+	}
 	return st, nil
 }
 

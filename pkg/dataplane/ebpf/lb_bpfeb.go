@@ -102,11 +102,6 @@ const (
 	lbLbCounterCNT_MAX                 lbLbCounter = 24
 )
 
-type lbLbCpuCounters struct {
-	_ structs.HostLayout
-	N [32]uint64
-}
-
 type lbLbFilter struct {
 	_    structs.HostLayout
 	Bits [256]uint64
@@ -127,14 +122,10 @@ type lbSvcKey struct {
 }
 
 type lbSvcStats struct {
-	_         structs.HostLayout
-	Pkts      uint64
-	Bytes     uint64
-	Flows     uint64
-	HitOrig   uint64
-	HitReply  uint64
-	FibCached uint64
-	Pad       [2]uint64
+	_     structs.HostLayout
+	Pkts  uint64
+	Bytes uint64
+	Flows uint64
 }
 
 type lbSvcVal struct {

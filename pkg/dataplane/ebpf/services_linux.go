@@ -361,7 +361,8 @@ func (d *Dataplane) removeFrontend(st *svcState, k lbSvcKey) {
 // resetIndex zeroes the per-index state a previous service may have left
 // and makes every flow of that service stale (bumps all its cells).
 func (d *Dataplane) resetIndex(idx uint16) {
-	if err := d.retireSvcStats(idx); err != nil {
+	zero := make([]lbSvcStats, d.nCPU)
+	if err := d.objs.LbSvcStats.Put(uint32(idx), zero); err != nil {
 		d.log.Warn("reset service counters", "idx", idx, "err", err)
 	}
 	d.objs.LbRrCursor.Put(uint32(idx), uint32(0))
