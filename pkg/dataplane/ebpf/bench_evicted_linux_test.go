@@ -22,10 +22,11 @@ const evictBytes = 8 << 20
 // statistics, FIB generation) come from the last-level cache or memory,
 // and the TLB entries for them are gone. Unlike BenchmarkProgram (all
 // warm) and BenchmarkProgramManyFlows (only the flow's entry cold), the
-// figure moves with the number of distinct lines a packet touches, which
-// is what the live bpf_stats figures in testbed/netns pay but cannot
-// resolve through their noise. Same packets as BenchmarkProgram; the
-// median of the runs is reported, so preemptions do not count.
+// figure follows the number of distinct lines a packet touches, which is
+// what the live bpf_stats figures in testbed/netns pay. Same packets as
+// BenchmarkProgram; the median of the runs is reported, so preemptions do
+// not count. Between runs on a loaded machine it still moves by about
+// 15%: compare builds by alternating their binaries.
 func BenchmarkProgramEvicted(b *testing.B) {
 	dataplanetest.RequirePrivileged(b)
 	if !dataplanetest.InNetNS() {
