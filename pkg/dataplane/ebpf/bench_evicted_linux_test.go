@@ -5,9 +5,6 @@ package ebpf
 import (
 	"slices"
 	"testing"
-
-	"github.com/loxilb-llm/loxilb/pkg/dataplane"
-	"github.com/loxilb-llm/loxilb/pkg/dataplane/dataplanetest"
 )
 
 // evictBytes is walked between two packets of BenchmarkProgramEvicted:
@@ -28,23 +25,11 @@ const evictBytes = 8 << 20
 // not count. Between runs on a loaded machine it still moves by about
 // 15%: compare builds by alternating their binaries.
 func BenchmarkProgramEvicted(b *testing.B) {
-	dataplanetest.RequirePrivileged(b)
-	if !dataplanetest.InNetNS() {
-		dataplanetest.RunBenchInNetNS(b, dataplanetest.NewNetNS(b, "lbevict"))
+	f, vip := benchIdentityFlow(b, "lbevict")
+	if f == nil {
 		return
 	}
-	fixtureNet(b)
-	d, err := New(Config{StackForwarding: true}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer d.Close()
-	f := &fixture{t: &testing.T{}, d: d}
-	vip := vipN(1)
-	f.upsert(dataplane.Service{ID: 1, VIP: vip, Port: 80, Sel: dataplane.SelRoundRobin}, ep(vip, 80))
-	if v, _, err := d.objs.TcLb.Test(tcp(client, 40000, vip, 80, fSYN).build()); err != nil || v != actOK {
-		b.Fatalf("SYN: %d %v", v, err)
-	}
+	d := f.d
 	buf := make([]byte, evictBytes)
 	for i := range buf {
 		buf[i] = byte(i)
