@@ -203,6 +203,8 @@ type Gateway struct {
 	mu      sync.Mutex   // serializes Reconcile
 	keyPool sync.Pool
 	leaders leaders
+	remote  remoteLeaders                // the other nodes' announced prefills (remote.go)
+	peers   atomic.Pointer[PrefillPeers] // where this node's are announced; nil alone
 	prefill prefillGate
 	work    prefillWork // outstanding prefill tokens per endpoint
 	ranks   rankLoad    // per data-parallel rank: requests in flight, recent placements
