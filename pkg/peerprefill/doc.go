@@ -25,7 +25,8 @@
 // followers until the announcement's expiry, at most the coalescing wait.
 //
 // Bounds: a datagram is at most MaxDatagram bytes (MaxKeys block keys);
-// datagrams from addresses that are not a member's peer address, with a
+// datagrams from an address and port that are not a member's peer address
+// (a node sends from the socket it receives on), with a
 // wrong magic or version, truncated, over a limit or naming a rule or
 // endpoint this node does not hold alike are counted
 // (loxilb_cluster_prefill_dropped_total) and dropped. What the receiver

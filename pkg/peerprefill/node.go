@@ -60,10 +60,11 @@ type Node struct {
 	sendErrors     prometheus.Counter
 }
 
-// peerSet is the peers' addresses and the source addresses accepted.
+// peerSet is the peers' addresses, which are also the only source
+// addresses accepted: a node sends from the socket it receives on.
 type peerSet struct {
 	addrs []netip.AddrPort
-	from  map[netip.Addr]bool
+	from  map[netip.AddrPort]bool
 }
 
 // New binds the node's socket and registers its metrics on reg (nil: none).
@@ -102,7 +103,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Node, err
 	if reg != nil {
 		peers := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "loxilb_cluster_prefill_peers",
 			Help: "Other gateway nodes this node sends its prefill announcements to."},
-			func() float64 { return float64(len(n.peers.Load().addrs)) })
+			func() float64 { return float64(n.Peers()) })
 		for _, c := range []prometheus.Collector{n.sent, n.received, n.dropped, n.sendErrors, peers} {
 			if err := reg.Register(c); err != nil {
 				_ = conn.Close()
@@ -115,6 +116,9 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Node, err
 
 // Addr is the bound UDP address.
 func (n *Node) Addr() netip.AddrPort { return n.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// Peers is how many peers the node sends to now.
+func (n *Node) Peers() int { return len(n.peers.Load().addrs) }
 
 // Run receives datagrams and refreshes the peers until ctx ends; it closes
 // the socket on return.
@@ -143,7 +147,7 @@ func (n *Node) Run(ctx context.Context) error {
 // refresh resolves the peers' addresses; an address that does not resolve
 // is left out until it does.
 func (n *Node) refresh() {
-	ps := &peerSet{from: map[netip.Addr]bool{}}
+	ps := &peerSet{from: map[netip.AddrPort]bool{}}
 	self := n.Addr()
 	for _, s := range n.cfg.Peers() {
 		if len(ps.addrs) == maxPeers {
@@ -160,7 +164,7 @@ func (n *Node) refresh() {
 			continue
 		}
 		ps.addrs = append(ps.addrs, ap)
-		ps.from[ap.Addr()] = true
+		ps.from[ap] = true
 	}
 	n.peers.Store(ps)
 }
@@ -177,12 +181,12 @@ func (n *Node) receive() {
 			}
 			continue
 		}
-		n.handle(buf[:sz], from.Addr().Unmap(), keys)
+		n.handle(buf[:sz], netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), keys)
 	}
 }
 
 // handle checks and hands over one datagram.
-func (n *Node) handle(b []byte, from netip.Addr, keys []uint64) {
+func (n *Node) handle(b []byte, from netip.AddrPort, keys []uint64) {
 	if !n.peers.Load().from[from] {
 		n.dropped.WithLabelValues(DropUnknownPeer).Inc()
 		return
@@ -201,7 +205,7 @@ func (n *Node) handle(b []byte, from netip.Addr, keys []uint64) {
 		n.cfg.Handler.RemoteDone(d.p.ID)
 		return
 	}
-	if why := n.cfg.Handler.RemoteBegin(from, d.p); why != "" {
+	if why := n.cfg.Handler.RemoteBegin(from.Addr(), d.p); why != "" {
 		n.dropped.WithLabelValues(why).Inc()
 		return
 	}
