@@ -106,7 +106,7 @@ func (g *Gateway) RemoteBegin(_ netip.Addr, p peerprefill.Prefill) string {
 func (g *Gateway) RemoteDone(id peerprefill.ID) { g.remote.end(id) }
 
 // announce tells the other nodes about a leader this node registered for
-// keys on d's endpoint and returns the function that announces its end.
+// keys on endpoint ep and returns the function that announces its end.
 func (g *Gateway) announce(st *service, ep int, keys []uint64, uncached int64) func() {
 	pp := g.peers.Load()
 	if pp == nil || len(keys) == 0 {
