@@ -207,6 +207,8 @@ type Gateway struct {
 	// garbage per request otherwise.
 	idPool  sync.Pool
 	leaders leaders
+	remote  remoteLeaders                // the other nodes' announced prefills (remote.go)
+	peers   atomic.Pointer[PrefillPeers] // where this node's are announced; nil alone
 	prefill prefillGate
 	work    prefillWork // outstanding prefill tokens per endpoint
 	ranks   rankLoad    // per data-parallel rank: requests in flight, recent placements

@@ -182,7 +182,12 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	var follow, self *leader
 	if promptTokens > 0 && g.cfg.CoalesceWait > 0 {
 		follow = g.leaderFor(st, d, keys)
-		lead, self = g.leaders.register(st.id, d.EP, keys[min(d.MatchedBlocks, len(keys)):], uncached)
+		computed := keys[min(d.MatchedBlocks, len(keys)):]
+		lead, self = g.leaders.register(st.id, d.EP, computed, uncached)
+		if self != nil {
+			local, told := lead, g.announce(st, d.EP, computed, uncached)
+			lead = func() { local(); told() }
+		}
 	}
 	release := func() { lead(); slot(); work() }
 	plan.FirstByte = release
