@@ -12,7 +12,8 @@
 //	           to the engine in the body or a header as it reads it,
 //	           rank.go, rankload.go, rankseed.go)
 //	        -> (held while the chosen endpoint still computes the shared prefix
-//	           for an earlier request: prefill coalescing, coalesce.go)
+//	           for an earlier request: prefill coalescing, coalesce.go; with
+//	           several nodes also a request another node announced, remote.go)
 //	        -> (queued while the endpoint's prefill slots are taken, shortest
 //	           predicted prefill first: prefill admission, prefillq.go)
 //
