@@ -37,8 +37,8 @@
 // ReadHeaderTimeout/IdleTimeout deadlines behave as under net/http. A
 // request body left unread (413, a refused body) closes the connection
 // after the answer, the sending side first so the client reads it.
-// Client-gone detection costs nothing for short requests: 5 ms after its
-// body was read (watchDelay), a read on the client connection starts
+// Client-gone detection costs nothing for short requests: 100 ms after
+// its body was read (watchDelay), a read on the client connection starts
 // watching for a reset, which cancels the upstream work; a half-close is
 // remembered, the answer still sent, then the connection closed.
 //

@@ -80,6 +80,10 @@ type pconn struct {
 	// timeout or its reset cannot re-arm a read that should have stopped.
 	dmu       sync.Mutex
 	cancelled bool
+	// dlArmed: a read deadline is set (by setReadDeadline). Only the
+	// goroutine that owns the connection reads it, so a deadline that
+	// is already clear is not cleared again.
+	dlArmed bool
 }
 
 // cancel poisons the connection's deadlines: every blocked or later read
@@ -98,6 +102,7 @@ func (pc *pconn) setReadDeadline(t time.Time) {
 	defer pc.dmu.Unlock()
 	if !pc.cancelled {
 		_ = pc.conn.SetReadDeadline(t)
+		pc.dlArmed = !t.IsZero()
 	}
 }
 
@@ -395,8 +400,9 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 		pc.setReadDeadline(time.Now().Add(lim.header))
 	}
 	var (
-		resp *http.Response
-		body *bodyReader
+		resp  *http.Response
+		body  *bodyReader
+		fixed bool // a fixedBody over pc.br
 	)
 	if pc.u.headerLimit > 0 {
 		pc.lr.armed, pc.lr.left = true, pc.u.headerLimit
@@ -413,6 +419,7 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 		}
 		if ur := readResponseFast(pc.br, req); ur != nil {
 			resp, body = &ur.resp, &ur.body
+			fixed = true
 			break
 		}
 		r, err := http.ReadResponse(pc.br, req)
@@ -435,13 +442,12 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 		break
 	}
 	pc.lr.armed = false
-	if lim.header > 0 {
-		pc.setReadDeadline(time.Time{})
-	}
+	// The header deadline stays until the body's first read, which sets
+	// its own bound if it has to wait (bodyReader.Read).
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil, errors.New("endpoint switched protocols, which the proxy does not relay")
 	}
-	*body = bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !closeAfter, first: lim.header, idle: lim.idle}
+	*body = bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !closeAfter, first: lim.header, idle: lim.idle, fixed: fixed}
 	resp.Body = body
 	return resp, nil
 }
@@ -453,9 +459,9 @@ func (pc *pconn) release() {
 		_ = pc.conn.Close()
 		return
 	}
-	if pc.u.lim.idle > 0 || pc.u.lim.header > 0 {
+	if pc.dlArmed {
 		// An expired deadline would fail the liveness probe before reuse.
-		_ = pc.conn.SetReadDeadline(time.Time{})
+		pc.setReadDeadline(time.Time{})
 	}
 	u := pc.u
 	u.mu.Lock()
@@ -547,6 +553,10 @@ type bodyReader struct {
 	first, idle time.Duration
 	done        bool
 	started     bool // a body byte arrived
+	// fixed: rc is a fixedBody over the connection's buffer, which
+	// answers from the buffer without touching the socket while it
+	// holds bytes: such a read cannot wait, so it needs no deadline.
+	fixed bool
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
@@ -557,8 +567,12 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	if !b.started {
 		wait = b.first
 	}
-	if wait > 0 {
+	switch {
+	case b.fixed && b.pc.br.Buffered() > 0:
+	case wait > 0:
 		b.pc.setReadDeadline(time.Now().Add(wait))
+	case b.pc.dlArmed:
+		b.pc.setReadDeadline(time.Time{}) // unbounded: no earlier bound may linger
 	}
 	n, err := b.rc.Read(p)
 	if n > 0 {
