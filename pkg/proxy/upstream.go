@@ -43,6 +43,7 @@ type upstream struct {
 
 	dials  atomic.Int64 // connections opened, for tests
 	probes atomic.Int64 // liveness probes run, for tests
+	awaits atomic.Int64 // requests sent by flushAwait's wait, for tests
 }
 
 func newUpstream(cfg Config, tlsConf *tls.Config) *upstream {
@@ -62,12 +63,18 @@ type pconn struct {
 	u      *upstream
 	addr   string
 	conn   net.Conn
-	raw    net.Conn      // the TCP connection under TLS, for the liveness peek
-	lr     capReader     // conn, capped while response headers are read
-	br     *bufio.Reader // reads lr
-	bw     *bufio.Writer
-	idleAt time.Time
-	reused bool
+	raw    net.Conn        // the TCP connection under TLS, for the liveness peek
+	lr     capReader       // conn, capped while response headers are read
+	sc     syscall.RawConn // conn's descriptor when it is plain TCP (flushAwait)
+	writes int             // writes to conn through bw (see flushAwait)
+	// flushAwait's state, with its callback bound once.
+	awaitFn  func(uintptr) bool
+	flushed  bool
+	flushErr error
+	br       *bufio.Reader // reads lr
+	bw       *bufio.Writer
+	idleAt   time.Time
+	reused   bool
 	// unprobed: reused without the liveness probe (idle for less than
 	// probeAfterIdle), so an endpoint close may have crossed the request.
 	unprobed bool
@@ -374,10 +381,71 @@ func (u *upstream) newPconn(addr string, conn, raw net.Conn) *pconn {
 		conn: conn,
 		raw:  raw,
 		lr:   capReader{conn: conn},
-		bw:   bufio.NewWriterSize(conn, 32<<10),
 	}
+	pc.bw = bufio.NewWriterSize(pcWriter{pc}, 32<<10)
 	pc.br = bufio.NewReaderSize(&pc.lr, 32<<10)
+	if tc, ok := conn.(*net.TCPConn); ok {
+		pc.sc, _ = tc.SyscallConn()
+	}
 	return pc
+}
+
+// pcWriter is the connection under pc.bw: it counts the writes, so
+// flushAwait knows whether a request went out in parts.
+type pcWriter struct{ pc *pconn }
+
+func (w pcWriter) Write(p []byte) (int, error) {
+	w.pc.writes++
+	return w.pc.conn.Write(p)
+}
+
+// flushAwait sends the buffered request and returns once the connection
+// is readable (or its wait failed: the read that follows reports why).
+//
+// A plain read right after the request finds nothing nearly every time:
+// the endpoint has not answered yet, so the read fails, the goroutine
+// parks, and a second read takes the answer. Go's poller forgets an
+// earlier readiness when a wait begins, which is why a read always comes
+// first. Here the wait begins before the request is written (the write
+// happens inside it), so the endpoint's answer, or the reset of a
+// connection it closed, is an edge the wait cannot miss; the endpoint
+// sends nothing unasked on a connection the pool hands out (bytes left
+// over in the buffer are refused at reuse), so nothing earlier can be
+// lost. One system call per request less. TLS connections and anything
+// but TCP use the plain flush.
+//
+// Only a request that is still whole in the buffer is sent this way: if
+// part of it already went out, the endpoint may have answered early (a
+// refusal before the body's end), and that edge would be forgotten.
+func (pc *pconn) flushAwait(whole bool) error {
+	if pc.sc == nil || !whole || pc.br.Buffered() > 0 {
+		return pc.bw.Flush()
+	}
+	if pc.awaitFn == nil {
+		pc.awaitFn = pc.awaitStep // bound once: a closure per request would allocate
+	}
+	pc.flushed, pc.flushErr = false, nil
+	pc.u.awaits.Add(1)
+	_ = pc.sc.Read(pc.awaitFn)
+	if !pc.flushed {
+		// The wait could not begin (closed, or the deadline poisoned):
+		// send the request the plain way, which reports it.
+		return pc.bw.Flush()
+	}
+	err := pc.flushErr
+	pc.flushErr = nil
+	return err
+}
+
+// awaitStep is flushAwait's callback: the first call sends the request and
+// asks for a wait, the next one (the connection is readable) ends it.
+func (pc *pconn) awaitStep(uintptr) bool {
+	if pc.flushed {
+		return true
+	}
+	pc.flushed = true
+	pc.flushErr = pc.bw.Flush()
+	return pc.flushErr != nil
 }
 
 // exchange writes the request and reads the response headers. The
@@ -390,14 +458,16 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 		pc.cancelFn = pc.cancel
 	}
 	pc.watch(ctx)
+	w0 := pc.writes
 	if err := w.writeRequest(pc.bw); err != nil {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}
-	if err := pc.bw.Flush(); err != nil {
-		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
-	}
 	if lim.header > 0 {
+		// Before the flush: flushAwait waits for the answer in it.
 		pc.setReadDeadline(time.Now().Add(lim.header))
+	}
+	if err := pc.flushAwait(pc.writes == w0); err != nil {
+		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}
 	var (
 		resp  *http.Response
