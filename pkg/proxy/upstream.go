@@ -314,6 +314,10 @@ func (u *upstream) get(ctx context.Context, addr string, fresh bool, dial time.D
 				continue
 			}
 			pc.unprobed = idle < probeAfterIdle
+			if !pc.unprobed && pc.dlArmed {
+				// An expired deadline would fail the liveness probe.
+				pc.setReadDeadline(time.Time{})
+			}
 			if pc.unprobed && pc.br.Buffered() == 0 || pc.alive() {
 				pc.reused = true
 				return pc, nil
@@ -462,9 +466,12 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 	if err := w.writeRequest(pc.bw); err != nil {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}
-	if lim.header > 0 {
+	switch {
+	case lim.header > 0:
 		// Before the flush: flushAwait waits for the answer in it.
 		pc.setReadDeadline(time.Now().Add(lim.header))
+	case pc.dlArmed:
+		pc.setReadDeadline(time.Time{}) // left by the previous exchange
 	}
 	if err := pc.flushAwait(pc.writes == w0); err != nil {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
@@ -529,10 +536,8 @@ func (pc *pconn) release() {
 		_ = pc.conn.Close()
 		return
 	}
-	if pc.dlArmed {
-		// An expired deadline would fail the liveness probe before reuse.
-		pc.setReadDeadline(time.Time{})
-	}
+	// A read deadline left armed is cleared only when the connection is
+	// reused (get, exchange): the next exchange usually replaces it.
 	u := pc.u
 	u.mu.Lock()
 	if u.closed || len(u.idle[pc.addr]) >= u.maxIdle {

@@ -500,3 +500,41 @@ func TestUpstreamAwaitSeesEndpointCloseBeforeRequest(t *testing.T) {
 		t.Errorf("dials %d, want 2 (one fresh connection after the close)", got)
 	}
 }
+
+// TestUpstreamDeadlineLeftInPoolIsCleared: a pooled connection keeps the
+// read deadline of its last exchange (it is cleared on reuse, not on
+// release). Expired, it must neither fail the liveness probe of a
+// connection idle past probeAfterIdle nor a request sent without a
+// header bound (a flow's leg).
+func TestUpstreamDeadlineLeftInPoolIsCleared(t *testing.T) {
+	b, conns := echoBackend(t, "b0")
+	u := newUpstream(Config{}.withDefaults(), nil)
+	defer u.closeIdle(true)
+	// expire sets the pooled connection's deadline in the past, as a
+	// header or idle bound left behind does once it runs out.
+	expire := func() {
+		u.mu.Lock()
+		pc := u.idle[hostPort(b)][0]
+		u.mu.Unlock()
+		pc.setReadDeadline(time.Unix(1, 0))
+	}
+	upstreamPost(t, u, hostPort(b))
+	expire()
+	agePool(u, hostPort(b), probeAfterIdle)
+	upstreamPost(t, u, hostPort(b))
+	if got := u.probes.Load(); got != 1 {
+		t.Errorf("%d probes, want 1", got)
+	}
+	expire()
+	req, _ := http.NewRequest("POST", "http://"+hostPort(b)+"/v1/completions", strings.NewReader(`{"a":1}`))
+	resp, err := u.sendWithin(context.Background(), hostPort(b), &stdRequest{req: req}, req, false, limits{})
+	if err != nil {
+		t.Fatalf("request without a header bound: %v", err)
+	}
+	if e := decodeEcho(t, resp); e.Body != `{"a":1}` {
+		t.Errorf("body %q", e.Body)
+	}
+	if got := conns.Load(); got != 1 {
+		t.Errorf("%d connections, want 1 reused throughout", got)
+	}
+}
