@@ -63,10 +63,10 @@ type pconn struct {
 	u      *upstream
 	addr   string
 	conn   net.Conn
-	raw    net.Conn        // the TCP connection under TLS, for the liveness peek
-	lr     capReader       // conn, capped while response headers are read
-	sc     syscall.RawConn // conn's descriptor when it is plain TCP (flushAwait)
-	writes int             // writes to conn through bw (see flushAwait)
+	raw    net.Conn  // the TCP connection under TLS, for the liveness peek
+	lr     capReader // conn, capped while response headers are read
+	rio    *rawIO    // conn's socket when it is plain TCP (rawio_linux.go, flushAwait)
+	writes int       // writes to conn through bw (see flushAwait)
 	// flushAwait's state, with its callback bound once.
 	awaitFn  func(uintptr) bool
 	flushed  bool
@@ -126,7 +126,7 @@ var errHeaderCap = errors.New("response header byte limit reached")
 // its header block (or sends interim responses forever) costs a bounded
 // buffer instead of growing the parser's line until memory runs out.
 type capReader struct {
-	conn  net.Conn
+	conn  io.Reader // the connection, or its raw reader
 	armed bool
 	left  int64
 	got   int64 // bytes read in the current exchange
@@ -384,13 +384,14 @@ func (u *upstream) newPconn(addr string, conn, raw net.Conn) *pconn {
 		addr: addr,
 		conn: conn,
 		raw:  raw,
-		lr:   capReader{conn: conn},
+	}
+	pc.rio = newRawIO(conn)
+	pc.lr.conn = conn
+	if pc.rio != nil {
+		pc.lr.conn = pc.rio
 	}
 	pc.bw = bufio.NewWriterSize(pcWriter{pc}, 32<<10)
 	pc.br = bufio.NewReaderSize(&pc.lr, 32<<10)
-	if tc, ok := conn.(*net.TCPConn); ok {
-		pc.sc, _ = tc.SyscallConn()
-	}
 	return pc
 }
 
@@ -400,6 +401,9 @@ type pcWriter struct{ pc *pconn }
 
 func (w pcWriter) Write(p []byte) (int, error) {
 	w.pc.writes++
+	if w.pc.rio != nil {
+		return w.pc.rio.Write(p)
+	}
 	return w.pc.conn.Write(p)
 }
 
@@ -422,7 +426,7 @@ func (w pcWriter) Write(p []byte) (int, error) {
 // part of it already went out, the endpoint may have answered early (a
 // refusal before the body's end), and that edge would be forgotten.
 func (pc *pconn) flushAwait(whole bool) error {
-	if pc.sc == nil || !whole || pc.br.Buffered() > 0 {
+	if pc.rio == nil || !whole || pc.br.Buffered() > 0 {
 		return pc.bw.Flush()
 	}
 	if pc.awaitFn == nil {
@@ -430,7 +434,7 @@ func (pc *pconn) flushAwait(whole bool) error {
 	}
 	pc.flushed, pc.flushErr = false, nil
 	pc.u.awaits.Add(1)
-	_ = pc.sc.Read(pc.awaitFn)
+	_ = pc.rio.rc.Read(pc.awaitFn)
 	if !pc.flushed {
 		// The wait could not begin (closed, or the deadline poisoned):
 		// send the request the plain way, which reports it.
