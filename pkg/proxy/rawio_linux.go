@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"unsafe"
 )
@@ -24,14 +25,23 @@ import (
 // thread hand-offs at about a tenth of the process's CPU. A call that
 // cannot block needs none of it.
 type rawIO struct {
-	rc      syscall.RawConn
-	local   net.Addr
-	remote  net.Addr
-	p       []byte
-	n       int
-	errno   syscall.Errno
-	readFn  func(uintptr) bool // bound once: closures per call would allocate
-	writeFn func(uintptr) bool
+	rc     syscall.RawConn
+	local  net.Addr
+	remote net.Addr
+	// A read and a write may run at once (the client watch reads while
+	// an event stream is written): each direction has its own state,
+	// and its own lock, as net.Conn allows concurrent calls.
+	r, w rawOp
+}
+
+// rawOp is the state of one direction's call, with its step bound once
+// (a closure per call would allocate).
+type rawOp struct {
+	mu    sync.Mutex
+	p     []byte
+	n     int
+	errno syscall.Errno
+	fn    func(uintptr) bool
 }
 
 // newRawIO returns the raw reader and writer of c, or nil if c is not a
@@ -46,7 +56,7 @@ func newRawIO(c net.Conn) *rawIO {
 		return nil
 	}
 	r := &rawIO{rc: rc, local: tc.LocalAddr(), remote: tc.RemoteAddr()}
-	r.readFn, r.writeFn = r.readStep, r.writeStep
+	r.r.fn, r.w.fn = r.r.readStep, r.w.writeStep
 	return r
 }
 
@@ -56,21 +66,24 @@ func (r *rawIO) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	r.p, r.n, r.errno = p, 0, 0
-	err := r.rc.Read(r.readFn)
-	r.p = nil
+	op := &r.r
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	op.p, op.n, op.errno = p, 0, 0
+	err := r.rc.Read(op.fn)
+	op.p = nil
 	switch {
 	case err != nil:
 		return 0, r.opError("read", err)
-	case r.errno != 0:
-		return 0, r.opError("read", os.NewSyscallError("read", r.errno))
-	case r.n == 0:
+	case op.errno != 0:
+		return 0, r.opError("read", os.NewSyscallError("read", op.errno))
+	case op.n == 0:
 		return 0, io.EOF
 	}
-	return r.n, nil
+	return op.n, nil
 }
 
-func (r *rawIO) readStep(fd uintptr) bool {
+func (r *rawOp) readStep(fd uintptr) bool {
 	for {
 		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&r.p[0])), uintptr(len(r.p)))
 		switch e {
@@ -92,20 +105,23 @@ func (r *rawIO) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	r.p, r.n, r.errno = p, 0, 0
-	err := r.rc.Write(r.writeFn)
-	n := r.n
-	r.p = nil
+	op := &r.w
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	op.p, op.n, op.errno = p, 0, 0
+	err := r.rc.Write(op.fn)
+	n := op.n
+	op.p = nil
 	switch {
 	case err != nil:
 		return n, r.opError("write", err)
-	case r.errno != 0:
-		return n, r.opError("write", os.NewSyscallError("write", r.errno))
+	case op.errno != 0:
+		return n, r.opError("write", os.NewSyscallError("write", op.errno))
 	}
 	return n, nil
 }
 
-func (r *rawIO) writeStep(fd uintptr) bool {
+func (r *rawOp) writeStep(fd uintptr) bool {
 	for r.n < len(r.p) {
 		rest := r.p[r.n:]
 		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&rest[0])), uintptr(len(rest)))

@@ -106,3 +106,39 @@ func TestRawIOBehavesAsNetConn(t *testing.T) {
 		t.Errorf("read of a closed connection: %v, want net.ErrClosed", err)
 	}
 }
+
+// TestRawIOReadAndWriteAtOnce: a read waiting on the socket (the client
+// watch) and writes on the same connection (an event stream) run at once
+// without touching each other's state.
+func TestRawIOReadAndWriteAtOnce(t *testing.T) {
+	c, s := tcpPair(t)
+	rs := newRawIO(s)
+	readErr := make(chan error, 1)
+	go func() {
+		var b [1]byte
+		n, err := rs.Read(b[:]) // waits: the client sends nothing yet
+		if err == nil && (n != 1 || b[0] != 'q') {
+			err = io.ErrUnexpectedEOF
+		}
+		readErr <- err
+	}()
+	msg := bytes.Repeat([]byte("data: x\n\n"), 1000)
+	go func() {
+		for range 50 {
+			if _, err := rs.Write(msg); err != nil {
+				return
+			}
+		}
+	}()
+	got := make([]byte, 50*len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("client read: %v", err)
+	}
+	if !bytes.Equal(got, bytes.Repeat(msg, 50)) {
+		t.Error("written bytes differ")
+	}
+	_, _ = c.Write([]byte("q"))
+	if err := <-readErr; err != nil {
+		t.Errorf("concurrent read: %v", err)
+	}
+}
