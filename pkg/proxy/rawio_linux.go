@@ -63,24 +63,37 @@ func newRawIO(c net.Conn) *rawIO {
 // Read is net.Conn.Read: io.EOF at the end of the stream, errors wrapped
 // as the net package wraps them.
 func (r *rawIO) Read(p []byte) (int, error) {
+	n, err := r.call(&r.r, p, "read", r.rc.Read)
+	if err == nil && n == 0 && len(p) > 0 {
+		return 0, io.EOF
+	}
+	return n, err
+}
+
+// Write is net.Conn.Write: all of p, or an error with what was written.
+func (r *rawIO) Write(p []byte) (int, error) {
+	return r.call(&r.w, p, "write", r.rc.Write)
+}
+
+// call runs op's step on p under the RawConn's Read or Write (wait),
+// which waits on the poller whenever the step asks to.
+func (r *rawIO) call(op *rawOp, p []byte, name string, wait func(func(uintptr) bool) error) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	op := &r.r
 	op.mu.Lock()
 	defer op.mu.Unlock()
 	op.p, op.n, op.errno = p, 0, 0
-	err := r.rc.Read(op.fn)
+	err := wait(op.fn)
+	n := op.n
 	op.p = nil
 	switch {
 	case err != nil:
-		return 0, r.opError("read", err)
+		return n, r.opError(name, err)
 	case op.errno != 0:
-		return 0, r.opError("read", os.NewSyscallError("read", op.errno))
-	case op.n == 0:
-		return 0, io.EOF
+		return n, r.opError(name, os.NewSyscallError(name, op.errno))
 	}
-	return op.n, nil
+	return n, nil
 }
 
 func (r *rawOp) readStep(fd uintptr) bool {
@@ -98,27 +111,6 @@ func (r *rawOp) readStep(fd uintptr) bool {
 		r.errno = e
 		return true
 	}
-}
-
-// Write is net.Conn.Write: all of p, or an error with what was written.
-func (r *rawIO) Write(p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	op := &r.w
-	op.mu.Lock()
-	defer op.mu.Unlock()
-	op.p, op.n, op.errno = p, 0, 0
-	err := r.rc.Write(op.fn)
-	n := op.n
-	op.p = nil
-	switch {
-	case err != nil:
-		return n, r.opError("write", err)
-	case op.errno != 0:
-		return n, r.opError("write", os.NewSyscallError("write", op.errno))
-	}
-	return n, nil
 }
 
 func (r *rawOp) writeStep(fd uintptr) bool {

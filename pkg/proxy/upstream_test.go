@@ -301,13 +301,7 @@ func TestUpstreamProbesOnlyAfterIdle(t *testing.T) {
 // connection idle past probeAfterIdle is found out before the request is
 // written, so the request goes out once, on a fresh connection.
 func TestUpstreamIdleCloseCaughtByProbe(t *testing.T) {
-	var requests atomic.Int64
-	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		requests.Add(1)
-		_, _ = io.Copy(io.Discard, r.Body)
-		_, _ = w.Write([]byte(`{}`))
-	}))
-	defer b.Close()
+	b, requests := countingBackend(t)
 	u := newUpstream(Config{}.withDefaults(), nil)
 	defer u.closeIdle(true)
 	post := func() {
@@ -385,15 +379,7 @@ func TestUpstreamEmptyAnswerResentOnceOnlyWhenUnprobed(t *testing.T) {
 	u := newUpstream(Config{}.withDefaults(), nil)
 	defer u.closeIdle(true)
 	method := "PUT" // replayable: resent once from an unprobed connection
-	send := func() error {
-		req, _ := http.NewRequest(method, "http://"+addr+"/v1/completions", strings.NewReader(`{}`))
-		resp, err := u.roundTrip(req, addr)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		return err
-	}
+	send := func() error { return sendDrained(u, method, addr) }
 	if err := send(); err != nil {
 		t.Fatal(err)
 	}
@@ -461,24 +447,10 @@ func TestUpstreamAwaitSendsWholeRequestsOnly(t *testing.T) {
 // wait must see, so the request fails over at once to a fresh connection
 // instead of waiting out the response header timeout.
 func TestUpstreamAwaitSeesEndpointCloseBeforeRequest(t *testing.T) {
-	var requests atomic.Int64
-	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		requests.Add(1)
-		_, _ = io.Copy(io.Discard, r.Body)
-		_, _ = w.Write([]byte(`{}`))
-	}))
-	defer b.Close()
+	b, requests := countingBackend(t)
 	u := newUpstream(Config{ResponseHeaderTimeout: time.Minute}.withDefaults(), nil)
 	defer u.closeIdle(true)
-	send := func() error {
-		req, _ := http.NewRequest("PUT", b.URL+"/v1/completions", strings.NewReader(`{}`))
-		resp, err := u.roundTrip(req, hostPort(b))
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		return err
-	}
+	send := func() error { return sendDrained(u, "PUT", hostPort(b)) }
 	if err := send(); err != nil {
 		t.Fatal(err)
 	}
@@ -537,4 +509,28 @@ func TestUpstreamDeadlineLeftInPoolIsCleared(t *testing.T) {
 	if got := conns.Load(); got != 1 {
 		t.Errorf("%d connections, want 1 reused throughout", got)
 	}
+}
+
+// countingBackend answers every request with {} and counts them.
+func countingBackend(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var requests atomic.Int64
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	t.Cleanup(b.Close)
+	return b, &requests
+}
+
+// sendDrained sends {} with method to addr and reads the answer's body.
+func sendDrained(u *upstream, method, addr string) error {
+	req, _ := http.NewRequest(method, "http://"+addr+"/v1/completions", strings.NewReader(`{}`))
+	resp, err := u.roundTrip(req, addr)
+	if err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	return err
 }
