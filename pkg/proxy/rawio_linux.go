@@ -6,7 +6,6 @@ import (
 	"os"
 	"sync"
 	"syscall"
-	"unsafe"
 )
 
 // rawIO reads and writes a TCP connection's socket with raw system calls
@@ -98,10 +97,10 @@ func (r *rawIO) call(op *rawOp, p []byte, name string, wait func(func(uintptr) b
 
 func (r *rawOp) readStep(fd uintptr) bool {
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&r.p[0])), uintptr(len(r.p)))
+		n, e := sysRead(fd, r.p)
 		switch e {
 		case 0:
-			r.n = int(n)
+			r.n = n
 			return true
 		case syscall.EINTR:
 			continue
@@ -116,10 +115,10 @@ func (r *rawOp) readStep(fd uintptr) bool {
 func (r *rawOp) writeStep(fd uintptr) bool {
 	for r.n < len(r.p) {
 		rest := r.p[r.n:]
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&rest[0])), uintptr(len(rest)))
+		n, e := sysWrite(fd, rest)
 		switch e {
 		case 0:
-			r.n += int(n)
+			r.n += n
 		case syscall.EINTR:
 		case syscall.EAGAIN:
 			return false // wait until writable
