@@ -24,6 +24,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
+	"github.com/loxilb-llm/loxilb/pkg/peerprefill"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/pkg/store"
@@ -54,6 +55,7 @@ type daemon struct {
 	kernel  kernelPlane
 	caps    *capabilities
 	members *cluster.Membership
+	peers   *peerprefill.Node // prefill announcements between nodes; nil alone
 	// seedFP identifies LLB_KV_NONE_HASH_SEED without revealing it, in the
 	// membership record and in diagnostics alike; computed once, as it is
 	// deliberately slow.
@@ -199,6 +201,18 @@ func (d *daemon) joinCluster() error {
 	if e, ok := d.st.(*store.Etcd); ok {
 		ccfg.Backend = etcdMembers{e}
 	}
+	if ccfg.Backend != nil && cfg.clusterRoutingOn() {
+		// Cross-node prefill coalescing: this node's leaders are
+		// announced to the other members, theirs held here.
+		node, err := peerprefill.New(peerprefill.Config{Listen: cfg.cluster.peerListen(), Handler: d.gw,
+			Peers: func() []string { return d.members.PeerAddrs() }}, d.logger, d.reg)
+		if err != nil {
+			return fmt.Errorf("--cluster-peer-port: %w", err)
+		}
+		d.peers = node
+		d.gw.SetPeers(node)
+		ccfg.Self.Peer = cfg.cluster.peerAdvertised(node.Addr().Port())
+	}
 	var err error
 	if d.members, err = cluster.New(ccfg, d.logger, d.reg); err != nil {
 		return err
@@ -250,6 +264,9 @@ func (d *daemon) serve(ctx context.Context, apiCfg api.Config) error {
 func (d *daemon) startRunners(ctx context.Context, wg *sync.WaitGroup) chan error {
 	runners := []runner{{"kvindex", d.index.Run}, {"kvevents", d.events.Run}, {"health", d.prober.Run}, {"engine-metrics", d.scraper.Run},
 		{"proxy", d.px.Serve}, {"rule-retry", d.ctl.Run}, {"cluster", d.members.Run}}
+	if d.peers != nil {
+		runners = append(runners, runner{"cluster-prefill", d.peers.Run})
+	}
 	if steered := d.kernel.steered; steered != nil {
 		runners = append(runners, runner{"proxy-steered", func(ctx context.Context) error { return d.px.ServeListener(ctx, steered) }})
 	}

@@ -7,10 +7,13 @@
 //	        -> router (min-match guard, overlap/load blend, spill, cold seed, sel on a miss)
 //	        -> ordered candidates + receipt
 //	        -> (on engines with several data-parallel ranks: the chosen
-//	           endpoint's rank holding the longest prefix, named to the
-//	           engine in the body or a header as it reads it, rank.go)
+//	           endpoint's rank holding the longest prefix, spread by
+//	           per-rank load, a cold rank seeded when that is cheap, named
+//	           to the engine in the body or a header as it reads it,
+//	           rank.go, rankload.go, rankseed.go)
 //	        -> (held while the chosen endpoint still computes the shared prefix
-//	           for an earlier request: prefill coalescing, coalesce.go)
+//	           for an earlier request: prefill coalescing, coalesce.go; with
+//	           several nodes also a request another node announced, remote.go)
 //	        -> (queued while the endpoint's prefill slots are taken, shortest
 //	           predicted prefill first: prefill admission, prefillq.go)
 //

@@ -202,7 +202,13 @@ type Gateway struct {
 	proxy   atomic.Value // ProxyTable
 	mu      sync.Mutex   // serializes Reconcile
 	keyPool sync.Pool
+	// idPool holds token-id buffers for Pick, which is done with a
+	// request's ids when it returns: a 2k-token chat's ids are ~11 KB of
+	// garbage per request otherwise.
+	idPool  sync.Pool
 	leaders leaders
+	remote  remoteLeaders                // the other nodes' announced prefills (remote.go)
+	peers   atomic.Pointer[PrefillPeers] // where this node's are announced; nil alone
 	prefill prefillGate
 	work    prefillWork // outstanding prefill tokens per endpoint
 	ranks   rankLoad    // per data-parallel rank: requests in flight, recent placements
@@ -294,6 +300,7 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 	empty := map[uint32]*service{}
 	g.table.Store(&empty)
 	g.keyPool.New = func() any { b := make([]uint64, 0, 512); return &b }
+	g.idPool.New = func() any { return new([]uint32) }
 	return g, nil
 }
 

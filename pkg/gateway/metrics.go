@@ -27,6 +27,9 @@ type metrics struct {
 	// ejectedSkipped counts picks that left an ejected endpoint out.
 	ejectedSkipped *prometheus.CounterVec
 	rankTargeted   *prometheus.CounterVec
+	// rankSeeded counts requests sent to a rank holding none of their
+	// prompt to warm it (rankseed.go).
+	rankSeeded *prometheus.CounterVec
 	// untrustedSkipped counts Tier-1.5 decisions that left an endpoint
 	// out under strict attestation.
 	untrustedSkipped *prometheus.CounterVec
@@ -81,6 +84,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		rankTargeted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_kv_rank_targeted_total",
 			Help: "Requests sent to a named data-parallel rank of their endpoint (SGLang routed_dp_rank/data_parallel_rank, vLLM X-data-parallel-rank), by rank."},
 			[]string{"service", "ep_idx", "rank"}),
+		rankSeeded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_kv_rank_seeds_total",
+			Help: "Requests sent to a data-parallel rank holding none of their prompt, to warm it, instead of the busier rank holding their prefix, by the rank seeded."},
+			[]string{"service", "ep_idx", "rank"}),
 		untrustedSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_kv_untrusted_skipped_total",
 			Help: "Tier-1.5 decisions that left a healthy endpoint out because strict attestation (kvParityStrict, --kv-parity-strict) distrusts its parity verdict, by verdict (hash_mismatch, block_size_mismatch, hash_algo_mismatch)."},
 			[]string{"service", "ep_idx", "verdict"}),
@@ -89,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			[]string{"service"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait, m.rejectedC, m.tokWaiting, m.ejectedSkipped, m.rankTargeted, m.untrustedSkipped, m.modelImplied} {
+		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait, m.rejectedC, m.tokWaiting, m.ejectedSkipped, m.rankTargeted, m.rankSeeded, m.untrustedSkipped, m.modelImplied} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -143,7 +149,7 @@ func (m *metrics) closedLoop(service string, res proxy.Result, predicted int64) 
 }
 
 func (m *metrics) forget(service string) {
-	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced, m.admitted, m.rejectedC, m.ejectedSkipped, m.rankTargeted, m.untrustedSkipped, m.modelImplied} {
+	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced, m.admitted, m.rejectedC, m.ejectedSkipped, m.rankTargeted, m.rankSeeded, m.untrustedSkipped, m.modelImplied} {
 		v.DeletePartialMatch(prometheus.Labels{"service": service})
 	}
 	m.coalesceWait.DeletePartialMatch(prometheus.Labels{"service": service})

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/dispatch"
@@ -209,26 +210,41 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 		}
 	}
 	var rankOf func(ep int) int
+	var rankDone []func() // uncount the prefill legs on their ranks
 	ri, rankAware := g.inv.(RankInventory)
 	spec, _ := engine.Lookup(r.Engine())
 	ranks := min(r.Service.KVDpRankCount, engine.MaxDPRanks)
 	if len(keys) > 0 && rankAware && spec.Rank.PDPrefillField != "" && ranks > 1 {
 		// Chosen once per endpoint, so the receipt names the rank the leg
 		// is sent to even if events arrive in between; Pick and Dispatch
-		// run on the request's goroutine, one after the other.
-		chosen := map[int]int{}
-		rankOf = func(ep int) int {
-			rank, ok := chosen[ep]
-			if !ok {
-				rank, _ = chooseRank(ri, st.id, ep, ranks, keys, nil)
-				chosen[ep] = rank
-			}
-			return rank
+		// run on the request's goroutine, one after the other. The choice
+		// reads and counts the ranks' load as a mode-4 request's does, so
+		// prefill legs spread over the ranks and seed a cold one alike.
+		type rankPick struct {
+			rank, held int
+			seeded     bool
 		}
+		chosen := map[int]rankPick{}
+		pick := func(ep int) rankPick {
+			p, ok := chosen[ep]
+			if !ok {
+				var lv rankSnapshot
+				g.rankView(st, ep, ranks, time.Now(), &lv)
+				p.rank, p.held = chooseRank(ri, st.id, ep, ranks, keys, &lv)
+				p.seeded = lv.seeded
+				chosen[ep] = p
+			}
+			return p
+		}
+		rankOf = func(ep int) int { return pick(ep).rank }
 		dreq.PrefillRank = func(ep int) (int, int, bool) {
-			rank := rankOf(ep)
-			g.m.rankTargeted.WithLabelValues(st.label, strconv.Itoa(ep), strconv.Itoa(rank)).Inc()
-			return rank, ranks, true
+			p := pick(ep)
+			g.m.rankTargeted.WithLabelValues(st.label, strconv.Itoa(ep), strconv.Itoa(p.rank)).Inc()
+			if p.seeded {
+				g.m.rankSeeded.WithLabelValues(st.label, strconv.Itoa(ep), strconv.Itoa(p.rank)).Inc()
+			}
+			rankDone = append(rankDone, g.ranks.begin(st.id, ep, p.rank, keys, p.held, time.Now()))
+			return p.rank, ranks, true
 		}
 	}
 	choice, err := d.Choose(dreq)
@@ -251,6 +267,11 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 	fn := func(ctx context.Context, w http.ResponseWriter, preq *proxy.Request) proxy.Result {
 		run := *dreq
 		run.Header, run.Body, run.Legs = preq.Header, preq.Body, preq.Legs
+		defer func() {
+			for _, done := range rankDone {
+				done()
+			}
+		}()
 		return d.Execute(ctx, w, &run, choice)
 	}
 	return plan, fn, nil

@@ -29,6 +29,10 @@ const (
 // conversation keeps its key.
 const routingKeyTokens = 64
 
+// maxPooledIDs bounds the token-id buffers Pick keeps for reuse (256 KB):
+// a rare very long prompt's array is left to the GC instead of pinned.
+const maxPooledIDs = 64 << 10
+
 // routingKeyBytes bounds the raw-body prefix used as the key when the
 // prompt is not tokenized (KV-exact off).
 const routingKeyBytes = 512
@@ -77,6 +81,17 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	kp := g.keyPool.Get().(*[]uint64)
 	defer func() { *kp = keys[:0]; g.keyPool.Put(kp) }()
 	keys = (*kp)[:0]
+	// Nothing keeps the prompt's ids past Pick (the keys, the routing key
+	// and the plan are computed from them), so their array goes back to
+	// the pool, unless a long prompt made it larger than is worth keeping.
+	var ids []uint32
+	ip := g.idPool.Get().(*[]uint32)
+	defer func() {
+		if cap(ids) <= maxPooledIDs {
+			*ip = ids[:0]
+		}
+		g.idPool.Put(ip)
+	}()
 
 	switch {
 	case st.hasher == nil:
@@ -90,7 +105,8 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		g.m.missed(st.label, ReasonNoModel)
 		d = g.router.Fallback(view, ReasonNoModel, cands, st.sel, freq)
 	default:
-		ids, rendered, reason, err := g.promptTokensRendered(ctx, st, model, req, body)
+		var rendered, reason string
+		ids, rendered, reason, err = g.promptTokensRendered(ctx, st, model, req, body, *ip)
 		if err != nil {
 			return proxy.Plan{}, err
 		}
@@ -137,12 +153,15 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	if ri, ok := g.inv.(RankInventory); ok && st.rank != nil && len(keys) > 0 {
 		now := time.Now()
 		var lv rankSnapshot
-		g.ranks.snapshot(st.id, d.EP, st.rank.ranks, g.cfg.SpeculativeTTL, now, g.rankEngine, &lv)
+		g.rankView(st, d.EP, st.rank.ranks, now, &lv)
 		rank, held := chooseRank(ri, st.id, d.EP, st.rank.ranks, keys, &lv)
 		if ep, ok := st.rank.targetEndpoint(plan.Candidates[0], rank, req.Body); ok {
 			plan.Candidates[0] = ep
 			rc.Rank, rc.RankSet = rank, true
 			g.m.rankTargeted.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(rank)).Inc()
+			if lv.seeded {
+				g.m.rankSeeded.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(rank)).Inc()
+			}
 			rankDone = g.ranks.begin(st.id, d.EP, rank, keys, held, now)
 		}
 	}
@@ -163,7 +182,12 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	var follow, self *leader
 	if promptTokens > 0 && g.cfg.CoalesceWait > 0 {
 		follow = g.leaderFor(st, d, keys)
-		lead, self = g.leaders.register(st.id, d.EP, keys[min(d.MatchedBlocks, len(keys)):], uncached)
+		computed := keys[min(d.MatchedBlocks, len(keys)):]
+		lead, self = g.leaders.register(st.id, d.EP, computed, uncached)
+		if self != nil {
+			local, told := lead, g.announce(st, d.EP, computed, uncached)
+			lead = func() { local(); told() }
+		}
 	}
 	release := func() { lead(); slot(); work() }
 	plan.FirstByte = release
@@ -298,13 +322,13 @@ func (g *Gateway) logReject(st *service, reason string, err error) {
 // the request itself is malformed, too long, or its client went away
 // while it waited for a tokenization slot.
 func (g *Gateway) promptTokens(ctx context.Context, st *service, model string, req *proxy.Request) ([]uint32, string, error) {
-	ids, _, reason, err := g.promptTokensRendered(ctx, st, model, req, &parsedBody{raw: req.Body})
+	ids, _, reason, err := g.promptTokensRendered(ctx, st, model, req, &parsedBody{raw: req.Body}, nil)
 	return ids, reason, err
 }
 
 // promptTokensRendered is promptTokens that also returns the rendered chat
 // prompt (empty for completions); body is req.Body, read at most once.
-func (g *Gateway) promptTokensRendered(ctx context.Context, st *service, model string, req *proxy.Request, body *parsedBody) ([]uint32, string, string, error) {
+func (g *Gateway) promptTokensRendered(ctx context.Context, st *service, model string, req *proxy.Request, body *parsedBody, buf []uint32) ([]uint32, string, string, error) {
 	tok, err := g.tok.Get(model)
 	if err != nil {
 		label := model
@@ -319,7 +343,7 @@ func (g *Gateway) promptTokensRendered(ctx context.Context, st *service, model s
 		return nil, "", router.ReasonNoTokenizer, nil
 	}
 	opts := tokenizer.RequestOptions{MaxPromptBytes: g.cfg.MaxPromptBytes, MaxPromptTokens: g.cfg.MaxPromptTokens,
-		CompletionsBOS: st.rule.Profile().CompletionsBOS}
+		CompletionsBOS: st.rule.Profile().CompletionsBOS, IDs: buf}
 	if opts.MaxPromptTokens <= 0 {
 		opts.MaxPromptTokens = tok.MaxLength()
 		if opts.MaxPromptTokens <= 0 {

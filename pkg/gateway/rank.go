@@ -53,6 +53,11 @@ func newRankTargeting(engineName string, ranks int) *rankTargeting {
 //     the fewest recent placements;
 //  3. else the rank the first block the deepest rank lacks hashes to.
 //
+// Unless it followed a placement (1), the request then seeds a cold rank
+// when that is cheap (seedRank): a rank holding none of it, less loaded
+// than the pick, takes it if the pick's cached prefix is no longer than
+// lv.seedLoss.
+//
 // So a session whose history is long against its new turn stays on its
 // rank (no other rank ties), and new documents or conversations whose own
 // text is long against a shared system prompt spread over the ranks by
@@ -81,7 +86,7 @@ func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uin
 		}
 	}
 	if n == 1 {
-		return tied[0], best
+		return lv.seedRank(depth[:ranks], tied[0]), best
 	}
 	// A request sharing at least half of its uncached blocks with one
 	// placed a moment ago meets it.
@@ -99,11 +104,11 @@ func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uin
 	pick := tied[h]
 	for i := 1; i < n; i++ {
 		r := tied[(h+i)%n]
-		if lv.load[r] < lv.load[pick] || lv.load[r] == lv.load[pick] && lv.placed[r] < lv.placed[pick] {
+		if lv.lighter(r, pick) {
 			pick = r
 		}
 	}
-	return pick, best
+	return lv.seedRank(depth[:ranks], pick), best
 }
 
 // targetEndpoint returns ep rewritten to name rank to its engine: the rank fields

@@ -72,6 +72,10 @@ type rankSnapshot struct {
 	rl     *rankLoad
 	c      *rankCounts // nil: nothing placed on the endpoint yet
 	cutoff int64       // placements at or before this are too old
+	// seedLoss is the most cached blocks a rank seed may throw away
+	// (rankseed.go); 0: no seeding.
+	seedLoss int
+	seeded   bool // chooseRank seeded a cold rank
 }
 
 // follow returns the rank key was placed on within the TTL; ok is false

@@ -126,3 +126,20 @@ func (st *serviceState) observeHit(total, warmMatch, blockSize int) {
 	st.prompt.observe(float64(max(total*blockSize, 1)))
 	st.cached.observe(float64(max(warmMatch*blockSize, 1)))
 }
+
+// SeedLoss is the most cached tokens a move that seeds a cold place may
+// throw away for service: the median prefix a hit's warmest endpoint
+// holds (0 before the first hit, when nothing is known to be typical, and
+// for a service the router has not seen, whose state it does not create).
+// The gateway prices a data-parallel rank seed with it as seedCheap
+// prices an endpoint seed, so the two levels agree on what a long
+// history is.
+func (r *Router) SeedLoss(service uint32) float64 {
+	r.mu.RLock()
+	st := r.services[service]
+	r.mu.RUnlock()
+	if st == nil {
+		return 0
+	}
+	return st.cached.value(0)
+}

@@ -169,3 +169,32 @@ func TestShortestFirstPricesLoadAtOwnWork(t *testing.T) {
 		})
 	}
 }
+
+// SeedLoss is the median prefix a hit's warmest endpoint holds: nothing
+// before the first hit (no seed may throw anything away on a guess), then
+// the typical history, which a minority of long ones does not drag up.
+func TestSeedLossIsTheMedianCachedPrefix(t *testing.T) {
+	inv := newFakeInv()
+	cfg := DefaultConfig()
+	cfg.ColdSeedN = 0
+	r, _ := newRouter(t, cfg, inv)
+	if got := r.SeedLoss(mode3.ID); got != 0 {
+		t.Fatalf("seed loss %v before any hit", got)
+	}
+	short, long := chain(3, 40), chain(4, 200)
+	inv.add(7, 0, short[:32]...)
+	inv.add(7, 1, long[:190]...)
+	for i := 0; i < 64; i++ {
+		keys := short
+		if i%4 == 3 {
+			keys = long
+		}
+		r.Decide(mode3, keys, 16, cands(4), rr(t), selector.Request{})
+	}
+	if got := r.SeedLoss(mode3.ID); got < 32*16 || got > 32*16*(1+workStep) {
+		t.Fatalf("seed loss %v after hits of 32 cached blocks and a quarter of 190, want ~%d", got, 32*16)
+	}
+	if got := r.SeedLoss(99); got != 0 {
+		t.Fatalf("seed loss %v for a service with no hits", got)
+	}
+}

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -200,5 +201,39 @@ func BenchmarkEncodeRequestChat(b *testing.B) {
 		if _, err := tk.EncodeRequest(EngineVLLM, "/v1/chat/completions", body); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// RequestOptions.IDs is written to when it fits the prompt, and the ids
+// are those of a fresh encoding, whatever the array held before.
+func TestEncodeParsedReusesIDs(t *testing.T) {
+	tok := loadStaged(t, "Qwen__Qwen3-0.6B")
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("reuse the array ", 200) + `"}]}`)
+	r, err := ParseRequest(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := tok.EncodeParsed(EngineVLLM, "/v1/chat/completions", r, RequestOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]uint32, 7, len(body))
+	for i := range buf[:cap(buf)] {
+		buf[:cap(buf)][i] = 0xdead
+	}
+	got, err := tok.EncodeParsed(EngineVLLM, "/v1/chat/completions", r, RequestOptions{IDs: buf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.IDs, want.IDs) {
+		t.Fatalf("ids with a reused array differ from a fresh encoding")
+	}
+	if &got.IDs[0] != &buf[:1][0] {
+		t.Error("the ids were not written to the given array")
+	}
+	small := make([]uint32, 0, 4)
+	got, err = tok.EncodeParsed(EngineVLLM, "/v1/chat/completions", r, RequestOptions{IDs: small})
+	if err != nil || !slices.Equal(got.IDs, want.IDs) || &got.IDs[0] == &small[:1][0] {
+		t.Errorf("an array too small for the prompt: ids differ (%v) or were written to it", err)
 	}
 }

@@ -4,11 +4,11 @@ package ebpf
 
 import (
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"testing"
 
 	"github.com/loxilb-llm/loxilb/pkg/dataplane"
-	"github.com/loxilb-llm/loxilb/pkg/dataplane/dataplanetest"
 )
 
 // BenchmarkProgramManyFlows measures a conntrack hit (rewrite, stack
@@ -23,20 +23,11 @@ import (
 // clock reads; it is the same for any build, so compare builds within one
 // machine state.
 func BenchmarkProgramManyFlows(b *testing.B) {
-	dataplanetest.RequirePrivileged(b)
-	if !dataplanetest.InNetNS() {
-		dataplanetest.RunBenchInNetNS(b, dataplanetest.NewNetNS(b, "lbflows"))
+	f, vip := benchDataplane(b, "lbflows", func(netip.Addr) dataplane.Endpoint { return ep(backend1, 8080) })
+	if f == nil {
 		return
 	}
-	fixtureNet(b)
-	d, err := New(Config{StackForwarding: true}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer d.Close()
-	f := &fixture{t: &testing.T{}, d: d}
-	vip := vipN(1)
-	f.upsert(dataplane.Service{ID: 1, VIP: vip, Port: 80, Sel: dataplane.SelRoundRobin}, ep(backend1, 8080))
+	d := f.d
 	const flows = 60000
 	acks := make([][]byte, flows)
 	for i := range flows {

@@ -3,6 +3,7 @@
 package ebpf
 
 import (
+	"net/netip"
 	"testing"
 
 	"github.com/loxilb-llm/loxilb/pkg/dataplane"
@@ -17,23 +18,11 @@ import (
 // same across runs while every helper of the rewrite still executes. The FIB
 // redirect's cost shows in the live bpf_stats figures of testbed/netns.
 func BenchmarkProgram(b *testing.B) {
-	dataplanetest.RequirePrivileged(b)
-	if !dataplanetest.InNetNS() {
-		dataplanetest.RunBenchInNetNS(b, dataplanetest.NewNetNS(b, "lbbench"))
+	f, vip := benchIdentityFlow(b, "lbbench")
+	if f == nil {
 		return
 	}
-	fixtureNet(b)
-	d, err := New(Config{StackForwarding: true}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer d.Close()
-	f := &fixture{t: &testing.T{}, d: d}
-	vip := vipN(1)
-	f.upsert(dataplane.Service{ID: 1, VIP: vip, Port: 80, Sel: dataplane.SelRoundRobin}, ep(vip, 80))
-	if v, _, err := d.objs.TcLb.Test(tcp(client, 40000, vip, 80, fSYN).build()); err != nil || v != actOK {
-		b.Fatalf("SYN: %d %v", v, err)
-	}
+	d := f.d
 	for _, c := range []struct {
 		name string
 		pkt  []byte
@@ -53,4 +42,40 @@ func BenchmarkProgram(b *testing.B) {
 			b.ReportMetric(float64(dur.Nanoseconds()), "ns/pkt")
 		})
 	}
+}
+
+// benchDataplane starts a data plane with stack forwarding and service 1
+// (round robin, VIP vipN(1) port 80) whose endpoint be picks for the VIP,
+// inside a network namespace named after ns. It returns nil when it has
+// re-run the benchmark in that namespace instead: the caller returns.
+func benchDataplane(b *testing.B, ns string, be func(vip netip.Addr) dataplane.Endpoint) (*fixture, netip.Addr) {
+	dataplanetest.RequirePrivileged(b)
+	if !dataplanetest.InNetNS() {
+		dataplanetest.RunBenchInNetNS(b, dataplanetest.NewNetNS(b, ns))
+		return nil, netip.Addr{}
+	}
+	fixtureNet(b)
+	d, err := New(Config{StackForwarding: true}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Close() })
+	f := &fixture{t: &testing.T{}, d: d}
+	vip := vipN(1)
+	f.upsert(dataplane.Service{ID: 1, VIP: vip, Port: 80, Sel: dataplane.SelRoundRobin}, be(vip))
+	return f, vip
+}
+
+// benchIdentityFlow is benchDataplane with the VIP as its own endpoint
+// (an identity rewrite, so a repeated packet stays the same) and one flow
+// opened from client port 40000.
+func benchIdentityFlow(b *testing.B, ns string) (*fixture, netip.Addr) {
+	f, vip := benchDataplane(b, ns, func(vip netip.Addr) dataplane.Endpoint { return ep(vip, 80) })
+	if f == nil {
+		return nil, vip
+	}
+	if v, _, err := f.d.objs.TcLb.Test(tcp(client, 40000, vip, 80, fSYN).build()); err != nil || v != actOK {
+		b.Fatalf("SYN: %d %v", v, err)
+	}
+	return f, vip
 }

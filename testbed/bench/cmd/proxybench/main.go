@@ -24,6 +24,7 @@
 //	make bench-proxy ARGS='-duration 10s -conns 64 -compare /tmp/loxilb-main'
 //	make bench-ttfb
 //	make bench-ttfb TTFB_ARGS='-compare /tmp/loxilb-main'
+//	make bench-ttfb TTFB_ARGS='-daemon-env GODEBUG=gctrace=1 -daemon-log /tmp/ttfb-logs'
 //
 // Needs wrk and haproxy (apt-get install wrk haproxy); strace for -syscalls;
 // -ttfb needs neither.
@@ -59,6 +60,11 @@ type options struct {
 	ttfb         bool
 	ttfbRequests int
 	tokenizers   string
+	// daemonEnv is added to every daemon's environment (GODEBUG=gctrace=1,
+	// GOGC=...) and daemonLog, when set, is a directory that receives each
+	// daemon's whole output, so a tail-latency hunt can read its GC trace.
+	daemonEnv []string
+	daemonLog string
 }
 
 func main() {
@@ -92,8 +98,19 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.ttfb, "ttfb", false, "instead: the time a KV-exact rule adds to a 2k-token chat request's time to first byte (VIP vs the vLLM emulator directly)")
 	fs.IntVar(&o.ttfbRequests, "ttfb-requests", 200, "with -ttfb, requests per target and body kind in each repetition")
 	fs.StringVar(&o.tokenizers, "tokenizers", "", "with -ttfb, the staged tokenizers (default: the repository's testdata/tokenizers)")
+	denv := fs.String("daemon-env", "", "comma-separated NAME=VALUE pairs added to every daemon's environment (e.g. GODEBUG=gctrace=1)")
+	fs.StringVar(&o.daemonLog, "daemon-log", "", "write each daemon's whole output (its GC trace, say) to DIR/NAME.log")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	for _, kv := range strings.Split(*denv, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return o, fmt.Errorf("-daemon-env %q: want NAME=VALUE pairs", *denv)
+		}
+		o.daemonEnv = append(o.daemonEnv, kv)
 	}
 	for _, f := range strings.Split(*conns, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -109,6 +126,11 @@ func parseFlags(args []string) (options, error) {
 }
 
 func run(ctx context.Context, o options) error {
+	if o.daemonLog != "" {
+		if err := os.MkdirAll(o.daemonLog, 0o755); err != nil {
+			return err
+		}
+	}
 	if o.ttfb {
 		return runTTFB(ctx, o)
 	}
@@ -143,7 +165,7 @@ func run(ctx context.Context, o options) error {
 		bins = append(bins, struct{ name, path string }{"compare", o.compare})
 	}
 	for _, b := range bins {
-		d, err := startDaemon(ctx, b.path, filepath.Join(dir, b.name), backend.Addr().String())
+		d, err := startDaemon(ctx, b.path, filepath.Join(dir, b.name), backend.Addr().String(), o.runFor(b.name))
 		if err != nil {
 			return fmt.Errorf("%s: %w", b.name, err)
 		}

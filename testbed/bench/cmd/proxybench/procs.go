@@ -91,19 +91,40 @@ type proc struct {
 	done chan struct{}
 }
 
-func startProc(name string, args ...string) (*proc, error) { return startProcEnv(nil, name, args...) }
+func startProc(name string, args ...string) (*proc, error) {
+	return startProcEnv(nil, "", name, args...)
+}
 
-// startProcEnv is startProc with env added to this process's environment.
-func startProcEnv(env []string, name string, args ...string) (*proc, error) {
+// startProcEnv is startProc with env added to this process's environment
+// and, if logPath is set, the whole output also written to that file.
+func startProcEnv(env []string, logPath, name string, args ...string) (*proc, error) {
 	p := &proc{cmd: exec.Command(name, args...), done: make(chan struct{})}
 	if env != nil {
 		p.cmd.Env = append(os.Environ(), env...)
 	}
-	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	var w io.Writer = &p.out
+	var log *os.File
+	if logPath != "" {
+		f, err := os.Create(logPath)
+		if err != nil {
+			return nil, err
+		}
+		log, w = f, io.MultiWriter(&p.out, f)
+	}
+	p.cmd.Stdout, p.cmd.Stderr = w, w
 	if err := p.cmd.Start(); err != nil {
+		if log != nil {
+			log.Close()
+		}
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	go func() {
+		_ = p.cmd.Wait()
+		if log != nil {
+			log.Close()
+		}
+		close(p.done)
+	}()
 	return p, nil
 }
 
@@ -143,12 +164,13 @@ func (p *proc) waitUp(ctx context.Context, what string, check func() error) erro
 // front of the backend.
 type daemon struct {
 	*proc
-	vip string
+	vip     string
+	metrics string // the API's metrics URL
 }
 
-func startDaemon(ctx context.Context, bin, stateDir, backend string) (*daemon, error) {
+func startDaemon(ctx context.Context, bin, stateDir, backend string, run daemonRun) (*daemon, error) {
 	c := &http.Client{Timeout: 5 * time.Second}
-	return startDaemonWith(ctx, bin, daemonSpec{stateDir: stateDir,
+	return startDaemonWith(ctx, bin, daemonSpec{stateDir: stateDir, daemonRun: run,
 		rule: func(vh, vp string) string {
 			bh, bp, _ := net.SplitHostPort(backend)
 			return fmt.Sprintf(`{"serviceArguments":{"externalIP":%q,"port":%s,"protocol":"tcp","mode":4,"sel":0},`+
@@ -162,11 +184,27 @@ func startDaemon(ctx context.Context, bin, stateDir, backend string) (*daemon, e
 // and flags, the rule it creates (given the VIP's host and port), and
 // the check that says the VIP is ready (given the VIP and the API base).
 type daemonSpec struct {
+	daemonRun
 	stateDir string
-	env      []string
 	args     []string
 	rule     func(vipHost, vipPort string) string
 	ready    func(vip, apiBase string) error
+}
+
+// daemonRun is what the command line adds to a daemon's run: environment
+// (-daemon-env) and the file its output goes to (-daemon-log).
+type daemonRun struct {
+	env     []string
+	logPath string
+}
+
+// runFor is the daemonRun of the daemon called name.
+func (o options) runFor(name string) daemonRun {
+	r := daemonRun{env: o.daemonEnv}
+	if o.daemonLog != "" {
+		r.logPath = filepath.Join(o.daemonLog, name+".log")
+	}
+	return r
 }
 
 // startDaemonWith runs the daemon proxy-only on free loopback ports,
@@ -181,11 +219,11 @@ func startDaemonWith(ctx context.Context, bin string, spec daemonSpec) (*daemon,
 		return nil, err
 	}
 	args := append([]string{"--api-addr", api, "--state-dir", spec.stateDir, "--no-dataplane", "--log-level", "warn"}, spec.args...)
-	p, err := startProcEnv(spec.env, bin, args...)
+	p, err := startProcEnv(spec.env, spec.logPath, bin, args...)
 	if err != nil {
 		return nil, err
 	}
-	d := &daemon{proc: p, vip: vip}
+	d := &daemon{proc: p, vip: vip, metrics: "http://" + api + "/netlox/v1/metrics"}
 	c := &http.Client{Timeout: 5 * time.Second}
 	base := "http://" + api + "/netlox/v1"
 	if err := p.waitUp(ctx, bin, func() error { return get(c, base+"/version") }); err != nil {
@@ -193,7 +231,11 @@ func startDaemonWith(ctx context.Context, bin string, spec daemonSpec) (*daemon,
 		return nil, err
 	}
 	vh, vp, _ := net.SplitHostPort(vip)
-	resp, err := c.Post(base+"/config/loadbalancer", "application/json", strings.NewReader(spec.rule(vh, vp)))
+	// The rule is created while the daemon's start-up tokenizer loads take
+	// its CPU: on a loaded machine the answer took more than the other
+	// calls' 5 s.
+	create := &http.Client{Timeout: time.Minute}
+	resp, err := create.Post(base+"/config/loadbalancer", "application/json", strings.NewReader(spec.rule(vh, vp)))
 	if err != nil {
 		d.stop()
 		return nil, fmt.Errorf("create rule: %w", err)

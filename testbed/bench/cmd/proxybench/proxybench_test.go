@@ -3,9 +3,13 @@ package main
 import (
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -80,6 +84,76 @@ func TestParseFlags(t *testing.T) {
 	}
 	if _, err := parseFlags([]string{"-conns", "0"}); err == nil {
 		t.Error("-conns 0 accepted")
+	}
+}
+
+// -daemon-env takes NAME=VALUE pairs only, and -daemon-log names one file
+// per daemon.
+func TestParseDaemonRun(t *testing.T) {
+	o, err := parseFlags([]string{"-daemon-env", "GODEBUG=gctrace=1, GOGC=200", "-daemon-log", "/tmp/logs"})
+	if err != nil || !slices.Equal(o.daemonEnv, []string{"GODEBUG=gctrace=1", "GOGC=200"}) {
+		t.Fatalf("parseFlags = %q, %v", o.daemonEnv, err)
+	}
+	if r := o.runFor("compare"); r.logPath != "/tmp/logs/compare.log" || len(r.env) != 2 {
+		t.Errorf("runFor = %+v", r)
+	}
+	if r := (options{}).runFor("loxilb"); r.logPath != "" || r.env != nil {
+		t.Errorf("runFor without flags = %+v", r)
+	}
+	for _, bad := range []string{"GOGC", "=1", "A=1,B"} {
+		if _, err := parseFlags([]string{"-daemon-env", bad}); err == nil {
+			t.Errorf("-daemon-env %q accepted", bad)
+		}
+	}
+}
+
+// The TTFB loop starts only once the subscriber is connected and every
+// staged tokenizer had its load attempt, whatever its result.
+func TestSettled(t *testing.T) {
+	dir := t.TempDir()
+	for _, d := range []string{"a__b", "c__d"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var body atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, body.Load().(string))
+	}))
+	defer srv.Close()
+	c := srv.Client()
+	for _, tc := range []struct {
+		metrics string
+		ok      bool
+	}{
+		{"loxilb_kv_subscriber_connected{service=\"1\"} 0\nloxilb_tokenizer_loads_total{result=\"ok\"} 2\n", false},
+		{"loxilb_kv_subscriber_connected{service=\"1\"} 1\nloxilb_tokenizer_loads_total{result=\"ok\"} 1\n", false},
+		{"loxilb_kv_subscriber_connected{service=\"1\"} 1\nloxilb_tokenizer_loads_total{result=\"ok\"} 1\nloxilb_tokenizer_loads_total{result=\"invalid\"} 1\n", true},
+		{"loxilb_kv_subscriber_connected{service=\"1\"} 1\nloxilb_tokenizer_loads_total{result=\"ok\"} 2\n", true},
+	} {
+		body.Store(tc.metrics)
+		if err := settled(c, srv.URL, dir); (err == nil) != tc.ok {
+			t.Errorf("settled(%q) = %v, want ok=%v", tc.metrics, err, tc.ok)
+		}
+	}
+}
+
+// A daemon's allocation counter is read from its export, and an export
+// without it is an error, not a zero.
+func TestAllocated(t *testing.T) {
+	var body atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, body.Load().(string))
+	}))
+	defer srv.Close()
+	v := &ttfbTarget{name: "d", metrics: srv.URL}
+	body.Store("# TYPE go_memstats_alloc_bytes_total counter\ngo_memstats_alloc_bytes_total 1.2345e+08\ngo_memstats_alloc_bytes 1\n")
+	if got, err := v.allocated(); err != nil || got != 1.2345e8 {
+		t.Errorf("allocated = %v, %v", got, err)
+	}
+	body.Store("go_memstats_alloc_bytes 1\n")
+	if _, err := v.allocated(); err == nil {
+		t.Error("an export without the counter gave no error")
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,6 +68,7 @@ func chatBody2k(suffix string) []byte {
 type ttfbTarget struct {
 	name, addr string
 	pid        int
+	metrics    string // a daemon's metrics URL, for its allocation counter
 	client     *http.Client
 }
 
@@ -110,6 +112,7 @@ type ttfbRep struct {
 	vip    map[string][]time.Duration
 	diff   map[string][]time.Duration
 	cpu    map[string]float64 // µs of daemon CPU per request
+	alloc  map[string]float64 // KB the daemon allocated per request
 }
 
 func runTTFB(ctx context.Context, o options) error {
@@ -151,12 +154,14 @@ func runTTFB(ctx context.Context, o options) error {
 		bins = append(bins, struct{ name, path string }{"compare", o.compare})
 	}
 	for _, b := range bins {
-		d, err := startKVDaemon(ctx, b.path, filepath.Join(dir, b.name), tokDir, eng.Addr(), zmq[0])
+		d, err := startKVDaemon(ctx, b.path, filepath.Join(dir, b.name), tokDir, eng.Addr(), zmq[0], o.runFor(b.name))
 		if err != nil {
 			return fmt.Errorf("%s: %w", b.name, err)
 		}
 		defer d.stop()
-		vips = append(vips, newTTFBTarget(b.name, d.vip, d.cmd.Process.Pid))
+		v := newTTFBTarget(b.name, d.vip, d.cmd.Process.Pid)
+		v.metrics = d.metrics
+		vips = append(vips, v)
 	}
 	targets := append([]*ttfbTarget{direct}, vips...)
 
@@ -180,10 +185,13 @@ func runTTFB(ctx context.Context, o options) error {
 	res := map[string][]ttfbRep{}
 	for rep := range o.reps {
 		for _, kind := range ttfbBodies {
-			r := ttfbRep{vip: map[string][]time.Duration{}, diff: map[string][]time.Duration{}, cpu: map[string]float64{}}
-			cpu0 := map[string]time.Duration{}
+			r := ttfbRep{vip: map[string][]time.Duration{}, diff: map[string][]time.Duration{}, cpu: map[string]float64{}, alloc: map[string]float64{}}
+			cpu0, alloc0 := map[string]time.Duration{}, map[string]float64{}
 			for _, v := range vips {
 				cpu0[v.name] = procCPU(v.pid)
+				if alloc0[v.name], err = v.allocated(); err != nil {
+					return err
+				}
 			}
 			for i := 0; i < o.ttfbRequests; i++ {
 				body := bodyFor(kind)
@@ -203,9 +211,14 @@ func runTTFB(ctx context.Context, o options) error {
 			}
 			for _, v := range vips {
 				r.cpu[v.name] = float64((procCPU(v.pid) - cpu0[v.name]).Microseconds()) / float64(o.ttfbRequests)
-				fmt.Fprintf(os.Stderr, "rep %d  %-4s  %-8s TTFB p50 %6.2f ms (direct %6.2f)  added p50 %6.3f ms p99 %6.3f ms  CPU %6.0f µs/req\n",
+				a, err := v.allocated()
+				if err != nil {
+					return err
+				}
+				r.alloc[v.name] = (a - alloc0[v.name]) / 1024 / float64(o.ttfbRequests)
+				fmt.Fprintf(os.Stderr, "rep %d  %-4s  %-8s TTFB p50 %6.2f ms (direct %6.2f)  added p50 %6.3f ms p99 %6.3f ms  CPU %6.0f µs/req  %5.1f KB/req\n",
 					rep+1, kind, v.name, ms(pct(r.vip[v.name], 50)), ms(pct(r.direct, 50)),
-					ms(pct(r.diff[v.name], 50)), ms(pct(r.diff[v.name], 99)), r.cpu[v.name])
+					ms(pct(r.diff[v.name], 50)), ms(pct(r.diff[v.name], 99)), r.cpu[v.name], r.alloc[v.name])
 			}
 			res[kind] = append(res[kind], r)
 		}
@@ -225,11 +238,11 @@ func renderTTFB(o options, vips []*ttfbTarget, res map[string][]ttfbRep, load0, 
 	fmt.Fprintf(&b, "proxybench -ttfb: %d requests per target and body kind in each of %d interleaved repetitions (medians), "+
 		"2,793-token Qwen3 chat, kvExactMode 3, one vLLM emulator; %d CPUs, load average %s -> %s, %s\n\n",
 		o.ttfbRequests, o.reps, runtime.NumCPU(), load0, load1, time.Now().UTC().Format(time.RFC3339))
-	b.WriteString("| body | daemon | added TTFB p50 ms | added TTFB p99 ms | TTFB p50 ms via VIP | direct | daemon CPU µs/req | added p50 per repetition |\n|---|---|---:|---:|---:|---:|---:|---|\n")
+	b.WriteString("| body | daemon | added TTFB p50 ms | added TTFB p99 ms | TTFB p50 ms via VIP | direct | daemon CPU µs/req | daemon KB allocated/req | added p50 per repetition |\n|---|---|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, kind := range ttfbBodies {
 		reps := res[kind]
 		for _, v := range vips {
-			var d50, d99, v50, x50, cpu []float64
+			var d50, d99, v50, x50, cpu, alloc []float64
 			var each []string
 			for _, r := range reps {
 				d50 = append(d50, ms(pct(r.diff[v.name], 50)))
@@ -237,10 +250,11 @@ func renderTTFB(o options, vips []*ttfbTarget, res map[string][]ttfbRep, load0, 
 				v50 = append(v50, ms(pct(r.vip[v.name], 50)))
 				x50 = append(x50, ms(pct(r.direct, 50)))
 				cpu = append(cpu, r.cpu[v.name])
+				alloc = append(alloc, r.alloc[v.name])
 				each = append(each, fmt.Sprintf("%.3f", d50[len(d50)-1]))
 			}
-			fmt.Fprintf(&b, "| %s | %s | %.3f | %.3f | %.2f | %.2f | %.0f | %s |\n", kind, v.name,
-				median(d50), median(d99), median(v50), median(x50), median(cpu), strings.Join(each, ", "))
+			fmt.Fprintf(&b, "| %s | %s | %.3f | %.3f | %.2f | %.2f | %.0f | %.1f | %s |\n", kind, v.name,
+				median(d50), median(d99), median(v50), median(x50), median(cpu), median(alloc), strings.Join(each, ", "))
 		}
 	}
 	return b.String()
@@ -273,13 +287,13 @@ func loadAvg() string {
 
 // startKVDaemon runs the daemon with a KV-exact mode-4 rule (kvExactMode
 // 3, vLLM sha256_cbor, the engine's ZMQ events) whose one endpoint is the
-// engine, and waits until the VIP answers a chat request and the event
-// subscription is up.
-func startKVDaemon(ctx context.Context, bin, stateDir, tokDir, engine string, zmqPort int) (*daemon, error) {
+// engine, and waits until the VIP answers a chat request, the event
+// subscription is up and the start-up tokenizer loads are done.
+func startKVDaemon(ctx context.Context, bin, stateDir, tokDir, engine string, zmqPort int, run daemonRun) (*daemon, error) {
 	c := &http.Client{Timeout: 5 * time.Second}
 	var probe *ttfbTarget // one connection for every attempt
-	return startDaemonWith(ctx, bin, daemonSpec{stateDir: stateDir,
-		env:  []string{"LLB_KV_NONE_HASH_SEED=4242"},
+	run.env = append([]string{"LLB_KV_NONE_HASH_SEED=4242"}, run.env...)
+	return startDaemonWith(ctx, bin, daemonSpec{stateDir: stateDir, daemonRun: run,
 		args: []string{"--tokenizer-dir", tokDir, "--metrics"},
 		rule: func(vh, vp string) string {
 			eh, ep, _ := net.SplitHostPort(engine)
@@ -294,27 +308,89 @@ func startKVDaemon(ctx context.Context, bin, stateDir, tokDir, engine string, zm
 			if _, err := probe.ttfb(ctx, chatBody2k(" probe")); err != nil {
 				return err
 			}
-			return subscribed(c, base+"/metrics")
+			return settled(c, base+"/metrics", tokDir)
 		},
 	})
 }
 
-// subscribed succeeds once the daemon's export shows a connected KV event
-// subscriber: without one its inventory of the engine stays empty.
-func subscribed(c *http.Client, url string) error {
-	resp, err := c.Get(url)
+// settled succeeds once the daemon's export shows a connected KV event
+// subscriber (without one its inventory of the engine stays empty) and a
+// load attempt for every tokenizer staged in tokDir: at start the daemon
+// loads them all in the background, and a model loading (a second or more
+// of CPU and a hundred MB or more of garbage each) while requests are
+// timed is start-up cost, not what the rule adds to a request.
+func settled(c *http.Client, url, tokDir string) error {
+	lines, err := scrape(c, url)
 	if err != nil {
 		return err
+	}
+	sub, loads := false, 0.0
+	for _, l := range lines {
+		l = strings.TrimSpace(l)
+		switch {
+		case strings.HasPrefix(l, "loxilb_kv_subscriber_connected") && strings.HasSuffix(l, " 1"):
+			sub = true
+		case strings.HasPrefix(l, "loxilb_tokenizer_loads_total{"):
+			if v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64); err == nil {
+				loads += v
+			}
+		}
+	}
+	if !sub {
+		return errors.New("no KV event subscriber connected yet")
+	}
+	if staged := stagedTokenizers(tokDir); loads < float64(staged) {
+		return fmt.Errorf("%v of %d staged tokenizers loaded so far", loads, staged)
+	}
+	return nil
+}
+
+// stagedTokenizers counts the model directories in tokDir, as the
+// daemon's start-up load walks them.
+func stagedTokenizers(tokDir string) int {
+	des, err := os.ReadDir(tokDir)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, de := range des {
+		if de.IsDir() {
+			n++
+		}
+	}
+	return n
+}
+
+// metricsClient reads the daemons' metrics on connections of its own,
+// apart from the measured ones.
+var metricsClient = &http.Client{Timeout: 10 * time.Second}
+
+// scrape returns the lines of a metrics export.
+func scrape(c *http.Client, url string) ([]string, error) {
+	resp, err := c.Get(url)
+	if err != nil {
+		return nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "loxilb_kv_subscriber_connected") && strings.HasSuffix(strings.TrimSpace(l), " 1") {
-			return nil
+	return strings.Split(string(b), "\n"), nil
+}
+
+// allocated is the bytes the daemon's Go heap allocated since it started
+// (go_memstats_alloc_bytes_total): over a repetition, with its CPU time,
+// what a request costs it, garbage the collector must chase included.
+func (t *ttfbTarget) allocated() (float64, error) {
+	lines, err := scrape(metricsClient, t.metrics)
+	if err != nil {
+		return 0, fmt.Errorf("%s metrics: %w", t.name, err)
+	}
+	for _, l := range lines {
+		if v, ok := strings.CutPrefix(l, "go_memstats_alloc_bytes_total "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
 		}
 	}
-	return errors.New("no KV event subscriber connected yet")
+	return 0, fmt.Errorf("%s metrics: no go_memstats_alloc_bytes_total", t.name)
 }
