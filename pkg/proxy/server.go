@@ -519,7 +519,7 @@ func (l *demuxListener) Accept() (net.Conn, error) {
 			_ = c.Close()
 			continue
 		}
-		tc := &trackedConn{Conn: c, slots: &l.slots}
+		tc := &trackedConn{Conn: c, raw: newRawIO(c), slots: &l.slots}
 		if svc.serverTLS != nil {
 			return tls.Server(tc, svc.serverTLS), nil
 		}
