@@ -18,6 +18,8 @@ type clusterFlags struct {
 	name    string
 	address string // the advertised API address (--advertise-addr), resolved by validate
 	ttl     time.Duration
+	// peerPort is the UDP port of prefill announcements (0: any free port).
+	peerPort int
 }
 
 // defaultNodeName is the host name, adapted to a valid node name.
@@ -52,6 +54,24 @@ func (c *clusterFlags) validate(apiAddr, advertise string) error {
 		return fmt.Errorf("--advertise-addr %q: want host:port", c.address)
 	}
 	return nil
+}
+
+// peerListen is the UDP address prefill announcements are taken at: the
+// advertised host when it is an IP address (so they are taken only where
+// the other nodes reach this one), else every address, at --cluster-peer-port.
+func (c *clusterFlags) peerListen() string {
+	host, _, _ := net.SplitHostPort(c.address)
+	if net.ParseIP(host) == nil {
+		host = ""
+	}
+	return net.JoinHostPort(host, strconv.Itoa(c.peerPort))
+}
+
+// peerAdvertised is the address the other nodes send announcements to:
+// the advertised host and the port bound.
+func (c *clusterFlags) peerAdvertised(port uint16) string {
+	host, _, _ := net.SplitHostPort(c.address)
+	return net.JoinHostPort(host, strconv.Itoa(int(port)))
 }
 
 // etcdMembers adapts the etcd store's leases to cluster.Backend.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/dispatch"
+	"github.com/loxilb-llm/loxilb/pkg/gateway"
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
@@ -278,6 +279,14 @@ func (c *config) proxyConfig() proxy.Config {
 		MaxRetries:             c.resilience.proxyRetries(),
 		ShutdownGrace:          max(c.resilience.drainTimeout, time.Nanosecond), // 0 is the proxy's default
 	}
+}
+
+// listenerConfig is what the mode-4 rules' listeners are built from
+// besides the rules: the proxy's knobs, the daemon's TLS files and the
+// receipt policy.
+func (c *config) listenerConfig() gateway.ListenerConfig {
+	return gateway.ListenerConfig{Proxy: c.proxyConfig(), CertFile: c.proxyCert, KeyFile: c.proxyKey, CAFile: c.proxyCA,
+		ClientCertFile: c.proxyClient.cert, ClientKeyFile: c.proxyClient.key, ClientCAFile: c.proxyClient.ca, Receipts: c.receipts}
 }
 
 func (c *config) logger(w io.Writer) *slog.Logger {

@@ -24,6 +24,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
+	"github.com/loxilb-llm/loxilb/pkg/peerprefill"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/pkg/store"
@@ -31,8 +32,9 @@ import (
 )
 
 // daemon holds the components run builds, in the order of its steps: the
-// rule store, the KV plane, mode-4 routing, the proxy and P/D dispatcher,
-// then the controller and the data plane that apply the rules.
+// rule store, the KV plane, mode-4 routing (the P/D dispatcher and the
+// in-flight table included), the proxy, then the controller and the data
+// plane that apply the rules.
 type daemon struct {
 	cfg    *config
 	logger *slog.Logger
@@ -46,14 +48,17 @@ type daemon struct {
 	tokens  *tokenizer.Registry
 	prober  *health.Prober
 	scraper *gateway.Scraper
-	gw      *gateway.Gateway
-	pdd     *dispatch.Dispatcher
-	pd      *gateway.PD
-	px      *proxy.Server
-	ctl     *control.Controller
-	kernel  kernelPlane
-	caps    *capabilities
-	members *cluster.Membership
+	// inflight counts the requests the proxy sends per endpoint; the
+	// gateway reads it as local load and the drain API as what is left.
+	inflight *proxy.InFlightTable
+	gw       *gateway.Gateway
+	pdd      *dispatch.Dispatcher
+	px       *proxy.Server
+	ctl      *control.Controller
+	kernel   kernelPlane
+	caps     *capabilities
+	members  *cluster.Membership
+	peers    *peerprefill.Node // prefill announcements between nodes; nil alone
 	// seedFP identifies LLB_KV_NONE_HASH_SEED without revealing it, in the
 	// membership record and in diagnostics alike; computed once, as it is
 	// deliberately slow.
@@ -105,8 +110,8 @@ func (d *daemon) buildKVPlane() error {
 }
 
 // buildRouting creates mode-4 routing: tokenizers, health probes, the
-// Tier-1.5 router, the engine-metrics scraper, passive health checks and
-// the gateway composing them.
+// Tier-1.5 router, the engine-metrics scraper, passive health checks, the
+// P/D dispatcher, the in-flight table and the gateway composing them.
 func (d *daemon) buildRouting() error {
 	cfg, logger, reg := d.cfg, d.logger, d.reg
 	var err error
@@ -131,32 +136,29 @@ func (d *daemon) buildRouting() error {
 	if err != nil {
 		return err
 	}
-	d.gw, err = gateway.New(gateway.Config{Seed: cfg.seed, Outliers: outliers, CertFile: cfg.proxyCert, KeyFile: cfg.proxyKey, CAFile: cfg.proxyCA,
-		ClientCertFile: cfg.proxyClient.cert, ClientKeyFile: cfg.proxyClient.key, ClientCAFile: cfg.proxyClient.ca,
-		Receipts: cfg.receipts, Proxy: cfg.proxyConfig(), CoalesceWait: cfg.gatewayCoalesceWait(),
+	// The dispatcher runs prefill/decode rules for the gateway.
+	if d.pdd, err = dispatch.New(cfg.dispatchConfig(), logger, reg); err != nil {
+		return err
+	}
+	// Created before both of its users, so the gateway (the proxy's
+	// Picker) and the proxy need no link to each other after construction.
+	d.inflight = new(proxy.InFlightTable)
+	d.gw, err = gateway.New(gateway.Config{Seed: cfg.seed, Outliers: outliers, PD: d.pdd, CoalesceWait: cfg.gatewayCoalesceWait(),
 		PrefillSlots: cfg.prefillSlots, PrefillQueueWait: cfg.prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
 		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: d.events,
-		ClusterLoad: cfg.clusterRoutingOn()}, d.tokens, d.index, rt, d.prober, d.scraper, logger, reg)
+		ClusterLoad: cfg.clusterRoutingOn()}, d.tokens, d.index, rt, d.prober, d.scraper, d.inflight, logger, reg)
 	return err
 }
 
-// buildProxy creates the P/D dispatcher and the mode-4 proxy, whose picker
-// sends prefill/decode rules to the dispatcher and every other mode-4 rule
-// to the gateway's single-pool routing.
+// buildProxy creates the mode-4 proxy, with the gateway as its picker
+// (prefill/decode rules through the dispatcher, every other mode-4 rule
+// through single-pool routing) and counting into the shared in-flight
+// table.
 func (d *daemon) buildProxy() error {
 	var err error
-	if d.pdd, err = dispatch.New(d.cfg.dispatchConfig(), d.logger, d.reg); err != nil {
-		return err
-	}
-	if d.pd, err = gateway.NewPD(d.gw, d.pdd); err != nil {
-		return err
-	}
-	if d.px, err = proxy.New(d.cfg.proxyConfig(), d.pd, d.logger, d.reg); err != nil {
-		return err
-	}
-	d.gw.SetProxy(d.px)
-	return nil
+	d.px, err = proxy.New(d.cfg.proxyConfig(), d.gw, d.inflight, d.logger, d.reg)
+	return err
 }
 
 // buildControl creates the controller, opens the data plane and registers
@@ -176,8 +178,12 @@ func (d *daemon) buildControl() error {
 	d.closers = append(d.closers, kernel.close)
 	d.ctl.AddReconciler(&gateway.KVReconciler{Subs: d.events, Inv: d.index, Seed: d.cfg.seed})
 	d.ctl.AddReconciler(d.scraper)
+	// The proxy's listeners go in just before the gateway's routing table:
+	// a listener failure (VIP:port held, TLS files missing) is the rule's
+	// "proxy" failure, and a removed rule's listener closes before its
+	// routing state goes.
+	d.ctl.AddReconciler(&gateway.ListenerReconciler{Proxy: d.px, Config: d.cfg.listenerConfig()})
 	d.ctl.AddReconciler(d.gw)
-	d.ctl.AddReconciler(d.pd)
 
 	d.caps = &capabilities{rules: d.cfg.ruleSettings()}
 	d.caps.add(func() []api.Capability { return []api.Capability{kernel.capab} })
@@ -198,6 +204,18 @@ func (d *daemon) joinCluster() error {
 		Local: localSettings(d.seedFP, cluster.NewTokenizers(cfg.tokenizerDir), cfg.routingSettings()), TTL: cfg.cluster.ttl}
 	if e, ok := d.st.(*store.Etcd); ok {
 		ccfg.Backend = etcdMembers{e}
+	}
+	if ccfg.Backend != nil && cfg.clusterRoutingOn() {
+		// Cross-node prefill coalescing: this node's leaders are
+		// announced to the other members, theirs held here.
+		node, err := peerprefill.New(peerprefill.Config{Listen: cfg.cluster.peerListen(), Handler: d.gw,
+			Peers: func() []string { return d.members.PeerAddrs() }}, d.logger, d.reg)
+		if err != nil {
+			return fmt.Errorf("--cluster-peer-port: %w", err)
+		}
+		d.peers = node
+		d.gw.SetPeers(node)
+		ccfg.Self.Peer = cfg.cluster.peerAdvertised(node.Addr().Port())
 	}
 	var err error
 	if d.members, err = cluster.New(ccfg, d.logger, d.reg); err != nil {
@@ -250,6 +268,9 @@ func (d *daemon) serve(ctx context.Context, apiCfg api.Config) error {
 func (d *daemon) startRunners(ctx context.Context, wg *sync.WaitGroup) chan error {
 	runners := []runner{{"kvindex", d.index.Run}, {"kvevents", d.events.Run}, {"health", d.prober.Run}, {"engine-metrics", d.scraper.Run},
 		{"proxy", d.px.Serve}, {"rule-retry", d.ctl.Run}, {"cluster", d.members.Run}}
+	if d.peers != nil {
+		runners = append(runners, runner{"cluster-prefill", d.peers.Run})
+	}
 	if steered := d.kernel.steered; steered != nil {
 		runners = append(runners, runner{"proxy-steered", func(ctx context.Context) error { return d.px.ServeListener(ctx, steered) }})
 	}
@@ -307,7 +328,7 @@ func (d *daemon) applyRules(ctx context.Context, wg *sync.WaitGroup) {
 // startAPI binds and serves the management API until apiCtx ends; a
 // failure arrives on errc and stops the daemon (cancel).
 func (d *daemon) startAPI(apiCtx context.Context, apiCfg api.Config, errc chan error, cancel func()) error {
-	cfg, gw, px, pdd := d.cfg, d.gw, d.px, d.pdd
+	cfg, gw, inflight, pdd := d.cfg, d.gw, d.inflight, d.pdd
 	srv, err := api.New(apiCfg,
 		api.Deps{Rules: d.ctl, Capabilities: d.caps.list, Gatherer: d.reg, Registerer: d.reg, Logger: d.logger, Settings: d.st,
 			KV: inspector{index: d.index, events: d.events}, Prefill: gw,
@@ -325,7 +346,7 @@ func (d *daemon) startAPI(apiCtx context.Context, apiCfg api.Config, errc chan e
 			// The proxy counts the requests it forwards and the P/D legs
 			// it carries; the dispatcher counts those legs from their
 			// admission on, a wait for an endpoint slot included.
-			InFlight: func(s uint32, ep int) int { return max(px.InFlight(s, ep), pdd.InFlight(s, ep)) },
+			InFlight: func(s uint32, ep int) int { return max(inflight.Count(s, ep), pdd.InFlight(s, ep)) },
 			Diagnose: diag.Sources{Rules: d.ctl.List, Events: d.events.Status, SeedFingerprint: d.seedFP, SeedProblem: lbrule.SeedPrecondition(cfg.ruleSettings()),
 				TokenizerDir: cfg.tokenizerDir, SidePort: pdd.SidePort}.Run})
 	if err != nil {

@@ -77,6 +77,8 @@ func (c *config) settings() []*setting {
 			meaning: "with an etcd store: host:port at which the other nodes reach this node's management API: announced in its membership record (`loxicmd get cluster`) and used for the TensorRT-LLM drain relay (required when `--api-addr` is a wildcard address)"},
 		{flag: "cluster-ttl", env: "LOXILB_CLUSTER_TTL", table: tabDaemon, val: durVal(&c.cluster.ttl, cluster.DefaultTTL, cluster.MinTTL, cluster.MaxTTL),
 			meaning: "lease of this node's membership record: a node that dies leaves `loxicmd get cluster` within it (whole seconds)"},
+		{flag: "cluster-peer-port", env: "LOXILB_CLUSTER_PEER_PORT", table: tabDaemon, val: intVal(&c.cluster.peerPort, 0, 0, 65535), def: "0 (any free port)",
+			meaning: "with an etcd store and `LOXILB_KV_CLUSTER_ROUTING` on: UDP port on the `--advertise-addr` host where this node takes the other nodes' prefill announcements (cross-node prefill coalescing); announced in its membership record"},
 		{flag: "trt-drain-lease-ttl", table: tabDaemon, val: durVal(&c.store.drainTTL, 10*time.Second, 2*time.Second, 5*time.Minute),
 			meaning: "with an etcd store: lease of a node's ownership of a TensorRT-LLM endpoint's event drain; another node takes the drain over within this long after the owner dies (whole seconds)"},
 		{flag: "tokenizer-dir", env: "LOXILB_TOKENIZER_DIR", table: tabDaemon, val: strVal(&c.tokenizerDir, "/etc/loxilb/tokenizers"),

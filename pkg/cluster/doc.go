@@ -1,5 +1,6 @@
 // Package cluster is the membership of gateway nodes that share one rule
-// store: each node announces itself (name, API address, version and the
+// store: each node announces itself (name, API address, the UDP address of
+// its prefill announcements (pkg/peerprefill), version and the
 // settings that decide where a request goes) under a lease it keeps alive,
 // so a node that dies leaves the list within the lease's TTL; every node
 // reads the others and reports where their settings differ (drift).

@@ -15,6 +15,10 @@ type Member struct {
 	Name string `json:"name"`
 	// Address is the node's advertised management API address (host:port).
 	Address string `json:"address"`
+	// Peer is the UDP address (host:port) of the node's prefill
+	// announcements (pkg/peerprefill); empty when it sends none (cluster
+	// routing off).
+	Peer string `json:"peer,omitempty"`
 	// Version is the product version the node runs.
 	Version string `json:"version"`
 	// Started is when the node's process started.
@@ -101,8 +105,8 @@ func (m Member) check() error {
 			return fmt.Errorf("%w: node %q: setting %.40q: name and value must be 1..%d bytes", ErrInvalidRecord, m.Name, k, maxSettingBytes)
 		}
 	}
-	if len(m.Address) > maxSettingBytes || len(m.Version) > maxSettingBytes {
-		return fmt.Errorf("%w: node %q: address or version over %d bytes", ErrInvalidRecord, m.Name, maxSettingBytes)
+	if len(m.Address) > maxSettingBytes || len(m.Version) > maxSettingBytes || len(m.Peer) > maxSettingBytes {
+		return fmt.Errorf("%w: node %q: address, peer address or version over %d bytes", ErrInvalidRecord, m.Name, maxSettingBytes)
 	}
 	return nil
 }

@@ -85,6 +85,7 @@ func TestDecodeBounds(t *testing.T) {
 		"too large":           {"a", []byte(`{"name":"a","version":"` + strings.Repeat("x", MaxRecordBytes) + `"}`)},
 		"value over a limit":  {"a", []byte(`{"name":"a","settings":{"k":"` + strings.Repeat("x", 300) + `"}}`)},
 		"empty setting name":  {"a", []byte(`{"name":"a","settings":{"":"v"}}`)},
+		"peer over a limit":   {"a", []byte(`{"name":"a","peer":"` + strings.Repeat("x", 300) + `"}`)},
 		"array for settings":  {"a", []byte(`{"name":"a","settings":[1,2]}`)},
 		"too many settings":   {"a", mustJSON(t, many)},
 		"null":                {"a", []byte(`null`)},

@@ -365,6 +365,20 @@ func (m *Membership) View() View {
 	return v
 }
 
+// PeerAddrs returns the peer addresses (Member.Peer) of the other nodes as
+// last read: where this node sends its prefill announcements.
+func (m *Membership) PeerAddrs() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, mem := range m.members {
+		if mem.Name != m.cfg.Self.Name && mem.Peer != "" {
+			out = append(out, mem.Peer)
+		}
+	}
+	return out
+}
+
 func hasMember(ms []Member, name string) bool {
 	for _, m := range ms {
 		if m.Name == name {

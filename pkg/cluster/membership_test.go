@@ -124,7 +124,7 @@ func startNode(t *testing.T, b Backend, name, seedFP string) *node {
 	t.Helper()
 	n := &node{done: make(chan struct{}), reg: prometheus.NewRegistry()}
 	n.setSeed(seedFP)
-	m, err := New(Config{Self: Member{Name: name, Address: "127.0.0.1:1", Version: "test", Started: time.Now()},
+	m, err := New(Config{Self: Member{Name: name, Address: "127.0.0.1:1", Peer: name + ":7946", Version: "test", Started: time.Now()},
 		Local: func() map[string]string {
 			n.mu.Lock()
 			defer n.mu.Unlock()
@@ -362,4 +362,17 @@ func TestTokenizerChecksums(t *testing.T) {
 	if got := tk.Settings(); len(got) != 0 {
 		t.Fatalf("after removal: %v", got)
 	}
+}
+
+// Each node sends prefill announcements to the others' peer addresses,
+// never to its own; a node that leaves is no longer a peer.
+func TestPeerAddrs(t *testing.T) {
+	b := newFake()
+	a, c := startNode(t, b, "a", "f"), startNode(t, b, "c", "f")
+	eventually(t, "each node reading the other's peer address", func() bool {
+		pa, pc := a.m.PeerAddrs(), c.m.PeerAddrs()
+		return len(pa) == 1 && pa[0] == "c:7946" && len(pc) == 1 && pc[0] == "a:7946"
+	})
+	c.stop()
+	eventually(t, "the stopped node no longer a peer", func() bool { return len(a.m.PeerAddrs()) == 0 })
 }

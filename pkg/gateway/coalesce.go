@@ -107,6 +107,13 @@ func (ls *leaders) heldFor(service uint32, ep int) int {
 // the function that ends the leadership; calling it more than once is
 // harmless.
 func (ls *leaders) register(service uint32, ep int, keys []uint64, uncached int64) (func(), *leader) {
+	return ls.registerKeys(service, ep, keys, uncached, true)
+}
+
+// registerKeys is register; without replace, a key another leader holds
+// stays with it (another node's announcement never displaces a request of
+// this node, whose end is certain to be seen).
+func (ls *leaders) registerKeys(service uint32, ep int, keys []uint64, uncached int64, replace bool) (func(), *leader) {
 	if len(keys) == 0 {
 		return func() {}, nil
 	}
@@ -117,7 +124,11 @@ func (ls *leaders) register(service uint32, ep int, keys []uint64, uncached int6
 		ls.m = make(map[leaderKey]*leader)
 	}
 	for _, k := range keys {
-		ls.m[leaderKey{service, ep, k}] = l
+		lk := leaderKey{service, ep, k}
+		if _, held := ls.m[lk]; held && !replace {
+			continue
+		}
+		ls.m[lk] = l
 	}
 	ls.mu.Unlock()
 	kept := append([]uint64(nil), keys...)

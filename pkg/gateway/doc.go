@@ -12,19 +12,30 @@
 //	           to the engine in the body or a header as it reads it,
 //	           rank.go, rankload.go, rankseed.go)
 //	        -> (held while the chosen endpoint still computes the shared prefix
-//	           for an earlier request: prefill coalescing, coalesce.go)
+//	           for an earlier request: prefill coalescing, coalesce.go; with
+//	           several nodes also a request another node announced, remote.go)
 //	        -> (queued while the endpoint's prefill slots are taken, shortest
 //	           predicted prefill first: prefill admission, prefillq.go)
 //
-// Candidates' load is this node's in-flight requests (open, held,
-// queued) and the engines' scraped running/waiting (scrape.go); with
+// Rules with pd_disagg_mode are served through pkg/dispatch when Config.PD
+// is set (pd.go): Pick returns a plan whose Dispatch runs the engine's
+// prefill/decode flow, or forwards a non-inference call to a decode
+// endpoint, and Reconcile drops the dispatcher's state of rules that are
+// gone. Without a dispatcher such rules get 503.
+//
+// Candidates' load is this node's in-flight requests (open: the
+// proxy.InFlightTable the proxy counts into, given to New; held; queued)
+// and the engines' scraped running/waiting (scrape.go); with
 // several gateway nodes (Config.ClusterLoad) the in-flight count also
 // carries what the others sent, as of the last scrape, so every node ranks
 // endpoints alike.
 //
 // It also holds the reconcilers that keep the other stages in step with the
-// rule set: proxy listeners, KV-event subscriptions, inventories and health
-// probes. Control calls them with the complete desired set after each change.
+// rule set: proxy listeners (ListenerReconciler, listeners.go: the proxy
+// is configured by control, never through the Gateway, whose own
+// Reconcile only rebuilds its routing table), KV-event subscriptions,
+// inventories and health probes. Control calls them with the complete
+// desired set after each change.
 //
 // Requests are untrusted: a model name longer than MaxModelNameBytes and a
 // prompt past MaxPromptBytes or the token bound get 400 before any routing

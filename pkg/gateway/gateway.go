@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/netip"
 	"runtime"
 	"strconv"
 	"sync"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/loxilb-llm/loxilb/pkg/blockhash"
 	"github.com/loxilb-llm/loxilb/pkg/control"
+	"github.com/loxilb-llm/loxilb/pkg/dispatch"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
@@ -69,12 +69,6 @@ type OtherNodesLoad interface {
 	SetSelfInFlight(f func(service uint32, ep int) int)
 }
 
-// ProxyTable is the proxy's configuration entry point (*proxy.Server).
-type ProxyTable interface {
-	Update(cfg proxy.Config) error
-	InFlight(service uint32, ep int) int
-}
-
 // Config holds process-wide gateway settings.
 type Config struct {
 	// Seed is LLB_KV_NONE_HASH_SEED, the vLLM none-hash seed.
@@ -83,23 +77,6 @@ type Config struct {
 	// on the chosen endpoint before the engine's own events confirm them.
 	// 0 disables speculative entries. Default 5s.
 	SpeculativeTTL time.Duration
-	// Proxy carries the process-wide proxy knobs (timeouts, body limit,
-	// TLS files); Services is filled in by Reconcile.
-	Proxy proxy.Config
-	// TLS files served by rules with security 1 or 2, and the CA that
-	// endpoint certificates are verified against for security 2.
-	CertFile, KeyFile, CAFile string
-	// ClientCertFile and ClientKeyFile are presented to endpoints of rules
-	// with security 2 (--proxy-tls-client-cert/-key); a rule's
-	// mtls_backend client certificate replaces them.
-	ClientCertFile, ClientKeyFile string
-	// ClientCAFile verifies client certificates at VIPs of rules whose
-	// mtls_frontend asks for them and names no CA (--proxy-tls-client-ca).
-	ClientCAFile string
-	// Receipts is when responses carry the routing receipt header
-	// (--proxy-receipts); off by default, because a receipt reveals what
-	// other clients' prompts left cached.
-	Receipts proxy.ReceiptPolicy
 	// CoalesceWait bounds how long a request waits for an earlier request
 	// that is still computing the prompt prefix it was routed for (see
 	// coalesce.go), LOXILB_KV_COALESCE_WAIT_MS. 0 means the default, 3s;
@@ -133,6 +110,10 @@ type Config struct {
 	// (--tokenize-concurrency); the others wait, for as long as their
 	// client does. 0 means GOMAXPROCS.
 	TokenizeConcurrency int
+	// PD, when not nil, runs the rules with pd_disagg_mode (pkg/dispatch:
+	// the engine's prefill/decode flow behind Plan.Dispatch); without it
+	// those rules are refused (503).
+	PD *dispatch.Dispatcher
 	// Outliers, when not nil, is passive health checking: attempts are
 	// reported to it and the endpoints it ejected are left out.
 	Outliers Outliers
@@ -189,24 +170,28 @@ const DefaultCoalesceWait = 3 * time.Second
 
 // Gateway is the mode-4 service table and proxy.Picker.
 type Gateway struct {
-	cfg     Config
-	tok     Tokenizers
-	inv     Inventory
-	router  *router.Router
-	health  HealthView
-	engine  EngineMetrics
-	others  OtherNodesLoad // ClusterLoad's source; nil when off
-	logger  *slog.Logger
-	m       *metrics
-	table   atomic.Pointer[map[uint32]*service]
-	proxy   atomic.Value // ProxyTable
-	mu      sync.Mutex   // serializes Reconcile
-	keyPool sync.Pool
+	cfg    Config
+	tok    Tokenizers
+	inv    Inventory
+	router *router.Router
+	health HealthView
+	engine EngineMetrics
+	// inflight is the proxy's count of requests sent to each endpoint
+	// and not yet finished, shared with it from construction.
+	inflight *proxy.InFlightTable
+	others   OtherNodesLoad // ClusterLoad's source; nil when off
+	logger   *slog.Logger
+	m        *metrics
+	table    atomic.Pointer[map[uint32]*service]
+	mu       sync.Mutex // serializes Reconcile
+	keyPool  sync.Pool
 	// idPool holds token-id buffers for Pick, which is done with a
 	// request's ids when it returns: a 2k-token chat's ids are ~11 KB of
 	// garbage per request otherwise.
 	idPool  sync.Pool
 	leaders leaders
+	remote  remoteLeaders                // the other nodes' announced prefills (remote.go)
+	peers   atomic.Pointer[PrefillPeers] // where this node's are announced; nil alone
 	prefill prefillGate
 	work    prefillWork // outstanding prefill tokens per endpoint
 	ranks   rankLoad    // per data-parallel rank: requests in flight, recent placements
@@ -243,10 +228,13 @@ type service struct {
 func (st *service) isDraining(i int) bool { return i < len(st.draining) && st.draining[i] }
 
 // New builds the gateway. health and engine may be nil (every endpoint is
-// healthy; no engine metrics).
-func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health HealthView, engine EngineMetrics, logger *slog.Logger, reg prometheus.Registerer) (*Gateway, error) {
-	if tok == nil || inv == nil || rt == nil {
-		return nil, errors.New("gateway: tokenizers, inventory and router are required")
+// healthy; no engine metrics). inflight is the table the proxy counts its
+// requests in (the same one given to proxy.New): it is every candidate's
+// local load, so it is required.
+func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health HealthView, engine EngineMetrics,
+	inflight *proxy.InFlightTable, logger *slog.Logger, reg prometheus.Registerer) (*Gateway, error) {
+	if tok == nil || inv == nil || rt == nil || inflight == nil {
+		return nil, errors.New("gateway: tokenizers, inventory, router and in-flight table are required")
 	}
 	if logger == nil {
 		logger = slog.Default()
@@ -273,19 +261,14 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, tok: tok, inv: inv, router: rt, health: health, engine: engine, logger: logger, m: m,
+	g := &Gateway{cfg: cfg, tok: tok, inv: inv, router: rt, health: health, engine: engine, inflight: inflight, logger: logger, m: m,
 		tokSlots:   make(chan struct{}, cfg.TokenizeConcurrency),
 		unknownLog: logLimiter{every: logEvery}, rejectLog: logLimiter{every: logEvery}}
 	g.prefill.slots = max(cfg.PrefillSlots, PrefillAuto)
 	g.prefill.learner, _ = engine.(SlotLearner)
 	if o, ok := engine.(OtherNodesLoad); ok && cfg.ClusterLoad {
 		g.others = o
-		o.SetSelfInFlight(func(service uint32, ep int) int {
-			if pt := g.proxyTable(); pt != nil {
-				return pt.InFlight(service, ep)
-			}
-			return 0
-		})
+		o.SetSelfInFlight(inflight.Count)
 	}
 	g.rankEngine, _ = engine.(RankMetrics)
 	if reg != nil {
@@ -302,32 +285,20 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 	return g, nil
 }
 
-// SetProxy connects the proxy once it exists (it needs the gateway as its
-// Picker, so it is built after the gateway).
-func (g *Gateway) SetProxy(p ProxyTable) { g.proxy.Store(p) }
-
-func (g *Gateway) proxyTable() ProxyTable {
-	p, _ := g.proxy.Load().(ProxyTable)
-	return p
-}
-
 // Name implements control.Reconciler.
-func (g *Gateway) Name() string { return "proxy" }
+func (g *Gateway) Name() string { return "gateway" }
 
-// Reconcile implements control.Reconciler: it rebuilds the mode-4 table and
-// applies the listener set to the proxy. Selectors survive when a rule's
-// selector settings and endpoints are unchanged, so round-robin positions
-// and persistence tables are not reset by unrelated rule changes. Rules
-// are applied one by one: a rule that cannot be (its VIP:port is held, it
-// needs TLS files the daemon lacks) is reported as a control.RuleError and
-// the others are served.
+// Reconcile implements control.Reconciler: it rebuilds the mode-4 routing
+// table (the proxy's listeners are ListenerReconciler's). Selectors survive
+// when a rule's selector settings and endpoints are unchanged, so
+// round-robin positions and persistence tables are not reset by unrelated
+// rule changes. Rules are applied one by one: a rule whose routing cannot
+// be built is reported as a control.RuleError and the others are served.
 func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	old := *g.table.Load()
 	next := make(map[uint32]*service)
-	pcfg := g.cfg.Proxy
-	pcfg.Services = nil
 	var models []string
 	var errs []error
 	for _, cs := range services {
@@ -343,43 +314,11 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 			errs = append(errs, &control.RuleError{ID: cs.ID, Reason: control.ReasonStageFailed, Err: fmt.Errorf("rule %d (%s): %w", cs.ID, r.Key(), err)})
 			continue
 		}
-		vip, err := netip.ParseAddr(r.Service.ExternalIP)
-		if err != nil {
-			errs = append(errs, &control.RuleError{ID: cs.ID, Reason: control.ReasonStageFailed, Err: fmt.Errorf("rule %d: %w", cs.ID, err)})
-			continue
-		}
-		ps := proxy.Service{ID: cs.ID, Listen: netip.AddrPortFrom(vip, uint16(r.Service.Port)), Security: proxy.Security(r.Service.Security),
-			Receipts: g.cfg.Receipts}
-		// max_stream_duration_sec: 0 is loxilb's 24 h hard cap.
-		ps.MaxStreamDuration = time.Duration(r.Service.MaxStreamDurationSec) * time.Second
-		if ps.MaxStreamDuration == 0 {
-			ps.MaxStreamDuration = lbrule.MaxStreamDurationSec * time.Second
-		}
-		if err := g.ruleTLS(&ps, r); err != nil {
-			reason := control.ReasonStageFailed
-			var re *lbrule.RuleError
-			if errors.As(err, &re) && re.Reason != "" {
-				reason = re.Reason
-			}
-			errs = append(errs, &control.RuleError{ID: cs.ID, Reason: reason, Err: fmt.Errorf("rule %d: %w", cs.ID, err)})
-			continue
-		}
 		next[cs.ID] = st
-		pcfg.Services = append(pcfg.Services, ps)
-	}
-	if p := g.proxyTable(); p != nil {
-		err := p.Update(pcfg)
-		if err != nil && len(listenErrors(err)) == 0 {
-			return errors.Join(append(errs, err)...)
-		}
-		// The proxy applied the table; these rules have no listener yet
-		// and get one at a later reconcile (the controller retries).
-		for _, le := range listenErrors(err) {
-			errs = append(errs, &control.RuleError{ID: le.ID, Reason: le.Reason(), Err: le})
-		}
 	}
 	g.table.Store(&next)
 	g.tok.Pin(models)
+	g.forgetPD(old, next)
 	for id := range old {
 		if _, ok := next[id]; !ok {
 			g.router.Forget(id)
@@ -393,23 +332,6 @@ func (g *Gateway) Reconcile(_ context.Context, services []control.Service) error
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// listenErrors returns the proxy's per-rule listen failures inside err.
-func listenErrors(err error) []*proxy.ListenError {
-	switch e := err.(type) {
-	case *proxy.ListenError:
-		return []*proxy.ListenError{e}
-	case interface{ Unwrap() []error }:
-		var out []*proxy.ListenError
-		for _, x := range e.Unwrap() {
-			out = append(out, listenErrors(x)...)
-		}
-		return out
-	case interface{ Unwrap() error }:
-		return listenErrors(e.Unwrap())
-	}
-	return nil
 }
 
 func (g *Gateway) buildService(cs control.Service, prev *service) (*service, error) {

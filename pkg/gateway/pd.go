@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
-	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/dispatch"
 	"github.com/loxilb-llm/loxilb/pkg/engine"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
@@ -23,66 +21,15 @@ import (
 // shape of the proxy's Plan.Dispatch hook.
 type DispatchFunc func(ctx context.Context, w http.ResponseWriter, req *proxy.Request) proxy.Result
 
-// PD serves rules with pd_disagg_mode through pkg/dispatch and hands every
-// other rule to the Gateway. It is the proxy's Picker when P/D is enabled,
-// and a control.Reconciler so removed rules drop their sessions, prefix
-// history and admission slots.
-type PD struct {
-	g *Gateway
-	d *dispatch.Dispatcher
-
-	mu    sync.Mutex
-	known map[uint32]bool // P/D services seen by Reconcile
-}
-
-var (
-	_ proxy.Picker       = (*PD)(nil)
-	_ control.Reconciler = (*PD)(nil)
-)
-
-// NewPD wraps g with the P/D dispatcher d.
-func NewPD(g *Gateway, d *dispatch.Dispatcher) (*PD, error) {
-	if g == nil || d == nil {
-		return nil, fmt.Errorf("gateway: P/D needs the gateway and a dispatcher")
+// pickPD answers Pick for a P/D rule: a plan whose Dispatch runs the
+// engine's flow (the proxy hands the exchange over after reading the
+// body), or one that forwards a non-inference call to a decode endpoint.
+// Without a dispatcher (Config.PD nil) the rule cannot be served.
+func (g *Gateway) pickPD(ctx context.Context, st *service, req *proxy.Request) (proxy.Plan, error) {
+	if g.cfg.PD == nil {
+		return proxy.Plan{}, fmt.Errorf("%w: rule %d is a prefill/decode pool and the gateway has no P/D dispatcher (gateway.Config.PD)", proxy.ErrUnavailable, st.id)
 	}
-	return &PD{g: g, d: d, known: make(map[uint32]bool)}, nil
-}
-
-// Dispatcher returns the wrapped dispatcher (for InFlight and tests).
-func (p *PD) Dispatcher() *dispatch.Dispatcher { return p.d }
-
-// Name implements control.Reconciler.
-func (p *PD) Name() string { return "pd-dispatch" }
-
-// Reconcile implements control.Reconciler: it forgets the state of P/D
-// rules that are gone.
-func (p *PD) Reconcile(_ context.Context, services []control.Service) error {
-	next := make(map[uint32]bool)
-	for _, s := range services {
-		if s.Rule.Service.Mode == lbrule.ModeFullProxy && s.Rule.Service.PDDisagg {
-			next[s.ID] = true
-		}
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for id := range p.known {
-		if !next[id] {
-			p.d.Forget(id)
-		}
-	}
-	p.known = next
-	return nil
-}
-
-// Pick implements proxy.Picker. P/D rules get a plan whose Dispatch runs
-// the engine's flow (the proxy hands the exchange over after reading the
-// body); every other rule is the Gateway's.
-func (p *PD) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, error) {
-	st := p.g.lookup(req.Service)
-	if st == nil || !st.rule.Service.PDDisagg {
-		return p.g.Pick(ctx, req)
-	}
-	plan, fn, err := p.g.preparePD(ctx, st, req, p.d)
+	plan, fn, err := g.preparePD(ctx, st, req, g.cfg.PD)
 	if err != nil || fn == nil {
 		return plan, err
 	}
@@ -94,18 +41,29 @@ func (p *PD) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, error) {
 // (receipt, decode endpoint as candidate) and the function that runs the
 // flow. fn is nil when the request is not an inference call and the plan
 // simply forwards it to a decode endpoint.
-func (p *PD) Prepare(req *proxy.Request) (proxy.Plan, DispatchFunc, error) {
-	st := p.g.lookup(req.Service)
-	if st == nil || !st.rule.Service.PDDisagg {
-		return proxy.Plan{}, nil, fmt.Errorf("%w: service %d is not a prefill/decode rule", proxy.ErrUnavailable, req.Service)
+func (g *Gateway) Prepare(req *proxy.Request) (proxy.Plan, DispatchFunc, error) {
+	st := g.lookup(req.Service)
+	if st == nil || !st.rule.Service.PDDisagg || g.cfg.PD == nil {
+		return proxy.Plan{}, nil, fmt.Errorf("%w: service %d is not a prefill/decode rule this gateway dispatches", proxy.ErrUnavailable, req.Service)
 	}
-	return p.g.preparePD(context.Background(), st, req, p.d)
+	return g.preparePD(context.Background(), st, req, g.cfg.PD)
 }
 
-// pickPD is the Gateway's own answer for a P/D rule: without a dispatcher
-// (the Gateway used as Picker directly, not through PD) it cannot serve it.
-func (g *Gateway) pickPD(st *service) (proxy.Plan, error) {
-	return proxy.Plan{}, fmt.Errorf("%w: rule %d is a prefill/decode pool; the proxy must use the P/D picker (gateway.NewPD)", proxy.ErrUnavailable, st.id)
+// forgetPD drops the dispatcher's state (sessions, prefix history,
+// admission slots) of the P/D rules in old that next no longer has as
+// P/D rules.
+func (g *Gateway) forgetPD(old, next map[uint32]*service) {
+	if g.cfg.PD == nil {
+		return
+	}
+	for id, st := range old {
+		if !st.rule.Service.PDDisagg {
+			continue
+		}
+		if now, ok := next[id]; !ok || !now.rule.Service.PDDisagg {
+			g.cfg.PD.Forget(id)
+		}
+	}
 }
 
 // pdPool renders a rule's endpoints for the dispatcher, with health.

@@ -64,7 +64,6 @@ type pdBench struct {
 	prefill, decode []*enginesim.Engine
 	index           *kvindex.Index
 	g               *Gateway
-	pd              *PD
 	srv             *httptest.Server
 }
 
@@ -129,7 +128,7 @@ func newPDBenchWith(t *testing.T, engine string, kvMode, third, ranks int, tweak
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.g, err = New(Config{}, toks, b.index, rt, nil, nil, nil, reg)
+	b.g, err = New(Config{}, toks, b.index, rt, nil, nil, new(proxy.InFlightTable), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +145,7 @@ func newPDBenchWith(t *testing.T, engine string, kvMode, third, ranks int, tweak
 		body, _ := io.ReadAll(r.Body)
 		req := &proxy.Request{Service: 1, Method: r.Method, Path: r.URL.Path, Model: proxy.ModelOf(r.Header, body),
 			Header: r.Header, Body: body, ClientAddr: netip.MustParseAddrPort(r.RemoteAddr)}
-		plan, fn, err := b.pd.Prepare(req)
+		plan, fn, err := b.g.Prepare(req)
 		if err != nil || fn == nil {
 			http.Error(w, fmt.Sprint(err), proxy.StatusFor(err))
 			return
@@ -168,10 +167,7 @@ func (b *pdBench) newPD(t *testing.T, cfg dispatch.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.pd, err = NewPD(b.g, d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b.g.cfg.PD = d
 }
 
 func epOf(t *testing.T, e *enginesim.Engine, role int) lbrule.Endpoint {
@@ -286,18 +282,19 @@ func TestPDBase(t *testing.T) {
 // TestPDPassthrough: a model list on a P/D rule goes to a decode endpoint.
 func TestPDPassthrough(t *testing.T) {
 	b := newPDBench(t, "vllm", lbrule.KVExactOff, 78)
-	plan, fn, err := b.pd.Prepare(&proxy.Request{Service: 1, Method: "GET", Path: "/v1/models", Header: http.Header{}})
+	plan, fn, err := b.g.Prepare(&proxy.Request{Service: 1, Method: "GET", Path: "/v1/models", Header: http.Header{}})
 	if err != nil || fn != nil || len(plan.Candidates) != 2 || plan.Candidates[0].Idx < 2 {
 		t.Fatalf("plan %+v fn %v err %v", plan, fn != nil, err)
 	}
-	// Used directly, the Gateway refuses P/D rules with a clear 503.
+	// Without a dispatcher the Gateway refuses P/D rules with a clear 503.
+	b.g.cfg.PD = nil
 	_, err = b.g.Pick(context.Background(), &proxy.Request{Service: 1, Method: "POST", Path: "/v1/completions", Header: http.Header{}})
-	if proxy.StatusFor(err) != 503 || !strings.Contains(err.Error(), "P/D picker") {
-		t.Fatalf("gateway.Pick on a P/D rule: %v", err)
+	if proxy.StatusFor(err) != 503 || !strings.Contains(err.Error(), "no P/D dispatcher") {
+		t.Fatalf("gateway.Pick on a P/D rule without a dispatcher: %v", err)
 	}
 }
 
-// TestPDThroughProxy: the real proxy, with PD as its Picker, hands P/D
+// TestPDThroughProxy: the real proxy, with the Gateway as its Picker, hands P/D
 // requests to the dispatcher through Plan.Dispatch and still forwards
 // non-inference calls itself.
 func TestPDThroughProxy(t *testing.T) {
@@ -310,13 +307,12 @@ func TestPDThroughProxy(t *testing.T) {
 	ln.Close()
 	rule := b.g.lookup(1).rule.Clone()
 	rule.Service.ExternalIP, rule.Service.Port = vip.Addr().String(), int(vip.Port())
-	px, err := proxy.New(proxy.Config{}, b.pd, nil, prometheus.NewRegistry())
+	px, err := proxy.New(proxy.Config{}, b.g, b.g.inflight, nil, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.g.SetProxy(px)
-	b.g.cfg.Receipts = proxy.ReceiptsOnRequest
-	if err := b.g.Reconcile(context.Background(), []control.Service{{ID: 1, Rule: rule}}); err != nil {
+	lr := &ListenerReconciler{Proxy: px, Config: ListenerConfig{Receipts: proxy.ReceiptsOnRequest}}
+	if err := reconcileAll(lr, b.g, []control.Service{{ID: 1, Rule: rule}}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -399,5 +395,42 @@ func TestPDPrefillRankFollowsInventory(t *testing.T) {
 	}
 	if got := b.prefill[holder].Stats().Ranks[rank].Targeted - before; got != 4 {
 		t.Fatalf("rank %d of prefill %d was named for %d of 4 legs", rank, holder, got)
+	}
+}
+
+// TestPDReconcileForgets: the Gateway's Reconcile drops the dispatcher's
+// state of a P/D rule once the rule is gone, and keeps it while the rule
+// stays.
+func TestPDReconcileForgets(t *testing.T) {
+	b := newPDBench(t, "vllm", lbrule.KVExactPD, 89)
+	reg := prometheus.NewRegistry()
+	d, err := dispatch.New(dispatch.Config{}, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.g.cfg.PD = d
+	trieNodes := func() float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "loxilb_pd_trie_nodes" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return 0
+	}
+	b.chat(t, longDoc(10)+" Question?", false)
+	if trieNodes() == 0 {
+		t.Fatal("a P/D request left no prefix history")
+	}
+	keep := []control.Service{{ID: 1, Rule: b.g.lookup(1).rule}}
+	if err := b.g.Reconcile(context.Background(), keep); err != nil || trieNodes() == 0 {
+		t.Fatalf("the rule stayed, yet its history went (err %v)", err)
+	}
+	if err := b.g.Reconcile(context.Background(), nil); err != nil || trieNodes() != 0 {
+		t.Fatalf("the rule went, %v prefix history nodes stay (err %v)", trieNodes(), err)
 	}
 }

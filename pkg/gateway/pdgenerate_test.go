@@ -87,7 +87,7 @@ func TestPDGenerate(t *testing.T) {
 // is passed to a decode endpoint as before.
 func TestPDGenerateOtherEngines(t *testing.T) {
 	b := newPDBench(t, "vllm", lbrule.KVExactOff, 86)
-	plan, fn, err := b.pd.Prepare(&proxy.Request{Service: 1, Method: "POST", Path: "/generate", Header: http.Header{}, Body: []byte(`{"text":"hi"}`)})
+	plan, fn, err := b.g.Prepare(&proxy.Request{Service: 1, Method: "POST", Path: "/generate", Header: http.Header{}, Body: []byte(`{"text":"hi"}`)})
 	if err != nil || fn != nil || len(plan.Candidates) == 0 || plan.Candidates[0].Idx < 2 {
 		t.Fatalf("plan %+v fn %v err %v", plan, fn != nil, err)
 	}

@@ -51,7 +51,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	}
 	r := st.rule
 	if r.Service.PDDisagg {
-		return g.pickPD(st)
+		return g.pickPD(ctx, st, req)
 	}
 	if err := g.checkModelName(st, req); err != nil {
 		return proxy.Plan{}, err
@@ -182,7 +182,12 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	var follow, self *leader
 	if promptTokens > 0 && g.cfg.CoalesceWait > 0 {
 		follow = g.leaderFor(st, d, keys)
-		lead, self = g.leaders.register(st.id, d.EP, keys[min(d.MatchedBlocks, len(keys)):], uncached)
+		computed := keys[min(d.MatchedBlocks, len(keys)):]
+		lead, self = g.leaders.register(st.id, d.EP, computed, uncached)
+		if self != nil {
+			local, told := lead, g.announce(st, d.EP, computed, uncached)
+			lead = func() { local(); told() }
+		}
 	}
 	release := func() { lead(); slot(); work() }
 	plan.FirstByte = release
@@ -384,7 +389,6 @@ func (g *Gateway) promptTokensRendered(ctx context.Context, st *service, model s
 func (g *Gateway) candidates(st *service) []selector.Candidate {
 	r := st.rule
 	out := make([]selector.Candidate, 0, len(r.Endpoints))
-	pt := g.proxyTable()
 	for i, ep := range r.Endpoints {
 		if r.Service.PDDisagg && ep.Role != lbrule.RoleNone {
 			continue
@@ -393,9 +397,7 @@ func (g *Gateway) candidates(st *service) []selector.Candidate {
 		if g.health != nil && c.Healthy {
 			c.Healthy = g.health.Healthy(st.id, i)
 		}
-		if pt != nil {
-			c.InFlight = pt.InFlight(st.id, i)
-		}
+		c.InFlight = g.inflight.Count(st.id, i)
 		// Requests held for a shared prefill on this endpoint will be sent
 		// to it: they are its load already.
 		c.InFlight += g.leaders.heldFor(st.id, i)

@@ -55,7 +55,7 @@ func newFixtureAt(t testing.TB, dir string, cfg Config, engine EngineMetrics, ru
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := New(cfg, toks, ix, rt, nil, engine, nil, reg)
+	g, err := New(cfg, toks, ix, rt, nil, engine, new(proxy.InFlightTable), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
 )
@@ -50,7 +51,7 @@ func TestModelProfileCompletionsBOS(t *testing.T) {
 		}
 		ix, _ := kvindex.New(kvindex.Config{}, reg)
 		rt, _ := router.New(router.DefaultConfig(), ix, nil, reg)
-		g, err := New(Config{}, toks, ix, rt, nil, nil, nil, reg)
+		g, err := New(Config{}, toks, ix, rt, nil, nil, new(proxy.InFlightTable), nil, reg)
 		if err != nil {
 			t.Fatal(err)
 		}

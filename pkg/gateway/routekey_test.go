@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -15,19 +14,6 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 )
-
-// fakeTable reports in-flight counts the test sets.
-type fakeTable struct {
-	mu sync.Mutex
-	n  map[int]int
-}
-
-func (f *fakeTable) Update(proxy.Config) error { return nil }
-func (f *fakeTable) InFlight(_ uint32, ep int) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.n[ep]
-}
 
 func chwblRule(kv int, mutate func(*lbrule.ServiceArgs)) *lbrule.Rule {
 	r := &lbrule.Rule{Service: lbrule.ServiceArgs{ExternalIP: "127.0.0.77", Port: 9000, Protocol: "tcp", Mode: 4, Sel: lbrule.SelCHWBL, KVExactMode: kv, KVEngine: "vllm"}}
@@ -123,24 +109,23 @@ func TestChwblLevelSystemBoundedLoad(t *testing.T) {
 	if len(idle) != 1 {
 		t.Fatalf("level 1 keys on the system prompt: idle picks should meet on one endpoint, got %v", idle)
 	}
-	ft := &fakeTable{n: map[int]int{}}
-	f.g.SetProxy(ft)
+	// Every pick stays in flight (counted where the proxy would count it).
+	inflight := map[int]int{}
 	load := 0
 	for c := 0; c < 100; c++ {
 		ep := pickEP(t, f, chatReq(c, 1, ""))
-		ft.mu.Lock()
 		capacity := (125*(load+1) + 100*5 - 1) / (100 * 5)
-		if ft.n[ep]+1 > capacity {
-			t.Fatalf("request %d: endpoint %d goes to %d in flight, above the bound %d (L=%d)", c, ep, ft.n[ep]+1, capacity, load)
+		if n := f.g.inflight.Count(1, ep); n+1 > capacity {
+			t.Fatalf("request %d: endpoint %d goes to %d in flight, above the bound %d (L=%d)", c, ep, n+1, capacity, load)
 		}
-		ft.n[ep]++
+		f.g.inflight.Counter(1, ep).Add(1)
+		inflight[ep]++
 		load++
-		ft.mu.Unlock()
 	}
 	// One hot key fills endpoints up to the bound in ring order: at
 	// factor 125 that is at least 4 of 5.
-	if used := len(ft.n); used < 4 {
-		t.Errorf("one hot key used %d endpoints under load: %v", used, ft.n)
+	if used := len(inflight); used < 4 {
+		t.Errorf("one hot key used %d endpoints under load: %v", used, inflight)
 	}
 }
 

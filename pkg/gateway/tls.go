@@ -13,10 +13,10 @@ import (
 // loads every file the rule's listener and endpoint connections will use,
 // so a missing or bad file refuses this rule (412, naming the file) and
 // not the whole proxy table. Called with the rule's security already set.
-func (g *Gateway) ruleTLS(ps *proxy.Service, r *lbrule.Rule) error {
-	ps.CertFile, ps.KeyFile, ps.CAFile = g.cfg.CertFile, g.cfg.KeyFile, g.cfg.CAFile
+func (c *ListenerConfig) ruleTLS(ps *proxy.Service, r *lbrule.Rule) error {
+	ps.CertFile, ps.KeyFile, ps.CAFile = c.CertFile, c.KeyFile, c.CAFile
 	if ps.Security == proxy.SecurityE2ETLS {
-		ps.ClientCertFile, ps.ClientKeyFile = g.cfg.ClientCertFile, g.cfg.ClientKeyFile
+		ps.ClientCertFile, ps.ClientKeyFile = c.ClientCertFile, c.ClientKeyFile
 	}
 	if b := r.Service.MTLSBackend; b != nil {
 		// mtls_backend: the rule's own endpoint CA and client
@@ -50,7 +50,7 @@ func (g *Gateway) ruleTLS(ps *proxy.Service, r *lbrule.Rule) error {
 			ps.ClientCAPEM = pem
 		}
 		if ps.ClientCAFile == "" && len(ps.ClientCAPEM) == 0 {
-			ps.ClientCAFile = g.cfg.ClientCAFile
+			ps.ClientCAFile = c.ClientCAFile
 		}
 		if ps.ClientCAFile == "" && len(ps.ClientCAPEM) == 0 {
 			return &lbrule.RuleError{Class: lbrule.ErrPrecondition, Field: "serviceArguments.mtls_frontend.client_cert_mode", Reason: lbrule.ReasonMTLSFrontendUnsupported,

@@ -33,7 +33,7 @@ func TestRuleTLSSources(t *testing.T) {
 	rCert, rKey, _ := ca.Leaf(t, "rule-client")
 	ruleCA := pki.New(t)
 	caPEM, _ := os.ReadFile(ruleCA.File)
-	daemon := Config{CertFile: vipCert, KeyFile: vipKey, ClientCertFile: dCert, ClientKeyFile: dKey}
+	daemon := ListenerConfig{CertFile: vipCert, KeyFile: vipKey, ClientCertFile: dCert, ClientKeyFile: dKey}
 	mk := func(sec int, fe *lbrule.MTLSFrontend, be *lbrule.MTLSBackend) *lbrule.Rule {
 		r := rule(0, "")
 		r.Service.Security, r.Service.MTLSFrontend, r.Service.MTLSBackend = sec, fe, be
@@ -41,7 +41,7 @@ func TestRuleTLSSources(t *testing.T) {
 	}
 	cases := []struct {
 		name   string
-		cfg    func(c *Config)
+		cfg    func(c *ListenerConfig)
 		r      *lbrule.Rule
 		want   func(ps proxy.Service) bool
 		reason string
@@ -57,11 +57,11 @@ func TestRuleTLSSources(t *testing.T) {
 			func(ps proxy.Service) bool { return ps.ClientCertFile == dCert && ps.CAFile == ca.File }, "", ""},
 		{"required without any client CA", nil, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "required"}, nil),
 			nil, lbrule.ReasonMTLSFrontendUnsupported, "--proxy-tls-client-ca"},
-		{"required with the daemon client CA", func(c *Config) { c.ClientCAFile = ca.File }, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "required"}, nil),
+		{"required with the daemon client CA", func(c *ListenerConfig) { c.ClientCAFile = ca.File }, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "required"}, nil),
 			func(ps proxy.Service) bool {
 				return ps.ClientAuth == proxy.ClientAuthRequired && ps.ClientCAFile == ca.File
 			}, "", ""},
-		{"optional with the rule's inline CA", func(c *Config) { c.ClientCAFile = ca.File },
+		{"optional with the rule's inline CA", func(c *ListenerConfig) { c.ClientCAFile = ca.File },
 			mk(1, &lbrule.MTLSFrontend{ClientCertMode: "optional", ClientCACertData: base64.StdEncoding.EncodeToString(caPEM), RequireClientCN: true, ClientCNPattern: "svc-*"}, nil),
 			func(ps proxy.Service) bool {
 				return ps.ClientAuth == proxy.ClientAuthOptional && ps.ClientCAFile == "" && string(ps.ClientCAPEM) == string(caPEM) && ps.ClientCNPattern == "svc-*"
@@ -78,9 +78,8 @@ func TestRuleTLSSources(t *testing.T) {
 		if c.cfg != nil {
 			c.cfg(&cfg)
 		}
-		g := &Gateway{cfg: cfg}
 		ps := proxy.Service{ID: 1, Security: proxy.Security(c.r.Service.Security)}
-		err := g.ruleTLS(&ps, c.r)
+		err := cfg.ruleTLS(&ps, c.r)
 		if c.reason != "" {
 			var re *lbrule.RuleError
 			if !errors.As(err, &re) || re.Reason != c.reason || !errors.Is(err, lbrule.ErrPrecondition) || !strings.Contains(re.Msg, c.inMsg) {
@@ -117,17 +116,17 @@ func TestBackendMutualTLSThroughGateway(t *testing.T) {
 		withCert   bool
 		wantStatus int
 	}{{"127.0.83.20", true, 200}, {"127.0.83.21", false, 502}} {
-		cfg := Config{Seed: "1", CertFile: vipCert, KeyFile: vipKey, CAFile: ca.File}
+		lcfg := ListenerConfig{CertFile: vipCert, KeyFile: vipKey, CAFile: ca.File}
 		if tc.withCert {
-			cfg.ClientCertFile, cfg.ClientKeyFile = clientCert, clientKey
+			lcfg.ClientCertFile, lcfg.ClientKeyFile = clientCert, clientKey
 		}
-		f := newFixtureConfig(t, cfg)
+		f := newFixture(t)
 		reg := prometheus.NewRegistry()
-		px, err := proxy.New(proxy.Config{}, f.g, nil, reg)
+		px, err := proxy.New(proxy.Config{}, f.g, f.g.inflight, nil, reg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f.g.SetProxy(px)
+		lr := &ListenerReconciler{Proxy: px, Config: lcfg}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { _ = px.Serve(ctx); close(done) }()
@@ -148,7 +147,7 @@ func TestBackendMutualTLSThroughGateway(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := f.g.Reconcile(context.Background(), []control.Service{{ID: 1, Rule: p}}); err != nil {
+		if err := reconcileAll(lr, f.g, []control.Service{{ID: 1, Rule: p}}); err != nil {
 			t.Fatal(err)
 		}
 		c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool}}}

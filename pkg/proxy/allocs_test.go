@@ -86,7 +86,7 @@ func proxyAllocsPerRequest(t testing.TB) float64 {
 	}
 	p := &allocPicker{plan: Plan{Candidates: []Endpoint{{Idx: 0, Addr: backend}}, Receipt: "tier=test"}}
 	cfg := Config{Services: []Service{{ID: 1, Listen: ln.Addr().(*net.TCPAddr).AddrPort()}}}
-	s, err := New(cfg, p, slog.New(slog.DiscardHandler), nil)
+	s, err := New(cfg, p, new(InFlightTable), slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,7 @@ func benchProxy(b *testing.B, vip, backend string) string {
 		return Plan{Candidates: cands, Receipt: "bench"}, nil
 	})
 	cfg := Config{Services: []Service{{ID: 1, Listen: ln.Addr().(*net.TCPAddr).AddrPort()}}}
-	s, err := New(cfg, picker, slog.New(slog.DiscardHandler), nil)
+	s, err := New(cfg, picker, new(InFlightTable), slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func runBenchChild(listen, backend string) int {
 		return Plan{Candidates: cands, Receipt: "bench"}, nil
 	})
 	cfg := Config{Services: []Service{{ID: 1, Listen: ln.Addr().(*net.TCPAddr).AddrPort()}}}
-	s, err := New(cfg, picker, slog.New(slog.DiscardHandler), nil)
+	s, err := New(cfg, picker, new(InFlightTable), slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -13,16 +13,22 @@
 // Out: requests to endpoints over one pool of HTTP/1.1 keep-alive
 // connections per rule (upstream.go; the request is written by wire.go,
 // plain response heads are parsed by response.go and every other one by
-// net/http), the only path from a mode-4 request to an endpoint;
+// net/http), the only path from a mode-4 request to an endpoint; a
+// request whole in the write buffer is sent inside the wait for its
+// answer (flushAwait), which saves the read that would find nothing;
 // per-request outcomes (status, bytes, usage.prompt_tokens_details.
 // cached_tokens) back to the Picker through Plan.Done, so the router can
 // compare predicted with actual cache hits; in-flight counts per endpoint
-// (Server.InFlight) that the router blends into its score; Prometheus
-// metrics labelled by service and endpoint.
+// in an InFlightTable (inflight.go) that the router reads into its score;
+// Prometheus metrics labelled by service and endpoint.
 //
 // Client side: a lean HTTP/1.1 server (h1conn.go, h1parse.go, h1body.go,
 // h1writer.go) serves every listener, plaintext or TLS, in place of
-// net/http's server. One goroutine per connection parses each request
+// net/http's server. On Linux both sides' plain TCP sockets are read and
+// written with raw system calls through their RawConn (rawio_linux.go):
+// the same poller, locks and deadlines, without the scheduler's hand-off
+// of the thread's P around each call, which under load cost the runtime's
+// monitor and thread wakeups about a tenth of the CPU. One goroutine per connection parses each request
 // head inside the connection's 4 KiB read buffer, with RFC 9112 framing
 // and nothing looser than net/http: one private copy of the head per
 // request holds every string (canonical field names rewritten in place),
@@ -37,8 +43,8 @@
 // ReadHeaderTimeout/IdleTimeout deadlines behave as under net/http. A
 // request body left unread (413, a refused body) closes the connection
 // after the answer, the sending side first so the client reads it.
-// Client-gone detection costs nothing for short requests: 5 ms after its
-// body was read (watchDelay), a read on the client connection starts
+// Client-gone detection costs nothing for short requests: 100 ms after
+// its body was read (watchDelay), a read on the client connection starts
 // watching for a reset, which cancels the upstream work; a half-close is
 // remembered, the answer still sent, then the connection closed.
 //
@@ -70,9 +76,13 @@
 // net/http's server input by input.
 //
 // Neighbours: the router implements Picker (and uses the tokenizer,
-// blockhash and kvindex packages to decide); control builds Config from
-// the rules and calls Update when endpoints change; the daemon creates
-// the Server, and the dataplane steers VIP traffic to its listener.
+// blockhash and kvindex packages to decide); a control stage (the
+// gateway package's ListenerReconciler) builds Config from the rules and
+// calls Update when they change; the dataplane steers VIP traffic to its
+// listener. The daemon creates the InFlightTable first and hands it to
+// the gateway (which reads it) and to the Server (which counts into it,
+// with the gateway as its Picker); nothing is connected after
+// construction.
 //
 // Request handling, in order:
 //

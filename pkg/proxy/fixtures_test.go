@@ -122,7 +122,7 @@ func startProxy(t *testing.T, vip string, cfg Config, svc Service, picker Picker
 	svc.Listen = ln.Addr().(*net.TCPAddr).AddrPort()
 	cfg.Services = append(cfg.Services, svc)
 	reg := prometheus.NewRegistry()
-	s, err := New(cfg, picker, slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+	s, err := New(cfg, picker, new(InFlightTable), slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
 	if err != nil {
 		ln.Close()
 		t.Fatalf("New: %v", err)

@@ -92,6 +92,13 @@ func (b *h1Body) Read(p []byte) (int, error) {
 
 func (b *h1Body) Close() error { return nil }
 
+// buffered reports whether the rest of a Content-Length body is already
+// in the connection's read buffer: reading it cannot wait on the client,
+// so it needs no read deadline.
+func (b *h1Body) buffered() bool {
+	return !b.chunked && !b.cont && b.err == nil && b.left <= int64(b.c.br.Buffered())
+}
+
 // line reads one CRLF-terminated line of the chunked framing, without it.
 func (b *h1Body) line() ([]byte, error) {
 	l, err := b.c.br.ReadSlice('\n')

@@ -204,7 +204,7 @@ func TestLeanGracefulShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := Config{Services: []Service{{ID: 7, Listen: ln.Addr().(*net.TCPAddr).AddrPort()}}, ShutdownGrace: time.Minute}
-	s, err := New(cfg, newStaticPicker(hostPort(b)), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	s, err := New(cfg, newStaticPicker(hostPort(b)), new(InFlightTable), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 // upstream legs (Plan.Dispatch, e.g. prefill then decode). It sends each
 // request over the service's pooled endpoint connections, with the
 // service's upstream TLS settings (security 2), and counts it in the
-// endpoint's in-flight number (Server.InFlight) when the request context
+// endpoint's in-flight number (InFlightTable) when the request context
 // names the endpoint index via WithLeg or WithEndpoint, so the router's
 // load blend sees those legs too. The Server hands the same RoundTripper
 // to every Plan.Dispatch in Request.Legs.
@@ -33,7 +33,7 @@ func (s *Server) RoundTripper(service uint32) http.RoundTripper {
 
 // Leg describes one leg of a flow to the RoundTripper (see WithLeg).
 type Leg struct {
-	// Endpoint is the index the leg is counted under in Server.InFlight
+	// Endpoint is the index the leg is counted under in the InFlightTable
 	// while it runs; negative means not counted.
 	Endpoint int
 	// DialTimeout bounds the connect and the TLS handshake; 0 means
@@ -82,7 +82,7 @@ func (lt legTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !named || leg.Endpoint < 0 {
 		return legRoundTrip(svc.up, req, leg)
 	}
-	c := lt.s.inflightCounter(lt.service, leg.Endpoint)
+	c := lt.s.inflight.Counter(lt.service, leg.Endpoint)
 	c.Add(1)
 	// Counted until the body is finished, like the proxy's own relay.
 	resp, err := legRoundTrip(svc.up, req, leg)

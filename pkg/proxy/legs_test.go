@@ -28,7 +28,7 @@ func TestRoundTripperForDispatchLegs(t *testing.T) {
 				if err != nil {
 					return Result{Endpoint: leg, Err: err}
 				}
-				inflightDuringLeg = px.InFlight(7, leg)
+				inflightDuringLeg = px.inflight.Count(7, leg)
 				if leg == 0 {
 					_, _ = io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
@@ -56,8 +56,8 @@ func TestRoundTripperForDispatchLegs(t *testing.T) {
 	if inflightDuringLeg != 1 {
 		t.Errorf("in-flight during a leg = %d, want 1", inflightDuringLeg)
 	}
-	if px.InFlight(7, 0) != 0 || px.InFlight(7, 1) != 0 {
-		t.Errorf("in-flight after the legs: %d %d", px.InFlight(7, 0), px.InFlight(7, 1))
+	if px.inflight.Count(7, 0) != 0 || px.inflight.Count(7, 1) != 0 {
+		t.Errorf("in-flight after the legs: %d %d", px.inflight.Count(7, 0), px.inflight.Count(7, 1))
 	}
 	if n := backendConns.Load(); n != 1 {
 		t.Errorf("legs opened %d endpoint connections for 6 sequential legs, want 1", n)
@@ -92,7 +92,7 @@ func TestDispatchGetsTheRulesLegs(t *testing.T) {
 			if err != nil {
 				return Result{Err: err}
 			}
-			inflight = px.InFlight(7, 3)
+			inflight = px.inflight.Count(7, 3)
 			w.WriteHeader(resp.StatusCode)
 			n, _ := io.Copy(w, resp.Body)
 			resp.Body.Close()
@@ -110,8 +110,8 @@ func TestDispatchGetsTheRulesLegs(t *testing.T) {
 			t.Fatalf("status %d echo %+v", resp.StatusCode, e)
 		}
 	}
-	if inflight != 1 || px.InFlight(7, 3) != 0 {
-		t.Errorf("in flight during the leg %d, after %d", inflight, px.InFlight(7, 3))
+	if inflight != 1 || px.inflight.Count(7, 3) != 0 {
+		t.Errorf("in flight during the leg %d, after %d", inflight, px.inflight.Count(7, 3))
 	}
 	if n := backendConns.Load(); n != 1 {
 		t.Errorf("two legs opened %d endpoint connections, want 1", n)

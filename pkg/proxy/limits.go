@@ -41,6 +41,7 @@ func (s *connSlots) take() bool {
 // is closed or fails (a reset, a write error).
 type trackedConn struct {
 	net.Conn
+	raw    *rawIO // Conn's socket when it is plain TCP (rawio_linux.go)
 	slots  *connSlots
 	closed atomic.Bool
 
@@ -54,16 +55,24 @@ type trackedConn struct {
 	req  *reqCtx // of the request being served
 }
 
-func (c *trackedConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
+func (c *trackedConn) Read(p []byte) (n int, err error) {
+	if c.raw != nil {
+		n, err = c.raw.Read(p)
+	} else {
+		n, err = c.Conn.Read(p)
+	}
 	if err != nil && err != io.EOF && !isTimeout(err) {
 		c.markGone()
 	}
 	return n, err
 }
 
-func (c *trackedConn) Write(p []byte) (int, error) {
-	n, err := c.Conn.Write(p)
+func (c *trackedConn) Write(p []byte) (n int, err error) {
+	if c.raw != nil {
+		n, err = c.raw.Write(p)
+	} else {
+		n, err = c.Conn.Write(p)
+	}
 	if err != nil && !isTimeout(err) {
 		c.markGone()
 	}

@@ -40,7 +40,7 @@ type Request struct {
 // Endpoint is one upstream candidate chosen by the Picker.
 type Endpoint struct {
 	// Idx is the endpoint's index in the rule's endpoint list. In-flight
-	// accounting (Server.InFlight) and metric labels use it.
+	// accounting (InFlightTable) and metric labels use it.
 	Idx int
 	// Addr is the endpoint's dial address, host:port.
 	Addr string

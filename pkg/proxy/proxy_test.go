@@ -573,10 +573,10 @@ func TestInFlightTracking(t *testing.T) {
 		done <- err
 	}()
 	<-entered
-	if got := px.InFlight(9, 0); got != 1 {
+	if got := px.inflight.Count(9, 0); got != 1 {
 		t.Errorf("InFlight during request = %d, want 1", got)
 	}
-	if got := px.InFlight(9, 1); got != 0 {
+	if got := px.inflight.Count(9, 1); got != 0 {
 		t.Errorf("InFlight of an idle endpoint = %d", got)
 	}
 	close(release)
@@ -584,7 +584,7 @@ func TestInFlightTracking(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.waitResult(t)
-	if got := px.InFlight(9, 0); got != 0 {
+	if got := px.inflight.Count(9, 0); got != 0 {
 		t.Errorf("InFlight after = %d, want 0", got)
 	}
 }
@@ -627,7 +627,7 @@ func TestServeOwnedListeners(t *testing.T) {
 	b, _ := echoBackend(t, "b0")
 	p := newStaticPicker(hostPort(b))
 	a1 := freeAddr(t, "127.0.0.40")
-	s, err := New(Config{Services: []Service{{ID: 1, Listen: a1}}}, p, nil, nil)
+	s, err := New(Config{Services: []Service{{ID: 1, Listen: a1}}}, p, new(InFlightTable), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -700,7 +700,7 @@ func TestServeListenerDemuxRejectsUnknownAddress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Services: []Service{{ID: 1, Listen: freeAddr(t, "127.0.0.51")}}}, newStaticPicker(), nil, nil)
+	s, err := New(Config{Services: []Service{{ID: 1, Listen: freeAddr(t, "127.0.0.51")}}}, newStaticPicker(), new(InFlightTable), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -734,18 +734,21 @@ func TestConfigValidation(t *testing.T) {
 		"negative body":   {MaxBodyBytes: -1},
 	}
 	for name, cfg := range cases {
-		if _, err := New(cfg, p, nil, nil); err == nil {
+		if _, err := New(cfg, p, new(InFlightTable), nil, nil); err == nil {
 			t.Errorf("%s: New accepted an invalid config", name)
 		}
 	}
-	if _, err := New(Config{}, nil, nil, nil); err == nil {
+	if _, err := New(Config{}, nil, new(InFlightTable), nil, nil); err == nil {
 		t.Error("New accepted a nil picker")
+	}
+	if _, err := New(Config{}, p, nil, nil, nil); err == nil {
+		t.Error("New accepted a nil in-flight table")
 	}
 }
 
 func TestMetricsRegistration(t *testing.T) {
 	px := startProxy(t, "127.0.0.62", Config{}, Service{}, newStaticPicker())
-	if _, err := New(Config{}, newStaticPicker(), nil, px.reg); err == nil {
+	if _, err := New(Config{}, newStaticPicker(), new(InFlightTable), nil, px.reg); err == nil {
 		t.Error("second proxy on the same registry did not report the collision")
 	}
 }
@@ -786,7 +789,7 @@ func TestClientTimeouts(t *testing.T) {
 }
 
 func TestCloseStopsServe(t *testing.T) {
-	s, err := New(Config{Services: []Service{{ID: 1, Listen: freeAddr(t, "127.0.0.36")}}}, newStaticPicker(), nil, nil)
+	s, err := New(Config{Services: []Service{{ID: 1, Listen: freeAddr(t, "127.0.0.36")}}}, newStaticPicker(), new(InFlightTable), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,10 +48,8 @@ type Server struct {
 	readHeaderTimeout, idleTimeout time.Duration
 
 	// inflight counts requests being relayed per (service, endpoint
-	// index). It lives outside the table so an Update that rebuilds a
-	// service keeps its counts: requests already in flight still finish
-	// against the same endpoints.
-	inflight sync.Map // inflightKey -> *atomic.Int64
+	// index); the daemon shares it with the router (InFlightTable).
+	inflight *InFlightTable
 
 	mu       sync.Mutex // guards everything below and serializes Update
 	owned    map[netip.AddrPort]*ownedListener
@@ -62,11 +60,6 @@ type Server struct {
 	// listening is closed once Serve manages the listeners: rules
 	// given to Update from then on get theirs at once.
 	listening chan struct{}
-}
-
-type inflightKey struct {
-	service uint32
-	ep      int
 }
 
 // table is an immutable snapshot of the configuration. Requests load it
@@ -98,11 +91,16 @@ type ownedListener struct {
 }
 
 // New validates cfg, loads certificates and builds one pooled transport
-// per service. picker is required; logger and reg may be nil (no logs,
-// metrics not registered). Listeners are opened by Serve.
-func New(cfg Config, picker Picker, logger *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+// per service. picker and inflight (where the Server counts the requests
+// it relays, shared with the picker's load blend) are required; logger
+// and reg may be nil (no logs, metrics not registered). Listeners are
+// opened by Serve.
+func New(cfg Config, picker Picker, inflight *InFlightTable, logger *slog.Logger, reg prometheus.Registerer) (*Server, error) {
 	if picker == nil {
 		return nil, errors.New("proxy: picker is nil")
+	}
+	if inflight == nil {
+		return nil, errors.New("proxy: in-flight table is nil")
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -122,6 +120,7 @@ func New(cfg Config, picker Picker, logger *slog.Logger, reg prometheus.Register
 	s := &Server{
 		logger:    logger,
 		picker:    picker,
+		inflight:  inflight,
 		m:         m,
 		owned:     map[netip.AddrPort]*ownedListener{},
 		errc:      make(chan error, 1),
@@ -381,25 +380,6 @@ func (s *Server) Close() error {
 	return err
 }
 
-// InFlight returns how many requests are being relayed to endpoint ep of
-// service right now (connecting, waiting for headers or streaming). The
-// router blends it into its score; it costs one map lookup.
-func (s *Server) InFlight(service uint32, ep int) int {
-	if v, ok := s.inflight.Load(inflightKey{service, ep}); ok {
-		return int(v.(*atomic.Int64).Load())
-	}
-	return 0
-}
-
-func (s *Server) inflightCounter(service uint32, ep int) *atomic.Int64 {
-	k := inflightKey{service, ep}
-	if v, ok := s.inflight.Load(k); ok {
-		return v.(*atomic.Int64)
-	}
-	v, _ := s.inflight.LoadOrStore(k, new(atomic.Int64))
-	return v.(*atomic.Int64)
-}
-
 func (s *Server) wait(ctx context.Context) error {
 	select {
 	case <-s.done:
@@ -539,7 +519,7 @@ func (l *demuxListener) Accept() (net.Conn, error) {
 			_ = c.Close()
 			continue
 		}
-		tc := &trackedConn{Conn: c, slots: &l.slots}
+		tc := &trackedConn{Conn: c, raw: newRawIO(c), slots: &l.slots}
 		if svc.serverTLS != nil {
 			return tls.Server(tc, svc.serverTLS), nil
 		}

@@ -43,6 +43,7 @@ type upstream struct {
 
 	dials  atomic.Int64 // connections opened, for tests
 	probes atomic.Int64 // liveness probes run, for tests
+	awaits atomic.Int64 // requests sent by flushAwait's wait, for tests
 }
 
 func newUpstream(cfg Config, tlsConf *tls.Config) *upstream {
@@ -62,12 +63,18 @@ type pconn struct {
 	u      *upstream
 	addr   string
 	conn   net.Conn
-	raw    net.Conn      // the TCP connection under TLS, for the liveness peek
-	lr     capReader     // conn, capped while response headers are read
-	br     *bufio.Reader // reads lr
-	bw     *bufio.Writer
-	idleAt time.Time
-	reused bool
+	raw    net.Conn  // the TCP connection under TLS, for the liveness peek
+	lr     capReader // conn, capped while response headers are read
+	rio    *rawIO    // conn's socket when it is plain TCP (rawio_linux.go, flushAwait)
+	writes int       // writes to conn through bw (see flushAwait)
+	// flushAwait's state, with its callback bound once.
+	awaitFn  func(uintptr) bool
+	flushed  bool
+	flushErr error
+	br       *bufio.Reader // reads lr
+	bw       *bufio.Writer
+	idleAt   time.Time
+	reused   bool
 	// unprobed: reused without the liveness probe (idle for less than
 	// probeAfterIdle), so an endpoint close may have crossed the request.
 	unprobed bool
@@ -80,6 +87,10 @@ type pconn struct {
 	// timeout or its reset cannot re-arm a read that should have stopped.
 	dmu       sync.Mutex
 	cancelled bool
+	// dlArmed: a read deadline is set (by setReadDeadline). Only the
+	// goroutine that owns the connection reads it, so a deadline that
+	// is already clear is not cleared again.
+	dlArmed bool
 }
 
 // cancel poisons the connection's deadlines: every blocked or later read
@@ -98,6 +109,7 @@ func (pc *pconn) setReadDeadline(t time.Time) {
 	defer pc.dmu.Unlock()
 	if !pc.cancelled {
 		_ = pc.conn.SetReadDeadline(t)
+		pc.dlArmed = !t.IsZero()
 	}
 }
 
@@ -114,7 +126,7 @@ var errHeaderCap = errors.New("response header byte limit reached")
 // its header block (or sends interim responses forever) costs a bounded
 // buffer instead of growing the parser's line until memory runs out.
 type capReader struct {
-	conn  net.Conn
+	conn  io.Reader // the connection, or its raw reader
 	armed bool
 	left  int64
 	got   int64 // bytes read in the current exchange
@@ -302,6 +314,10 @@ func (u *upstream) get(ctx context.Context, addr string, fresh bool, dial time.D
 				continue
 			}
 			pc.unprobed = idle < probeAfterIdle
+			if !pc.unprobed && pc.dlArmed {
+				// An expired deadline would fail the liveness probe.
+				pc.setReadDeadline(time.Time{})
+			}
 			if pc.unprobed && pc.br.Buffered() == 0 || pc.alive() {
 				pc.reused = true
 				return pc, nil
@@ -368,11 +384,76 @@ func (u *upstream) newPconn(addr string, conn, raw net.Conn) *pconn {
 		addr: addr,
 		conn: conn,
 		raw:  raw,
-		lr:   capReader{conn: conn},
-		bw:   bufio.NewWriterSize(conn, 32<<10),
 	}
+	pc.rio = newRawIO(conn)
+	pc.lr.conn = conn
+	if pc.rio != nil {
+		pc.lr.conn = pc.rio
+	}
+	pc.bw = bufio.NewWriterSize(pcWriter{pc}, 32<<10)
 	pc.br = bufio.NewReaderSize(&pc.lr, 32<<10)
 	return pc
+}
+
+// pcWriter is the connection under pc.bw: it counts the writes, so
+// flushAwait knows whether a request went out in parts.
+type pcWriter struct{ pc *pconn }
+
+func (w pcWriter) Write(p []byte) (int, error) {
+	w.pc.writes++
+	if w.pc.rio != nil {
+		return w.pc.rio.Write(p)
+	}
+	return w.pc.conn.Write(p)
+}
+
+// flushAwait sends the buffered request and returns once the connection
+// is readable (or its wait failed: the read that follows reports why).
+//
+// A plain read right after the request finds nothing nearly every time:
+// the endpoint has not answered yet, so the read fails, the goroutine
+// parks, and a second read takes the answer. Go's poller forgets an
+// earlier readiness when a wait begins, which is why a read always comes
+// first. Here the wait begins before the request is written (the write
+// happens inside it), so the endpoint's answer, or the reset of a
+// connection it closed, is an edge the wait cannot miss; the endpoint
+// sends nothing unasked on a connection the pool hands out (bytes left
+// over in the buffer are refused at reuse), so nothing earlier can be
+// lost. One system call per request less. TLS connections and anything
+// but TCP use the plain flush.
+//
+// Only a request that is still whole in the buffer is sent this way: if
+// part of it already went out, the endpoint may have answered early (a
+// refusal before the body's end), and that edge would be forgotten.
+func (pc *pconn) flushAwait(whole bool) error {
+	if pc.rio == nil || !whole || pc.br.Buffered() > 0 {
+		return pc.bw.Flush()
+	}
+	if pc.awaitFn == nil {
+		pc.awaitFn = pc.awaitStep // bound once: a closure per request would allocate
+	}
+	pc.flushed, pc.flushErr = false, nil
+	pc.u.awaits.Add(1)
+	_ = pc.rio.rc.Read(pc.awaitFn)
+	if !pc.flushed {
+		// The wait could not begin (closed, or the deadline poisoned):
+		// send the request the plain way, which reports it.
+		return pc.bw.Flush()
+	}
+	err := pc.flushErr
+	pc.flushErr = nil
+	return err
+}
+
+// awaitStep is flushAwait's callback: the first call sends the request and
+// asks for a wait, the next one (the connection is readable) ends it.
+func (pc *pconn) awaitStep(uintptr) bool {
+	if pc.flushed {
+		return true
+	}
+	pc.flushed = true
+	pc.flushErr = pc.bw.Flush()
+	return pc.flushErr != nil
 }
 
 // exchange writes the request and reads the response headers. The
@@ -385,18 +466,24 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 		pc.cancelFn = pc.cancel
 	}
 	pc.watch(ctx)
+	w0 := pc.writes
 	if err := w.writeRequest(pc.bw); err != nil {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}
-	if err := pc.bw.Flush(); err != nil {
+	switch {
+	case lim.header > 0:
+		// Before the flush: flushAwait waits for the answer in it.
+		pc.setReadDeadline(time.Now().Add(lim.header))
+	case pc.dlArmed:
+		pc.setReadDeadline(time.Time{}) // left by the previous exchange
+	}
+	if err := pc.flushAwait(pc.writes == w0); err != nil {
 		return nil, fmt.Errorf("%w: %w", errWriteFailed, err)
 	}
-	if lim.header > 0 {
-		pc.setReadDeadline(time.Now().Add(lim.header))
-	}
 	var (
-		resp *http.Response
-		body *bodyReader
+		resp  *http.Response
+		body  *bodyReader
+		fixed bool // a fixedBody over pc.br
 	)
 	if pc.u.headerLimit > 0 {
 		pc.lr.armed, pc.lr.left = true, pc.u.headerLimit
@@ -413,6 +500,7 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 		}
 		if ur := readResponseFast(pc.br, req); ur != nil {
 			resp, body = &ur.resp, &ur.body
+			fixed = true
 			break
 		}
 		r, err := http.ReadResponse(pc.br, req)
@@ -435,13 +523,12 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 		break
 	}
 	pc.lr.armed = false
-	if lim.header > 0 {
-		pc.setReadDeadline(time.Time{})
-	}
+	// The header deadline stays until the body's first read, which sets
+	// its own bound if it has to wait (bodyReader.Read).
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		return nil, errors.New("endpoint switched protocols, which the proxy does not relay")
 	}
-	*body = bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !closeAfter, first: lim.header, idle: lim.idle}
+	*body = bodyReader{rc: resp.Body, pc: pc, reusable: !resp.Close && !closeAfter, first: lim.header, idle: lim.idle, fixed: fixed}
 	resp.Body = body
 	return resp, nil
 }
@@ -453,10 +540,8 @@ func (pc *pconn) release() {
 		_ = pc.conn.Close()
 		return
 	}
-	if pc.u.lim.idle > 0 || pc.u.lim.header > 0 {
-		// An expired deadline would fail the liveness probe before reuse.
-		_ = pc.conn.SetReadDeadline(time.Time{})
-	}
+	// A read deadline left armed is cleared only when the connection is
+	// reused (get, exchange): the next exchange usually replaces it.
 	u := pc.u
 	u.mu.Lock()
 	if u.closed || len(u.idle[pc.addr]) >= u.maxIdle {
@@ -547,6 +632,10 @@ type bodyReader struct {
 	first, idle time.Duration
 	done        bool
 	started     bool // a body byte arrived
+	// fixed: rc is a fixedBody over the connection's buffer, which
+	// answers from the buffer without touching the socket while it
+	// holds bytes: such a read cannot wait, so it needs no deadline.
+	fixed bool
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
@@ -557,8 +646,12 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	if !b.started {
 		wait = b.first
 	}
-	if wait > 0 {
+	switch {
+	case b.fixed && b.pc.br.Buffered() > 0:
+	case wait > 0:
 		b.pc.setReadDeadline(time.Now().Add(wait))
+	case b.pc.dlArmed:
+		b.pc.setReadDeadline(time.Time{}) // unbounded: no earlier bound may linger
 	}
 	n, err := b.rc.Read(p)
 	if n > 0 {

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/loxilb-llm/loxilb/testbed/wait"
 )
 
 func TestUpstreamDropsConnectionClosedWhileIdle(t *testing.T) {
@@ -101,7 +103,7 @@ func TestUpstreamPoolBounded(t *testing.T) {
 		}()
 	}
 	entered.Wait()
-	if got := px.InFlight(7, 0); got != 4 {
+	if got := px.inflight.Count(7, 0); got != 4 {
 		t.Errorf("InFlight = %d, want 4", got)
 	}
 	close(release)
@@ -151,7 +153,7 @@ func TestClientCancelWhileWaitingForEndpoint(t *testing.T) {
 		t.Errorf("result %+v, want client_canceled / 499", r)
 	}
 	<-endpointSawCancel // the proxy hung up on the endpoint too
-	if got := px.InFlight(7, 0); got != 0 {
+	if got := px.inflight.Count(7, 0); got != 0 {
 		t.Errorf("InFlight after cancel = %d", got)
 	}
 }
@@ -299,13 +301,7 @@ func TestUpstreamProbesOnlyAfterIdle(t *testing.T) {
 // connection idle past probeAfterIdle is found out before the request is
 // written, so the request goes out once, on a fresh connection.
 func TestUpstreamIdleCloseCaughtByProbe(t *testing.T) {
-	var requests atomic.Int64
-	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		requests.Add(1)
-		_, _ = io.Copy(io.Discard, r.Body)
-		_, _ = w.Write([]byte(`{}`))
-	}))
-	defer b.Close()
+	b, requests := countingBackend(t)
 	u := newUpstream(Config{}.withDefaults(), nil)
 	defer u.closeIdle(true)
 	post := func() {
@@ -383,15 +379,7 @@ func TestUpstreamEmptyAnswerResentOnceOnlyWhenUnprobed(t *testing.T) {
 	u := newUpstream(Config{}.withDefaults(), nil)
 	defer u.closeIdle(true)
 	method := "PUT" // replayable: resent once from an unprobed connection
-	send := func() error {
-		req, _ := http.NewRequest(method, "http://"+addr+"/v1/completions", strings.NewReader(`{}`))
-		resp, err := u.roundTrip(req, addr)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		return err
-	}
+	send := func() error { return sendDrained(u, method, addr) }
 	if err := send(); err != nil {
 		t.Fatal(err)
 	}
@@ -424,4 +412,125 @@ func TestUpstreamEmptyAnswerResentOnceOnlyWhenUnprobed(t *testing.T) {
 	if got := requests.Load(); got != 6 {
 		t.Errorf("endpoint saw %d requests, want 6 (a POST is not resent)", got)
 	}
+}
+
+// TestUpstreamAwaitSendsWholeRequestsOnly: a request that fits the write
+// buffer is sent inside the wait for its answer (flushAwait), one that
+// went out in parts the plain way, and both are answered.
+func TestUpstreamAwaitSendsWholeRequestsOnly(t *testing.T) {
+	b, _ := echoBackend(t, "b0")
+	u := newUpstream(Config{}.withDefaults(), nil)
+	defer u.closeIdle(true)
+	upstreamPost(t, u, hostPort(b))
+	upstreamPost(t, u, hostPort(b))
+	if got := u.awaits.Load(); got != 2 {
+		t.Fatalf("%d requests sent by the wait, want 2", got)
+	}
+	big := strings.Repeat("x", 100<<10)
+	req, _ := http.NewRequest("POST", "http://"+hostPort(b)+"/v1/completions", strings.NewReader(big))
+	resp, err := u.roundTrip(req, hostPort(b))
+	if err != nil {
+		t.Fatalf("roundTrip: %v", err)
+	}
+	if e := decodeEcho(t, resp); e.Body != big {
+		t.Errorf("large body relayed as %d bytes", len(e.Body))
+	}
+	if got := u.awaits.Load(); got != 2 {
+		t.Errorf("a request sent in parts went through the wait (%d)", got)
+	}
+}
+
+// TestUpstreamAwaitSeesEndpointCloseBeforeRequest: the endpoint closed a
+// pooled connection (its FIN already in the socket) and the connection is
+// reused within probeAfterIdle, unprobed. The readiness that FIN caused
+// came before the wait began; the reset the request draws is what the
+// wait must see, so the request fails over at once to a fresh connection
+// instead of waiting out the response header timeout.
+func TestUpstreamAwaitSeesEndpointCloseBeforeRequest(t *testing.T) {
+	b, requests := countingBackend(t)
+	u := newUpstream(Config{ResponseHeaderTimeout: time.Minute}.withDefaults(), nil)
+	defer u.closeIdle(true)
+	send := func() error { return sendDrained(u, "PUT", hostPort(b)) }
+	if err := send(); err != nil {
+		t.Fatal(err)
+	}
+	b.CloseClientConnections()
+	u.mu.Lock()
+	pc := u.idle[hostPort(b)][0]
+	u.mu.Unlock()
+	wait.Eventually(t, "the endpoint's FIN in the pooled socket", func() bool { return !pc.alive() })
+	u.mu.Lock()
+	pc.idleAt = time.Now() // reused unprobed
+	u.mu.Unlock()
+	if err := send(); err != nil {
+		t.Fatalf("request after the endpoint's close: %v", err)
+	}
+	if got := requests.Load(); got != 2 {
+		t.Errorf("endpoint saw %d requests, want 2", got)
+	}
+	if got := u.dials.Load(); got != 2 {
+		t.Errorf("dials %d, want 2 (one fresh connection after the close)", got)
+	}
+}
+
+// TestUpstreamDeadlineLeftInPoolIsCleared: a pooled connection keeps the
+// read deadline of its last exchange (it is cleared on reuse, not on
+// release). Expired, it must neither fail the liveness probe of a
+// connection idle past probeAfterIdle nor a request sent without a
+// header bound (a flow's leg).
+func TestUpstreamDeadlineLeftInPoolIsCleared(t *testing.T) {
+	b, conns := echoBackend(t, "b0")
+	u := newUpstream(Config{}.withDefaults(), nil)
+	defer u.closeIdle(true)
+	// expire sets the pooled connection's deadline in the past, as a
+	// header or idle bound left behind does once it runs out.
+	expire := func() {
+		u.mu.Lock()
+		pc := u.idle[hostPort(b)][0]
+		u.mu.Unlock()
+		pc.setReadDeadline(time.Unix(1, 0))
+	}
+	upstreamPost(t, u, hostPort(b))
+	expire()
+	agePool(u, hostPort(b), probeAfterIdle)
+	upstreamPost(t, u, hostPort(b))
+	if got := u.probes.Load(); got != 1 {
+		t.Errorf("%d probes, want 1", got)
+	}
+	expire()
+	req, _ := http.NewRequest("POST", "http://"+hostPort(b)+"/v1/completions", strings.NewReader(`{"a":1}`))
+	resp, err := u.sendWithin(context.Background(), hostPort(b), &stdRequest{req: req}, req, false, limits{})
+	if err != nil {
+		t.Fatalf("request without a header bound: %v", err)
+	}
+	if e := decodeEcho(t, resp); e.Body != `{"a":1}` {
+		t.Errorf("body %q", e.Body)
+	}
+	if got := conns.Load(); got != 1 {
+		t.Errorf("%d connections, want 1 reused throughout", got)
+	}
+}
+
+// countingBackend answers every request with {} and counts them.
+func countingBackend(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var requests atomic.Int64
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	t.Cleanup(b.Close)
+	return b, &requests
+}
+
+// sendDrained sends {} with method to addr and reads the answer's body.
+func sendDrained(u *upstream, method, addr string) error {
+	req, _ := http.NewRequest(method, "http://"+addr+"/v1/completions", strings.NewReader(`{}`))
+	resp, err := u.roundTrip(req, addr)
+	if err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	return err
 }

@@ -28,9 +28,9 @@ const (
 	pdPort, pdZMQ, pdBoot = 28000, 25557, 28998
 )
 
-// requirePDWiring fails when the daemon serves P/D rules with the plain
-// gateway picker instead of gateway.NewPD: then every request on a P/D
-// rule, even a model list, is refused with that hint.
+// requirePDWiring fails when the daemon's gateway has no P/D dispatcher
+// (gateway.Config.PD): then every request on a P/D rule, even a model
+// list, is refused with that hint.
 func requirePDWiring(t *testing.T, p *pdPool) {
 	t.Helper()
 	resp, err := http.Get("http://" + p.vip + "/v1/models")
@@ -39,8 +39,8 @@ func requirePDWiring(t *testing.T, p *pdPool) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(body), "gateway.NewPD") {
-		t.Fatal("the daemon does not use the P/D picker (gateway.NewPD): " + strings.TrimSpace(string(body)))
+	if resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(body), "gateway.Config.PD") {
+		t.Fatal("the daemon's gateway has no P/D dispatcher (gateway.Config.PD): " + strings.TrimSpace(string(body)))
 	}
 	if resp.StatusCode != 200 {
 		t.Fatalf("model list on the P/D rule: %d %s", resp.StatusCode, body)

@@ -189,7 +189,7 @@ func run(ctx context.Context, o options) error {
 		for _, n := range o.conns {
 			for k := range cs {
 				c := cs[(k+rep)%len(cs)]
-				cpu0 := procCPU(c.pid)
+				cpu0, sw0 := procCPU(c.pid), procSwitches(c.pid)
 				w, err := runWrk(ctx, script, c.addr, min(o.threads, n), n, o.duration)
 				if err != nil {
 					return fmt.Errorf("%s at %d connections: %w", c.name, n, err)
@@ -197,10 +197,11 @@ func run(ctx context.Context, o options) error {
 				s := sample{wrk: w}
 				if c.pid != 0 && w.requests > 0 {
 					s.cpuPerReq = float64((procCPU(c.pid) - cpu0).Microseconds()) / float64(w.requests)
+					s.wakesPerReq = float64(procSwitches(c.pid)-sw0) / float64(w.requests)
 				}
 				res[key{c.name, n}] = append(res[key{c.name, n}], s)
-				fmt.Fprintf(os.Stderr, "rep %d  %-8s %4d conns  %9.0f req/s  p99 %7.2f ms  cpu %5.1f µs/req\n",
-					rep+1, c.name, n, w.rps, w.p99.Seconds()*1e3, s.cpuPerReq)
+				fmt.Fprintf(os.Stderr, "rep %d  %-8s %4d conns  %9.0f req/s  p99 %7.2f ms  cpu %5.1f µs/req  sleeps %.2f/req\n",
+					rep+1, c.name, n, w.rps, w.p99.Seconds()*1e3, s.cpuPerReq, s.wakesPerReq)
 			}
 		}
 	}
@@ -238,6 +239,7 @@ type key struct {
 }
 
 type sample struct {
-	wrk       wrkResult
-	cpuPerReq float64 // µs of the proxy process's CPU per request
+	wrk         wrkResult
+	cpuPerReq   float64 // µs of the proxy process's CPU per request
+	wakesPerReq float64 // the proxy's threads' voluntary context switches per request
 }

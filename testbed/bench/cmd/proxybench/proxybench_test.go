@@ -189,3 +189,25 @@ func TestStraceKinds(t *testing.T) {
 		t.Errorf("straceKinds = %+v, want %+v", got, want)
 	}
 }
+
+func TestStatusField(t *testing.T) {
+	b := []byte("Name:\tloxilb\nvoluntary_ctxt_switches:\t1234\nnonvoluntary_ctxt_switches:\t56\n")
+	if n := statusField(b, "voluntary_ctxt_switches:"); n != 1234 {
+		t.Errorf("voluntary = %d, want 1234", n)
+	}
+	if n := statusField(b, "nonvoluntary_ctxt_switches:"); n != 56 {
+		t.Errorf("nonvoluntary = %d, want 56", n)
+	}
+	if n := statusField(b, "missing:"); n != 0 {
+		t.Errorf("missing = %d, want 0", n)
+	}
+}
+
+func TestProcSwitchesOfThisProcess(t *testing.T) {
+	pid := os.Getpid()
+	before := procSwitches(pid)
+	time.Sleep(10 * time.Millisecond) // this thread sleeps: one voluntary switch at least
+	if after := procSwitches(pid); after <= before {
+		t.Errorf("voluntary switches %d then %d, want an increase", before, after)
+	}
+}

@@ -35,9 +35,9 @@ func render(o options, cs []*contender, res map[key][]sample, sys map[string]sys
 		o.duration, o.threads, o.reps, runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339))
 	if o.sse > 0 {
 		fmt.Fprintf(&b, "Every answer is an event stream of %d events (chunks).\n\n", o.sse)
-		b.WriteString("| conns | contender | req/s | p99 ms | CPU µs/req | CPU µs/chunk | req/s vs haproxy |\n|---:|---|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| conns | contender | req/s | p99 ms | CPU µs/req | CPU µs/chunk | sleeps/req | req/s vs haproxy |\n|---:|---|---:|---:|---:|---:|---:|---:|\n")
 	} else {
-		b.WriteString("| conns | contender | req/s | p99 ms | CPU µs/req | req/s vs haproxy |\n|---:|---|---:|---:|---:|---:|\n")
+		b.WriteString("| conns | contender | req/s | p99 ms | CPU µs/req | sleeps/req | req/s vs haproxy |\n|---:|---|---:|---:|---:|---:|---:|\n")
 	}
 	for _, n := range o.conns {
 		hap := medianOf(res[key{"haproxy", n}], func(s sample) float64 { return s.wrk.rps })
@@ -45,17 +45,19 @@ func render(o options, cs []*contender, res map[key][]sample, sys map[string]sys
 			ss := res[key{c.name, n}]
 			rps := medianOf(ss, func(s sample) float64 { return s.wrk.rps })
 			p99 := medianOf(ss, func(s sample) float64 { return s.wrk.p99.Seconds() * 1e3 })
-			cpu, chunk := "-", "-"
+			cpu, chunk, sleeps := "-", "-", "-"
 			if c.pid != 0 {
 				perReq := medianOf(ss, func(s sample) float64 { return s.cpuPerReq })
 				cpu = fmt.Sprintf("%.1f", perReq)
 				if o.sse > 0 {
 					chunk = fmt.Sprintf("%.2f", perReq/float64(o.sse+1))
 				}
+				sleeps = fmt.Sprintf("%.2f", medianOf(ss, func(s sample) float64 { return s.wakesPerReq }))
 			}
 			if o.sse > 0 {
 				cpu += " | " + chunk
 			}
+			cpu += " | " + sleeps
 			ratio := "-"
 			if hap > 0 && c.name != "haproxy" {
 				ratio = fmt.Sprintf("%.2f", rps/hap)

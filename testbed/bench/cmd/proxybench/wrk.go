@@ -119,6 +119,47 @@ func procCPU(pid int) time.Duration {
 	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
+// procSwitches returns how many times the threads of a process have
+// given up the CPU to wait (voluntary_ctxt_switches in
+// /proc/PID/task/TID/status, summed): every park of a thread on the
+// poller, a futex or a sleep counts one, so per request it says how often
+// the process sleeps and must be woken, whatever the machine's load
+// (involuntary switches, which the load decides, are left out). Threads
+// that exited between two readings are missed, which the Go runtime and
+// HAProxy rarely do.
+func procSwitches(pid int) int64 {
+	if pid == 0 {
+		return 0
+	}
+	dirs, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0
+	}
+	var total int64
+	for _, d := range dirs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, d.Name()))
+		if err != nil {
+			continue
+		}
+		total += statusField(b, "voluntary_ctxt_switches:")
+	}
+	return total
+}
+
+// statusField returns the number after name at the start of a line of a
+// /proc status file, or 0.
+func statusField(b []byte, name string) int64 {
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return 0
+}
+
 // syscallsPerRequest counts the system calls of every thread of pid with
 // `strace -c -f` during one wrk run. strace slows the process down, so
 // only the count per request means anything, not the rate.

@@ -1,0 +1,244 @@
+package peerprefill
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Handler is the receiving side: the gateway's coalescer.
+type Handler interface {
+	// RemoteBegin takes an announcement from the peer at from. It returns
+	// "" when it keeps it, else the drop reason (DropRule, DropFull). p.Keys
+	// is reused after the call: a handler copies what it keeps.
+	RemoteBegin(from netip.Addr, p Prefill) string
+	// RemoteDone ends announcement id if it is still held.
+	RemoteDone(id ID)
+}
+
+// Config configures a Node.
+type Config struct {
+	// Listen is the UDP address the node receives on ("127.0.0.1:0",
+	// ":7946").
+	Listen string
+	// Peers returns the other nodes' peer addresses (host:port) as the
+	// membership last read them; called every Refresh.
+	Peers func() []string
+	// Refresh is how often Peers is read again. Default 1s (the
+	// membership's own refresh).
+	Refresh time.Duration
+	// Handler receives the other nodes' announcements.
+	Handler Handler
+}
+
+// maxPeers bounds the peers a node sends to (and accepts from).
+const maxPeers = 64
+
+// Node sends this node's prefill announcements to the other nodes and
+// hands theirs to its Handler.
+type Node struct {
+	cfg      Config
+	log      *slog.Logger
+	conn     *net.UDPConn
+	instance uint64
+	seq      atomic.Uint64
+	peers    atomic.Pointer[peerSet]
+	bufs     sync.Pool
+
+	sent, received *prometheus.CounterVec
+	dropped        *prometheus.CounterVec
+	sendErrors     prometheus.Counter
+}
+
+// peerSet is the peers' addresses, which are also the only source
+// addresses accepted: a node sends from the socket it receives on.
+type peerSet struct {
+	addrs []netip.AddrPort
+	from  map[netip.AddrPort]bool
+}
+
+// New binds the node's socket and registers its metrics on reg (nil: none).
+func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Node, error) {
+	if cfg.Handler == nil || cfg.Peers == nil {
+		return nil, errors.New("peerprefill: a handler and a peer source are required")
+	}
+	if cfg.Refresh <= 0 {
+		cfg.Refresh = time.Second
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	ua, err := net.ResolveUDPAddr("udp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("peerprefill: listen address %q: %w", cfg.Listen, err)
+	}
+	conn, err := net.ListenUDP("udp", ua)
+	if err != nil {
+		return nil, fmt.Errorf("peerprefill: %w", err)
+	}
+	var rb [8]byte
+	_, _ = rand.Read(rb[:])
+	n := &Node{cfg: cfg, log: logger, conn: conn, instance: binary.BigEndian.Uint64(rb[:]),
+		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_cluster_prefill_sent_total",
+			Help: "Prefill announcements sent to the other gateway nodes, by kind (begin, done), one per peer."}, []string{"kind"}),
+		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_cluster_prefill_received_total",
+			Help: "Prefill announcements from the other gateway nodes taken, by kind (begin, done)."}, []string{"kind"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_cluster_prefill_dropped_total",
+			Help: "Datagrams on the prefill announcement port dropped, by reason (unknown_peer, malformed, rule, full)."}, []string{"reason"}),
+		sendErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "loxilb_cluster_prefill_send_errors_total",
+			Help: "Prefill announcements that could not be sent to a peer."}),
+	}
+	n.peers.Store(&peerSet{})
+	n.bufs.New = func() any { b := make([]byte, 0, MaxDatagram); return &b }
+	if reg != nil {
+		peers := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "loxilb_cluster_prefill_peers",
+			Help: "Other gateway nodes this node sends its prefill announcements to."},
+			func() float64 { return float64(n.Peers()) })
+		for _, c := range []prometheus.Collector{n.sent, n.received, n.dropped, n.sendErrors, peers} {
+			if err := reg.Register(c); err != nil {
+				_ = conn.Close()
+				return nil, fmt.Errorf("peerprefill metrics: %w", err)
+			}
+		}
+	}
+	return n, nil
+}
+
+// Addr is the bound UDP address.
+func (n *Node) Addr() netip.AddrPort { return n.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// Peers is how many peers the node sends to now.
+func (n *Node) Peers() int { return len(n.peers.Load().addrs) }
+
+// Run receives datagrams and refreshes the peers until ctx ends; it closes
+// the socket on return.
+func (n *Node) Run(ctx context.Context) error {
+	n.refresh()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(n.cfg.Refresh)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				_ = n.conn.Close()
+				return
+			case <-t.C:
+				n.refresh()
+			}
+		}
+	}()
+	n.receive()
+	<-done
+	return nil
+}
+
+// refresh resolves the peers' addresses; an address that does not resolve
+// is left out until it does.
+func (n *Node) refresh() {
+	ps := &peerSet{from: map[netip.AddrPort]bool{}}
+	self := n.Addr()
+	for _, s := range n.cfg.Peers() {
+		if len(ps.addrs) == maxPeers {
+			break
+		}
+		ua, err := net.ResolveUDPAddr("udp", s)
+		if err != nil {
+			n.log.Debug("peerprefill: peer address does not resolve", "peer", s, "err", err)
+			continue
+		}
+		ap := ua.AddrPort()
+		ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		if ap == self || ap.Port() == 0 {
+			continue
+		}
+		ps.addrs = append(ps.addrs, ap)
+		ps.from[ap] = true
+	}
+	n.peers.Store(ps)
+}
+
+// receive reads datagrams until the socket is closed.
+func (n *Node) receive() {
+	buf := make([]byte, MaxDatagram+1) // one more: a longer datagram is seen as such
+	keys := make([]uint64, 0, MaxKeys)
+	for {
+		sz, from, err := n.conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		n.handle(buf[:sz], netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), keys)
+	}
+}
+
+// handle checks and hands over one datagram.
+func (n *Node) handle(b []byte, from netip.AddrPort, keys []uint64) {
+	if !n.peers.Load().from[from] {
+		n.dropped.WithLabelValues(DropUnknownPeer).Inc()
+		return
+	}
+	if len(b) > MaxDatagram {
+		n.dropped.WithLabelValues(DropMalformed).Inc()
+		return
+	}
+	d, err := decode(b, keys)
+	if err != nil {
+		n.dropped.WithLabelValues(DropMalformed).Inc()
+		return
+	}
+	if d.kind == kindDone {
+		n.received.WithLabelValues("done").Inc()
+		n.cfg.Handler.RemoteDone(d.p.ID)
+		return
+	}
+	if why := n.cfg.Handler.RemoteBegin(from.Addr(), d.p); why != "" {
+		n.dropped.WithLabelValues(why).Inc()
+		return
+	}
+	n.received.WithLabelValues("begin").Inc()
+}
+
+// Announce tells every peer that p's keys are in prefill (p.ID is
+// assigned here) and returns the function that tells them it is done
+// (to call at the request's first byte, or when it fails; later calls do
+// nothing). With no peer it sends nothing and returns a no-op.
+func (n *Node) Announce(p Prefill) func() {
+	ps := n.peers.Load()
+	if len(ps.addrs) == 0 || len(p.Keys) == 0 {
+		return func() {}
+	}
+	p.ID = ID{Instance: n.instance, Seq: n.seq.Add(1)}
+	n.send(ps, "begin", func(b []byte) []byte { return appendBegin(b, p) })
+	var once sync.Once
+	return func() {
+		once.Do(func() { n.send(n.peers.Load(), "done", func(b []byte) []byte { return appendDone(b, p.ID) }) })
+	}
+}
+
+func (n *Node) send(ps *peerSet, kind string, enc func([]byte) []byte) {
+	bp := n.bufs.Get().(*[]byte)
+	b := enc((*bp)[:0])
+	for _, a := range ps.addrs {
+		if _, err := n.conn.WriteToUDPAddrPort(b, a); err != nil {
+			n.sendErrors.Inc()
+			continue
+		}
+		n.sent.WithLabelValues(kind).Inc()
+	}
+	*bp = b[:0]
+	n.bufs.Put(bp)
+}
