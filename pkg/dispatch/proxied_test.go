@@ -49,7 +49,7 @@ func newProxied(t *testing.T, f *fleet) *proxied {
 		}, nil
 	})
 	svc := proxy.Service{ID: f.pool.Service, Listen: ln.Addr().(*net.TCPAddr).AddrPort()}
-	s, err := proxy.New(proxy.Config{Services: []proxy.Service{svc}}, picker, slog.New(slog.NewTextHandler(io.Discard, nil)), p.reg)
+	s, err := proxy.New(proxy.Config{Services: []proxy.Service{svc}}, picker, new(proxy.InFlightTable), slog.New(slog.NewTextHandler(io.Discard, nil)), p.reg)
 	if err != nil {
 		ln.Close()
 		t.Fatal(err)
