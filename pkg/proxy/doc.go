@@ -108,7 +108,15 @@
 // (proxy.Leg: the flow's dial timeout, its prefill and decode timeouts
 // through the request context) instead of ResponseHeaderTimeout and
 // StreamIdleTimeout. Transport is the same upstream without a Server, for
-// flows run outside the listener (tests, benchmarks).
+// flows run outside the listener (tests, benchmarks). The flow writes its
+// client-facing response through the proxy (flowtap.go), which treats it
+// like a single-endpoint relay: the plan's FirstByte fires at its first
+// body byte (so followers coalesced behind a P/D leader are released when
+// the decode leg starts answering), and its usage block is counted in
+// loxilb_ai_usage_reported_total under Result.Endpoint (the decode
+// endpoint) and handed to Done. A prefill leg's own answer never reaches
+// the client and its usage is not counted: one usage block per answered
+// request, as for single-endpoint requests.
 //
 // Every error of the mode-4 listener, the flows' included, is mapped to a
 // status in one function (classify; VerdictFor and WriteError are its

@@ -241,6 +241,7 @@ func VerdictFor(err error) Verdict {
 // written for a client that went away.
 func WriteError(w http.ResponseWriter, err error, retryAfter time.Duration) Verdict {
 	info := classify(err)
+	markOwn(w)
 	writeErrorAfter(w, info, err, retryAfter)
 	return Verdict{Status: info.status, Class: info.class, RetryAfter: info.retryAfter}
 }

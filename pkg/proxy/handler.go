@@ -186,7 +186,7 @@ func (ex *exchange) run() {
 func (ex *exchange) dispatch(req *Request) {
 	bytesIn := ex.res.BytesIn
 	req.Legs = legTripper{s: ex.s, service: ex.svc.cfg.ID, svc: ex.svc}
-	res := ex.plan.Dispatch(ex.ctx, ex.w, req)
+	res := ex.runFlow(req)
 	res.BytesIn = bytesIn
 	if res.Status == 0 {
 		err := res.Err

@@ -71,9 +71,11 @@ type Plan struct {
 	// the chosen endpoint's response body arrives: for a streamed
 	// completion that is the first token, so the endpoint has finished the
 	// prompt's prefill. It runs on the request goroutine before the byte is
-	// written to the client and must not block. It is not called when the
-	// response has no body or Dispatch handles the exchange; Done always
-	// follows.
+	// written to the client and must not block. With Dispatch it is the
+	// first body byte the flow relays to the client (the decode leg's, as
+	// a P/D request's prefill is then over), not the proxy's own error
+	// answer (WriteError). It is not called when the response has no body;
+	// Done always follows.
 	FirstByte func()
 	// Observe, if not nil, is called once per attempt against a candidate
 	// with what it showed about the endpoint (passive health checking): a
@@ -93,7 +95,10 @@ type Plan struct {
 	// with a non-nil Err means the flow broke mid-body, and the proxy cuts
 	// the client connection. req.Legs gives the flow the rule's pooled,
 	// TLS-configured endpoint connections, the proxy's error classes and
-	// in-flight accounting.
+	// in-flight accounting. The proxy reads what the flow writes as it
+	// reads a single-endpoint relay: FirstByte fires at its first body
+	// byte, and the usage block of the client-facing response fills the
+	// Result's usage fields unless the flow set them itself.
 	Dispatch func(ctx context.Context, w http.ResponseWriter, req *Request) Result
 }
 
