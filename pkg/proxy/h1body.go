@@ -130,11 +130,14 @@ func (b *h1Body) nextChunk() error {
 	if err != nil {
 		return err
 	}
-	if i := indexByte(l, ';'); i >= 0 {
-		l = l[:i] // chunk extensions mean nothing to the proxy
-	}
+	// White space is trimmed from the line's end before the extension is
+	// cut, and not before the ';': "3 ;x" is refused, as net/http refuses
+	// it, so two parsers never disagree on where a chunk ends.
 	for len(l) > 0 && (l[len(l)-1] == ' ' || l[len(l)-1] == '\t') {
 		l = l[:len(l)-1]
+	}
+	if i := indexByte(l, ';'); i >= 0 {
+		l = l[:i] // chunk extensions mean nothing to the proxy
 	}
 	if len(l) == 0 || len(l) > 15 {
 		return fmt.Errorf("%w: bad chunk size", errChunkedSyntax)
