@@ -192,17 +192,22 @@ func TestScraperLearnsServerInfoBudget(t *testing.T) {
 	expectSlots(t, s, 0, BudgetNone)
 }
 
+// vllmStep returns a function that makes the fake vLLM engine report the
+// given running and waiting gauges and scrapes it once.
+func vllmStep(eng *fakeEngine, s *Scraper) func(running, waiting string) {
+	return func(running, waiting string) {
+		eng.say("vllm:num_requests_running "+running+"\nvllm:num_requests_waiting "+waiting+"\n", "")
+		s.scrapeAll(context.Background())
+	}
+}
+
 // vLLM publishes no cap: the budget is the most requests seen running,
 // once the engine was seen queueing in consecutive scrapes; bad gauges
 // teach nothing.
 func TestScraperObservesBudget(t *testing.T) {
 	eng := newFakeEngine(t)
 	s, reg := newTestScraper(t, eng.rule("vllm"))
-	ctx := context.Background()
-	step := func(running, waiting string) {
-		eng.say("vllm:num_requests_running "+running+"\nvllm:num_requests_waiting "+waiting+"\n", "")
-		s.scrapeAll(ctx)
-	}
+	step := vllmStep(eng, s)
 	step("3", "0")
 	expectSlots(t, s, 0, BudgetNone) // busy, but nothing queued yet
 	step("2", "4")
@@ -230,11 +235,7 @@ func TestScraperObservesBudget(t *testing.T) {
 func TestScraperIgnoresTransientQueue(t *testing.T) {
 	eng := newFakeEngine(t)
 	s, _ := newTestScraper(t, eng.rule("vllm"))
-	ctx := context.Background()
-	step := func(running, waiting string) {
-		eng.say("vllm:num_requests_running "+running+"\nvllm:num_requests_waiting "+waiting+"\n", "")
-		s.scrapeAll(ctx)
-	}
+	step := vllmStep(eng, s)
 	for range 3 {
 		step("1", "1")
 		expectSlots(t, s, 0, BudgetNone)
