@@ -42,6 +42,17 @@ func expectNone(t *testing.T, got <-chan admitResult) {
 	}
 }
 
+// admitFirst takes the only slot of a one-slot gate on endpoint 0 and
+// returns its release.
+func admitFirst(t *testing.T, pg *prefillGate) func() {
+	t.Helper()
+	release, out := pg.admit(context.Background(), 1, 0, 100, nil, time.Minute, false)
+	if out != admitImmediate {
+		t.Fatalf("first request: %s, want immediate", out)
+	}
+	return release
+}
+
 // A long prompt lets shorter ones overtake it only up to its own
 // predicted work: a stream of cached requests queued behind a cold one
 // used to go first however long it had waited, and the cold ones set the
@@ -49,10 +60,7 @@ func expectNone(t *testing.T, got <-chan admitResult) {
 // (1200 tokens), then goes before the fifth.
 func TestPrefillGateBoundsOvertaking(t *testing.T) {
 	pg := &prefillGate{slots: 1}
-	release, out := pg.admit(context.Background(), 1, 0, 100, nil, time.Minute, false)
-	if out != admitImmediate {
-		t.Fatalf("first request: %s, want immediate", out)
-	}
+	release := admitFirst(t, pg)
 	got := make(chan admitResult, 6)
 	admitAsync(context.Background(), pg, "cold", 1000, nil, time.Minute, got)
 	waitQueued(t, pg, 1)
@@ -81,10 +89,7 @@ func TestPrefillGateBoundsOvertaking(t *testing.T) {
 // coalesced onto it.
 func TestPrefillGateShortestFirst(t *testing.T) {
 	pg := &prefillGate{slots: 1}
-	first, out := pg.admit(context.Background(), 1, 0, 100, nil, time.Minute, false)
-	if out != admitImmediate {
-		t.Fatalf("first request: %s, want immediate", out)
-	}
+	first := admitFirst(t, pg)
 	got := make(chan admitResult, 4)
 	lead := &leader{done: make(chan struct{})}
 	admitAsync(context.Background(), pg, "cold-2000", 2000, nil, time.Minute, got)
