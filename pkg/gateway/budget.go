@@ -105,13 +105,25 @@ type learnedBudget struct {
 	infoTried   bool // server info was read at least once
 	infoScrapes int  // scrapes since it was last read
 	peak        int  // most requests seen running at once
-	queued      bool // seen requests waiting while others ran
+	saturated   int  // consecutive samples with requests waiting while others ran
+	queued      bool // saturated for queuedSamples samples in a row at least once
 }
+
+// queuedSamples is how many consecutive scrapes must see requests waiting
+// while others run before the engine counts as having queued: a real
+// queue persists from one scrape to the next, the instant between a
+// request's arrival and its scheduling does not.
+const queuedSamples = 2
 
 // observe folds one metrics sample in.
 func (b *learnedBudget) observe(m selector.EngineMetrics) {
 	b.peak = max(b.peak, m.Running)
 	if m.Waiting > 0 && m.Running > 0 {
+		b.saturated++
+	} else {
+		b.saturated = 0
+	}
+	if b.saturated >= queuedSamples {
 		b.queued = true
 	}
 	b.infoScrapes++

@@ -192,18 +192,26 @@ func TestScraperLearnsServerInfoBudget(t *testing.T) {
 	expectSlots(t, s, 0, BudgetNone)
 }
 
+// vllmStep returns a function that makes the fake vLLM engine report the
+// given running and waiting gauges and scrapes it once.
+func vllmStep(eng *fakeEngine, s *Scraper) func(running, waiting string) {
+	return func(running, waiting string) {
+		eng.say("vllm:num_requests_running "+running+"\nvllm:num_requests_waiting "+waiting+"\n", "")
+		s.scrapeAll(context.Background())
+	}
+}
+
 // vLLM publishes no cap: the budget is the most requests seen running,
-// once the engine was seen queueing; bad gauges teach nothing.
+// once the engine was seen queueing in consecutive scrapes; bad gauges
+// teach nothing.
 func TestScraperObservesBudget(t *testing.T) {
 	eng := newFakeEngine(t)
 	s, reg := newTestScraper(t, eng.rule("vllm"))
-	ctx := context.Background()
-	step := func(running, waiting string) {
-		eng.say("vllm:num_requests_running "+running+"\nvllm:num_requests_waiting "+waiting+"\n", "")
-		s.scrapeAll(ctx)
-	}
+	step := vllmStep(eng, s)
 	step("3", "0")
 	expectSlots(t, s, 0, BudgetNone) // busy, but nothing queued yet
+	step("2", "4")
+	expectSlots(t, s, 0, BudgetNone) // one sample may be an arrival not yet scheduled
 	step("2", "4")
 	expectSlots(t, s, 3, BudgetObserved)
 	step("5", "0") // running never exceeds the budget: it is at least 5
@@ -218,6 +226,24 @@ func TestScraperObservesBudget(t *testing.T) {
 	if n, err := testutil.GatherAndCount(reg, "loxilb_gateway_engine_scrape_errors_total"); err != nil || n != 1 {
 		t.Fatalf("scrape errors series: %d %v", n, err)
 	}
+}
+
+// An engine of two sequences shows one running and one waiting in the
+// instant between a request's arrival and its scheduling, scrape after
+// scrape apart: those samples must not teach a budget of one, which would
+// halve the endpoint behind the gateway's queue.
+func TestScraperIgnoresTransientQueue(t *testing.T) {
+	eng := newFakeEngine(t)
+	s, _ := newTestScraper(t, eng.rule("vllm"))
+	step := vllmStep(eng, s)
+	for range 3 {
+		step("1", "1")
+		expectSlots(t, s, 0, BudgetNone)
+		step("1", "0")
+	}
+	step("2", "3")
+	step("2", "3")
+	expectSlots(t, s, 2, BudgetObserved)
 }
 
 // fakeLearner hands out budgets set by the test.

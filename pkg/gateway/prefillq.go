@@ -24,9 +24,17 @@ import (
 // rest in the gateway ordered by predicted uncached prompt tokens (known
 // from the KV inventory at routing time), shortest first, so cached
 // requests overtake cold ones (weighted shortest-processing-time order,
-// the policy that minimises mean waiting time). A request is never queued longer than
-// PrefillQueueWait: then it is forwarded anyway and the engine's own queue
-// takes it, which bounds how long a long prompt can be overtaken.
+// the policy that minimises mean waiting time). Shortest first alone
+// starves the long prompts of a busy endpoint, though: every cached
+// request that arrives overtakes them, for up to PrefillQueueWait, and
+// round robin, which queues nothing, then has the shorter tail. So a waiting
+// request yields at most its own predicted work: once requests admitted
+// ahead of it since it arrived add up to its own uncached tokens, it goes
+// next, oldest such first. Its extra wait is then bounded by about its own
+// prefill time, while a cold prompt still lets a burst of cached turns
+// (each a few blocks) through ahead of it. A request is never queued
+// longer than PrefillQueueWait either: then it is forwarded anyway and the
+// engine's own queue takes it.
 //
 // The routing decision is made before queueing, so a queued request keeps
 // its cache affinity; queued requests count as their endpoint's load, so
@@ -67,11 +75,12 @@ type slotQueue struct {
 }
 
 type waiter struct {
-	uncached int64
-	seq      uint64
-	lead     *leader       // this request's coalescing leadership, if any
-	ready    chan struct{} // closed when a slot is handed over
-	granted  bool
+	uncached  int64
+	overtaken int64 // uncached tokens admitted ahead of it since it queued
+	seq       uint64
+	lead      *leader       // this request's coalescing leadership, if any
+	ready     chan struct{} // closed when a slot is handed over
+	granted   bool
 }
 
 // before orders waiters by weighted shortest prefill first: predicted
@@ -88,16 +97,33 @@ func (w *waiter) before(o *waiter) bool {
 	return w.seq < o.seq
 }
 
-// next removes and returns the waiter to admit first.
+// yielded tells whether w has let its own predicted work be admitted
+// ahead of it: it may be overtaken no more.
+func (w *waiter) yielded() bool { return w.overtaken >= w.uncached }
+
+// next removes and returns the waiter to admit first: the oldest that has
+// yielded its own work, else the first in weighted shortest-prefill order.
+// Every earlier arrival it overtakes is charged its uncached tokens.
 func (q *slotQueue) next() *waiter {
-	best := 0
-	for i := 1; i < len(q.waiting); i++ {
-		if q.waiting[i].before(q.waiting[best]) {
+	best, aged := 0, -1
+	for i, w := range q.waiting {
+		if i > 0 && w.before(q.waiting[best]) {
 			best = i
 		}
+		if w.yielded() && (aged < 0 || w.seq < q.waiting[aged].seq) {
+			aged = i
+		}
+	}
+	if aged >= 0 {
+		best = aged
 	}
 	w := q.waiting[best]
 	q.waiting = append(q.waiting[:best], q.waiting[best+1:]...)
+	for _, o := range q.waiting {
+		if o.seq < w.seq {
+			o.overtaken += w.uncached
+		}
+	}
 	return w
 }
 

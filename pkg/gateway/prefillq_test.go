@@ -42,15 +42,54 @@ func expectNone(t *testing.T, got <-chan admitResult) {
 	}
 }
 
+// admitFirst takes the only slot of a one-slot gate on endpoint 0 and
+// returns its release.
+func admitFirst(t *testing.T, pg *prefillGate) func() {
+	t.Helper()
+	release, out := pg.admit(context.Background(), 1, 0, 100, nil, time.Minute, false)
+	if out != admitImmediate {
+		t.Fatalf("first request: %s, want immediate", out)
+	}
+	return release
+}
+
+// A long prompt lets shorter ones overtake it only up to its own
+// predicted work: a stream of cached requests queued behind a cold one
+// used to go first however long it had waited, and the cold ones set the
+// TTFT tail. Here a 1000-token prompt yields to four 300-token ones
+// (1200 tokens), then goes before the fifth.
+func TestPrefillGateBoundsOvertaking(t *testing.T) {
+	pg := &prefillGate{slots: 1}
+	release := admitFirst(t, pg)
+	got := make(chan admitResult, 6)
+	admitAsync(context.Background(), pg, "cold", 1000, nil, time.Minute, got)
+	waitQueued(t, pg, 1)
+	for i := range 5 {
+		admitAsync(context.Background(), pg, fmt.Sprintf("hit%d", i+1), 300, nil, time.Minute, got)
+		waitQueued(t, pg, i+2)
+	}
+	var order []string
+	for range 6 {
+		release()
+		r := <-got
+		if r.out != admitQueued {
+			t.Fatalf("%s: %s, want queued", r.id, r.out)
+		}
+		order = append(order, strings.TrimRight(r.id, "0123456789"))
+		release = r.release
+	}
+	release()
+	if want := "hit hit hit hit cold hit"; strings.Join(order, " ") != want {
+		t.Fatalf("admitted %v, want %s", order, want)
+	}
+}
+
 // Free slots go to the waiting request with the shortest predicted
 // prefill, whatever the arrival order; a leader is weighed by the requests
 // coalesced onto it.
 func TestPrefillGateShortestFirst(t *testing.T) {
 	pg := &prefillGate{slots: 1}
-	first, out := pg.admit(context.Background(), 1, 0, 100, nil, time.Minute, false)
-	if out != admitImmediate {
-		t.Fatalf("first request: %s, want immediate", out)
-	}
+	first := admitFirst(t, pg)
 	got := make(chan admitResult, 4)
 	lead := &leader{done: make(chan struct{})}
 	admitAsync(context.Background(), pg, "cold-2000", 2000, nil, time.Minute, got)
