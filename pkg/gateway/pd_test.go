@@ -128,7 +128,7 @@ func newPDBenchWith(t *testing.T, engine string, kvMode, third, ranks int, tweak
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.g, err = New(Config{}, toks, b.index, rt, nil, nil, new(proxy.InFlightTable), nil, reg)
+	b.g, err = New(Config{}, toks, b.index, rt, nil, new(proxy.InFlightTable), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
