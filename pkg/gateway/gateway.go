@@ -146,6 +146,10 @@ type Config struct {
 	// Parity supplies the verdicts strict attestation acts on; nil turns
 	// it off whatever the rules say.
 	Parity ParityVerdicts
+	// Peers, when not nil, is where this node announces the prefills it
+	// leads to the other gateway nodes (*peerprefill.Node; remote.go);
+	// nil on a node alone.
+	Peers PrefillPeers
 	// ClusterLoad blends other gateway nodes' load into each candidate's
 	// in-flight count (LOXILB_KV_CLUSTER_ROUTING; on with a shared rule
 	// store): in-flight = this node's open, held and queued requests +
@@ -209,8 +213,7 @@ type Gateway struct {
 	// garbage per request otherwise.
 	idPool  sync.Pool
 	leaders leaders
-	remote  remoteLeaders                // the other nodes' announced prefills (remote.go)
-	peers   atomic.Pointer[PrefillPeers] // where this node's are announced; nil alone
+	remote  remoteLeaders // the other nodes' announced prefills (remote.go)
 	prefill prefillGate
 	work    prefillWork // outstanding prefill tokens per endpoint
 	ranks   rankLoad    // per data-parallel rank: requests in flight, recent placements
