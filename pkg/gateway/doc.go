@@ -21,7 +21,8 @@
 // is set (pd.go): Pick returns a plan whose Dispatch runs the engine's
 // prefill/decode flow, or forwards a non-inference call to a decode
 // endpoint, and Reconcile drops the dispatcher's state of rules that are
-// gone. Without a dispatcher such rules get 503.
+// gone. Without a dispatcher such rules get 503. A flow's prefill leg takes
+// part in prefill coalescing on its prefill endpoint (pdcoalesce.go).
 //
 // Candidates' load is this node's in-flight requests (open: the
 // proxy.InFlightTable the proxy counts into, given to New; held; queued)
