@@ -192,7 +192,7 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 		// reads and counts the ranks' load as a mode-4 request's does, so
 		// prefill legs spread over the ranks and seed a cold one alike.
 		type rankPick struct {
-			rank, held int
+			rank, best int
 			seeded     bool
 		}
 		chosen := map[int]rankPick{}
@@ -201,7 +201,8 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 			if !ok {
 				var lv rankSnapshot
 				g.rankView(st, ep, ranks, time.Now(), &lv)
-				p.rank, p.held = chooseRank(ri, st.id, ep, ranks, keys, &lv)
+				ch := chooseRank(ri, st.id, ep, ranks, keys, &lv)
+				p.rank, p.best = ch.rank, ch.best
 				p.seeded = lv.seeded
 				chosen[ep] = p
 			}
@@ -214,7 +215,7 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 			if p.seeded {
 				g.m.rankSeeded.WithLabelValues(st.label, strconv.Itoa(ep), strconv.Itoa(p.rank)).Inc()
 			}
-			rankDone = append(rankDone, g.ranks.begin(st.id, ep, p.rank, keys, p.held, time.Now()))
+			rankDone = append(rankDone, g.ranks.begin(st.id, ep, p.rank, keys, p.best, time.Now()))
 			return p.rank, ranks, true
 		}
 	}
