@@ -189,11 +189,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	if promptTokens > 0 && g.cfg.CoalesceWait > 0 {
 		follow = g.leaderFor(st, d, keys)
 		computed := keys[min(d.MatchedBlocks, len(keys)):]
-		lead, self = g.leaders.register(st.id, d.EP, computed, uncached)
-		if self != nil {
-			local, told := lead, g.announce(st, d.EP, computed, uncached)
-			lead = func() { local(); told() }
-		}
+		lead, self = g.lead(st, d.EP, computed, uncached)
 	}
 	release := func() { lead(); slot(); work() }
 	plan.FirstByte = release
@@ -208,14 +204,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	}
 	inherit := false
 	if follow != nil {
-		start := time.Now()
-		unhold := g.leaders.hold(st.id, d.EP)
-		follow.followers.Add(1)
-		out := follow.wait(ctx, g.cfg.CoalesceWait)
-		follow.followers.Add(-1)
-		unhold()
-		g.m.coalesced.WithLabelValues(st.label, strconv.Itoa(d.EP), string(out)).Inc()
-		g.m.coalesceWait.WithLabelValues(st.label).Observe(time.Since(start).Seconds())
+		out := g.follow(ctx, st, d.EP, follow)
 		if out == waitCancelled {
 			lead()
 			work()

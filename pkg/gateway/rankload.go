@@ -219,7 +219,8 @@ func (rl *rankLoad) forget(service uint32) {
 	}
 }
 
-// RankMetrics supplies an engine's scraped per-rank load (*Scraper).
+// RankMetrics supplies an engine's scraped per-rank load
+// (*enginemetrics.Scraper).
 // RankMetrics sets running[r] and waiting[r] to rank r's requests and
 // reports whether a fresh per-rank sample exists (false leaves both
 // untouched); it must be safe for concurrent use, cheap, and not retain
