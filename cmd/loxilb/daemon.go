@@ -27,6 +27,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/peerprefill"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/reconcilers"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/pkg/store"
 	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
@@ -202,20 +203,20 @@ func (d *daemon) buildControl() error {
 		return err
 	}
 	d.reg.MustRegister(control.ServiceInfoCollector(d.ctl))
-	d.ctl.AddReconciler(&gateway.HealthReconciler{Prober: d.prober})
+	d.ctl.AddReconciler(&reconcilers.Health{Prober: d.prober})
 	kernel, err := openDataplane(d.cfg, d.ctl, d.prober, d.logger, d.reg)
 	if err != nil {
 		return err
 	}
 	d.kernel = kernel
 	d.closers = append(d.closers, kernel.close)
-	d.ctl.AddReconciler(&gateway.KVReconciler{Subs: d.events, Inv: d.index, Seed: d.cfg.seed})
+	d.ctl.AddReconciler(&reconcilers.KVEvents{Subs: d.events, Inv: d.index, Seed: d.cfg.seed})
 	d.ctl.AddReconciler(d.scraper)
 	// The proxy's listeners go in just before the gateway's routing table:
 	// a listener failure (VIP:port held, TLS files missing) is the rule's
 	// "proxy" failure, and a removed rule's listener closes before its
 	// routing state goes.
-	d.ctl.AddReconciler(&gateway.ListenerReconciler{Proxy: d.px, Config: d.cfg.listenerConfig()})
+	d.ctl.AddReconciler(&reconcilers.Listeners{Proxy: d.px, Config: d.cfg.listenerConfig()})
 	d.ctl.AddReconciler(d.gw)
 
 	d.caps = &capabilities{rules: d.cfg.ruleSettings()}

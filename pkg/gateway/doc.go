@@ -33,12 +33,10 @@
 // in-flight count also carries what the others sent, as of the last
 // scrape, so every node ranks endpoints alike.
 //
-// It also holds the reconcilers that keep the other stages in step with the
-// rule set: proxy listeners (ListenerReconciler, listeners.go: the proxy
-// is configured by control, never through the Gateway, whose own
-// Reconcile only rebuilds its routing table), KV-event subscriptions,
-// inventories and health probes. Control calls them with the complete
-// desired set after each change.
+// The Gateway's own Reconcile only rebuilds its routing table. The other
+// stages a rule touches (proxy listeners, KV-event subscriptions and
+// inventories, health probes) are kept in step by pkg/reconcilers, so the
+// proxy is configured by control, never through the Gateway.
 //
 // Requests are untrusted: a model name longer than MaxModelNameBytes and a
 // prompt past MaxPromptBytes or the token bound get 400 before any routing

@@ -313,7 +313,7 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 func (g *Gateway) Name() string { return "gateway" }
 
 // Reconcile implements control.Reconciler: it rebuilds the mode-4 routing
-// table (the proxy's listeners are ListenerReconciler's). Selectors survive
+// table (the proxy's listeners are reconcilers.Listeners'). Selectors survive
 // when a rule's selector settings and endpoints are unchanged, so
 // round-robin positions and persistence tables are not reset by unrelated
 // rule changes. Rules are applied one by one: a rule whose routing cannot

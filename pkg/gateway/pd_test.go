@@ -24,6 +24,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/reconcilers"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
 	"github.com/loxilb-llm/loxilb/testbed/enginesim"
@@ -181,7 +182,7 @@ func (b *pdBench) serveProxy(t *testing.T, host string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lr := &ListenerReconciler{Proxy: px, Config: ListenerConfig{Receipts: proxy.ReceiptsOnRequest}}
+	lr := &reconcilers.Listeners{Proxy: px, Config: reconcilers.ListenerConfig{Receipts: proxy.ReceiptsOnRequest}}
 	if err := reconcileAll(lr, b.g, []control.Service{{ID: 1, Rule: rule}}); err != nil {
 		t.Fatal(err)
 	}

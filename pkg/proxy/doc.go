@@ -76,8 +76,8 @@
 // net/http's server input by input.
 //
 // Neighbours: the router implements Picker (and uses the tokenizer,
-// blockhash and kvindex packages to decide); a control stage (the
-// gateway package's ListenerReconciler) builds Config from the rules and
+// blockhash and kvindex packages to decide); a control stage
+// (reconcilers.Listeners) builds Config from the rules and
 // calls Update when they change; the dataplane steers VIP traffic to its
 // listener. The daemon creates the InFlightTable first and hands it to
 // the gateway (which reads it) and to the Server (which counts into it,

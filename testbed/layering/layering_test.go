@@ -90,6 +90,7 @@ var rules = []rule{
 			{mod + "/pkg/dispatch", mod + "/testbed/enginesim"}, // engines emulated on their true wire formats
 			{mod + "/pkg/gateway", mod + "/testbed/enginesim"},
 			{mod + "/pkg/gateway", mod + "/testbed/pki"}, // a throw-away CA for the TLS tests
+			{mod + "/pkg/reconcilers", mod + "/testbed/pki"},
 			{mod + "/pkg/proxy", mod + "/testbed/pki"},
 			{mod + "/pkg/dispatch", mod + "/testbed/wait"}, // the shared Eventually
 			{mod + "/pkg/proxy", mod + "/testbed/wait"},
