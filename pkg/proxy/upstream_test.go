@@ -534,3 +534,51 @@ func sendDrained(u *upstream, method, addr string) error {
 	}
 	return err
 }
+
+// TestUpstreamIdleConnectionHoldsNoBuffers: a pooled connection gives its
+// buffers back while idle and takes a pair again when reused; one whose
+// endpoint sent bytes past its answer keeps them, and is not reused.
+func TestUpstreamIdleConnectionHoldsNoBuffers(t *testing.T) {
+	b, conns := echoBackend(t, "b0")
+	u := newUpstream(Config{}.withDefaults(), nil)
+	defer u.closeIdle(true)
+	pooled := func(addr string) *pconn {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		if l := u.idle[addr]; len(l) == 1 {
+			return l[0]
+		}
+		t.Fatalf("%d pooled connections to %s, want 1", len(u.idle[addr]), addr)
+		return nil
+	}
+	for range 2 {
+		upstreamPost(t, u, hostPort(b))
+		if pc := pooled(hostPort(b)); pc.br != nil || pc.bw != nil {
+			t.Fatal("an idle pooled connection holds its buffers")
+		}
+	}
+	if got := conns.Load(); got != 1 {
+		t.Errorf("%d connections, want 1 reused", got)
+	}
+
+	stray := rawBackend(t, func(c net.Conn) {
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}XX")
+		_, _ = io.Copy(io.Discard, c) // open until the proxy closes it
+	})
+	for range 2 {
+		req, _ := http.NewRequest("POST", "http://"+stray+"/v1/completions", strings.NewReader(`{}`))
+		resp, err := u.roundTrip(req, stray)
+		if err != nil {
+			t.Fatalf("roundTrip: %v", err)
+		}
+		if body, err := io.ReadAll(resp.Body); err != nil || string(body) != "{}" {
+			t.Fatalf("body %q, %v", body, err)
+		}
+		if pc := pooled(stray); pc.buffered() != 2 {
+			t.Fatalf("the pooled connection holds %d stray bytes, want 2", pc.buffered())
+		}
+	}
+	if got := u.dials.Load(); got != 3 {
+		t.Errorf("%d dials, want 3: the connection with stray bytes is not reused", got)
+	}
+}
