@@ -216,8 +216,6 @@ func (c *h1Conn) serve() {
 		http.LocalAddrContextKey, c.local), connKey{}, c.tc)
 	c.br = h1ReaderPool.Get().(*bufio.Reader)
 	c.br.Reset(c.rwc)
-	c.bw = h1WriterPool.Get().(*bufio.Writer)
-	c.bw.Reset(c.rwc)
 	for first := true; ; first = false {
 		v, ok := c.readHead(first)
 		if !ok {
@@ -251,6 +249,26 @@ func (c *h1Conn) setReadDeadline(t time.Time) error {
 func (c *h1Conn) readWithin(d time.Duration) {
 	if dl, change := coarseDeadline(c.rdl, time.Now(), d); change {
 		_ = c.setReadDeadline(dl)
+	}
+}
+
+// takeWriter gives the connection a write buffer for an answer. Between
+// answers it holds none (giveWriter): at 256 keep-alive connections their
+// own buffers were 256 pages each touched at its start per answer, where
+// pooled ones are the few in cache.
+func (c *h1Conn) takeWriter() {
+	if c.bw == nil {
+		c.bw = h1WriterPool.Get().(*bufio.Writer)
+		c.bw.Reset(c.rwc)
+	}
+}
+
+// giveWriter returns the flushed write buffer to the pool.
+func (c *h1Conn) giveWriter() {
+	if c.bw != nil && c.bw.Buffered() == 0 {
+		c.bw.Reset(nil)
+		h1WriterPool.Put(c.bw)
+		c.bw = nil
 	}
 }
 
@@ -351,6 +369,7 @@ func (c *h1Conn) readHead(first bool) (h1Verdict, bool) {
 // was cut.
 func (c *h1Conn) serveRequest() bool {
 	s, hd := c.s, &c.hd
+	c.takeWriter()
 	c.body.reset(c, hd)
 	c.w.reset(c, hd.method == http.MethodHead)
 	c.url = url.URL{Path: hd.path, RawQuery: hd.query}
@@ -391,7 +410,11 @@ func (c *h1Conn) serveRequest() bool {
 	c.w.finish()
 	// Flushed even when a pipelined request is already buffered: that
 	// one may take seconds, or be handed to net/http.
-	return c.bw.Flush() == nil
+	if c.bw.Flush() != nil {
+		return false
+	}
+	c.giveWriter()
+	return true
 }
 
 var chunkedTE = []string{"chunked"}
@@ -489,6 +512,7 @@ func (c *h1Conn) reject() {
 	hd := &c.hd
 	c.s.m.connRejected.WithLabelValues(hd.reason).Inc()
 	c.s.logger.Debug("proxy: request head refused", "reason", hd.reason, "status", hd.status, "remote", c.remote)
+	c.takeWriter()
 	bw := c.bw
 	bw.WriteString("HTTP/1.1 ")
 	bw.WriteString(statusLine(hd.status))
@@ -522,7 +546,9 @@ func itoa(n int) string {
 // waits a moment for the client to read the answer, so closing with
 // unread bytes does not reset the connection under it.
 func (c *h1Conn) closeGracefully() {
-	_ = c.bw.Flush()
+	if c.bw != nil {
+		_ = c.bw.Flush()
+	}
 	if c.body.done && c.br.Buffered() == 0 {
 		return // serve's deferred Close
 	}
