@@ -9,7 +9,7 @@ import "syscall"
 // misbehaving server). It costs one recvfrom system call.
 func (pc *pconn) alive() bool {
 	pc.u.probes.Add(1)
-	if pc.buffered() > 0 {
+	if pc.br.Buffered() > 0 {
 		return false
 	}
 	if pc.probe == nil {

@@ -71,13 +71,10 @@ type pconn struct {
 	awaitFn  func(uintptr) bool
 	flushed  bool
 	flushErr error
-	// br reads lr and bw writes to conn; both are taken from a pool for
-	// an exchange and given back while the connection is idle (see
-	// upBufSize).
-	br     *bufio.Reader
-	bw     *bufio.Writer
-	idleAt time.Time
-	reused bool
+	br       *bufio.Reader // reads lr
+	bw       *bufio.Writer
+	idleAt   time.Time
+	reused   bool
 	// unprobed: reused without the liveness probe (idle for less than
 	// probeAfterIdle), so an endpoint close may have crossed the request.
 	unprobed bool
@@ -331,7 +328,7 @@ func (u *upstream) get(ctx context.Context, addr string, fresh bool, dial time.D
 				// An expired deadline would fail the liveness probe.
 				pc.setReadDeadline(time.Time{})
 			}
-			if pc.unprobed && pc.buffered() == 0 || pc.alive() {
+			if pc.unprobed && pc.br.Buffered() == 0 || pc.alive() {
 				pc.reused = true
 				return pc, nil
 			}
@@ -403,58 +400,9 @@ func (u *upstream) newPconn(addr string, conn, raw net.Conn) *pconn {
 	if pc.rio != nil {
 		pc.lr.conn = pc.rio
 	}
+	pc.bw = bufio.NewWriterSize(pcWriter{pc}, 32<<10)
+	pc.br = bufio.NewReaderSize(&pc.lr, 32<<10)
 	return pc
-}
-
-// upBufSize is the size of an endpoint connection's read and write
-// buffers: a chat request of a few thousand tokens goes out in one write
-// (and inside flushAwait's wait), an answer comes in with few reads.
-//
-// The buffers are the connection's only while it carries an exchange:
-// release gives them back to a pool and the next exchange takes a pair
-// (takeBuffers). At 256 client connections the pool holds about as many
-// endpoint connections, which with buffers of their own kept 16 MiB of
-// them, each touched at its start on every request: a page apiece, more
-// than the TLB holds. Pooled, the pairs in use are the few recently
-// released ones, still in cache and TLB.
-const upBufSize = 32 << 10
-
-var (
-	upReaderPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, upBufSize) }}
-	upWriterPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, upBufSize) }}
-)
-
-// takeBuffers gives pc its read and write buffers for an exchange.
-func (pc *pconn) takeBuffers() {
-	if pc.br == nil {
-		pc.br = upReaderPool.Get().(*bufio.Reader)
-		pc.br.Reset(&pc.lr)
-	}
-	if pc.bw == nil {
-		pc.bw = upWriterPool.Get().(*bufio.Writer)
-		pc.bw.Reset(pcWriter{pc})
-	}
-}
-
-// giveBuffers returns pc's buffers to the pools unless they hold bytes:
-// bytes the endpoint sent unasked stay, for the reuse check to refuse.
-func (pc *pconn) giveBuffers() {
-	if pc.br == nil || pc.br.Buffered() > 0 || pc.bw.Buffered() > 0 {
-		return
-	}
-	pc.br.Reset(nil)
-	upReaderPool.Put(pc.br)
-	pc.bw.Reset(nil)
-	upWriterPool.Put(pc.bw)
-	pc.br, pc.bw = nil, nil
-}
-
-// buffered is how many received bytes pc holds unread.
-func (pc *pconn) buffered() int {
-	if pc.br == nil {
-		return 0
-	}
-	return pc.br.Buffered()
 }
 
 // pcWriter is the connection under pc.bw: it counts the writes, so
@@ -524,7 +472,6 @@ func (pc *pconn) awaitStep(uintptr) bool {
 // write.
 func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Request, closeAfter bool, lim limits) (*http.Response, error) {
 	pc.lr.got = 0
-	pc.takeBuffers()
 	if pc.cancelFn == nil {
 		pc.cancelFn = pc.cancel
 	}
@@ -605,7 +552,6 @@ func (pc *pconn) release() {
 	}
 	// A read deadline left armed is cleared only when the connection is
 	// reused (get, exchange): the next exchange usually replaces it.
-	pc.giveBuffers()
 	u := pc.u
 	u.mu.Lock()
 	if u.closed || len(u.idle[pc.addr]) >= u.maxIdle {
