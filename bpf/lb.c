@@ -139,19 +139,30 @@ static __always_inline void fib_store(struct ct_val *ct, const struct bpf_fib_lo
 	ct->fib_gen = gen;
 }
 
+/* hit_count counts a conntrack hit by its direction; ct_hit leaves it to
+ * lb_forward, whose cached redirect counts the hit and the verdict in one
+ * counter (CNT_FIB_CACHED*). */
+static __always_inline void hit_count(const struct ct_val *ct)
+{
+	count(ct->flags & CT_F_REPLY ? CNT_CT_HIT_REPLY : CNT_CT_HIT_ORIG);
+}
+
 /* lb_forward sends a rewritten packet on. With cfg_fib_forward the FIB picks
  * the egress device and the MACs (bpf_redirect_neigh resolves them when the
  * neighbour is not known yet), skipping the stack's forwarding path;
  * otherwise the stack routes it. dsr_nh is the DSR
  * endpoint used as next hop (the destination stays the VIP). ct, when
- * given, is the flow's entry for this direction: a resolved FIB result is
- * cached there and reused by the next packets (see fib_cached); tick is the
- * conntrack clock now, active whether the flow's previous packet is recent
- * enough for the cache to be used. */
+ * given, is the flow's entry for this direction, and the packet a hit not
+ * counted yet: a resolved FIB result is cached there and reused by the
+ * next packets (see fib_cached); tick is the conntrack clock now, active
+ * whether the flow's previous packet is recent enough for the cache to be
+ * used. */
 static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u32 dsr_nh, struct ct_val *ct, __u32 tick,
 				      int active)
 {
 	if (!cfg_fib_forward && !dsr_nh) {
+		if (ct)
+			hit_count(ct);
 		count(CNT_FWD_STACK);
 		return TC_ACT_OK;
 	}
@@ -161,12 +172,16 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 	__u16 stamp = (__u16)tick;
 	if (ct && p->ttl > 1 && fib_cached(ct, p, gen, stamp, iif, active)) {
 		if (dec_ttl(skb, p, ct->fib_dmac)) {
+			hit_count(ct);
 			count(CNT_DROP_REWRITE);
 			return TC_ACT_SHOT;
 		}
-		count(CNT_FIB_CACHED); /* one counter per packet: Go adds it to fwd_redirect */
+		/* The hit and its verdict in one per-CPU counter. */
+		count(ct->flags & CT_F_REPLY ? CNT_FIB_CACHED_REPLY : CNT_FIB_CACHED);
 		return bpf_redirect(ct->fib_ifindex, 0);
 	}
+	if (ct)
+		hit_count(ct);
 
 	int gso = skb->gso_size != 0;
 	struct bpf_fib_lookup fib = {};
@@ -388,14 +403,15 @@ static __always_inline int ct_hit(struct __sk_buff *skb, struct pkt *p, struct c
 	 * write costs more than the rare lost increment of a statistic. */
 	ct->pkts += 1;
 	ct->bytes += skb->len;
-	count(ct->flags & CT_F_REPLY ? CNT_CT_HIT_REPLY : CNT_CT_HIT_ORIG);
 	svc_account(ct->svc_idx, skb->len, 0);
 	ct_track(ct, p);
 	__u8 after = ct->state;
 
+	/* lb_forward counts the hit (see hit_count). */
 	if (ct->flags & CT_F_DSR)
 		return lb_forward(skb, p, ct->new_daddr, ct, tick, active);
 	if (apply_xlate(skb, p, ct)) {
+		hit_count(ct);
 		count(CNT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}
