@@ -67,18 +67,29 @@ static __always_inline __u32 filter_hash(__u32 addr, __u16 port, __u8 proto)
 /* filter_match reports whether the packet may belong to the load balancer:
  * its destination is a frontend or its source an endpoint (a reply). Every
  * conntrack entry's tuple matches one of the two, so a packet matching
- * neither is passed without touching the large conntrack table. */
+ * neither is passed without touching the large conntrack table.
+ *
+ * The side with the lower port is tested first: a frontend or an endpoint
+ * listens on a service port and its peer uses an ephemeral one, so both a
+ * request (destination) and a reply (source) usually match on the first
+ * test and read one line of the filter, not two. The answer is the same
+ * in either order. */
 static __always_inline int filter_match(const struct pkt *p)
 {
 	__u32 zero = 0;
 	struct lb_filter *f = bpf_map_lookup_elem(&lb_filter, &zero);
 	if (!f)
 		return 1;
-	__u32 h = filter_hash(p->daddr, p->dport, p->proto);
-	if (f->bits[(h >> 6) & (FILTER_BITS / 64 - 1)] & (1ULL << (h & 63)))
+	__u32 first = filter_hash(p->daddr, p->dport, p->proto);
+	__u32 second = filter_hash(p->saddr, p->sport, p->proto);
+	if (bpf_ntohs(p->sport) < bpf_ntohs(p->dport)) {
+		__u32 t = first;
+		first = second;
+		second = t;
+	}
+	if (f->bits[(first >> 6) & (FILTER_BITS / 64 - 1)] & (1ULL << (first & 63)))
 		return 1;
-	h = filter_hash(p->saddr, p->sport, p->proto);
-	return (f->bits[(h >> 6) & (FILTER_BITS / 64 - 1)] & (1ULL << (h & 63))) != 0;
+	return (f->bits[(second >> 6) & (FILTER_BITS / 64 - 1)] & (1ULL << (second & 63))) != 0;
 }
 
 /* fib_gen reads the low 16 bits of the FIB generation, the part a

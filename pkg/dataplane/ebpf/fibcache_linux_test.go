@@ -154,6 +154,10 @@ func TestPrefilterSkipsConntrack(t *testing.T) {
 		verdict: actOK, counters: map[string]uint64{"pass_no_service": 1}})
 	f.run(step{name: "reply from the endpoint", in: tcp(backend1, 8080, client, 42000, fSYN|fACK),
 		verdict: actRedirect, out: fwd(tcp(vip, 80, client, 42000, fSYN|fACK)), counters: map[string]uint64{"ct_hit_reply": 1, "fwd_redirect": 1}})
+	// The filter tests the lower port's side first; a client port below
+	// the service's must still find the frontend on the second test.
+	f.run(step{name: "client port below the service port", in: tcp(client, 20, vip, 80, fSYN), verdict: actRedirect,
+		out: fwd(tcp(client, 20, backend1, 8080, fSYN)), counters: map[string]uint64{"new_flow": 1, "fwd_redirect": 1}, ct: 2})
 	f.d.DeleteService(t.Context(), 8)
 	f.run(step{name: "after the delete the VIP is not ours", in: tcp(client, 42000, vip, 80, fACK),
 		verdict: actOK, counters: map[string]uint64{"pass_no_service": 1}})
