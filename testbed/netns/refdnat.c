@@ -14,7 +14,8 @@
  *
  * One service (ref_vip:ref_vport -> ref_backend:ref_bport, TCP), set by the
  * benchmark before loading. A SYN to the VIP creates both directions'
- * entries; entries are never aged (the benchmark removes the program).
+ * entries; entries are never aged (the LRU evicts the oldest when full, and
+ * the benchmark removes the program and its map after each scenario).
  */
 
 #include <linux/bpf.h>
@@ -45,7 +46,7 @@ struct ref_key {
 };
 
 /* 24 bytes: with the kernel's element header and the 16-byte rounded key
- * the element is 88 bytes. */
+ * the element is 88 bytes (tc_lb's: 128). */
 struct ref_val {
 	__u32 addr;    /* the new address: the source's if is_src, else the destination's */
 	__u16 port;
@@ -55,9 +56,13 @@ struct ref_val {
 	__u8 macs[12]; /* destination then source MAC */
 };
 
+/* The same kind and size as tc_lb's lb_conntrack (LRU, CT_MAX entries),
+ * so the comparison is of the programs, not of the tables; the LRU also
+ * makes room for new flows in connection-per-request runs, as entries are
+ * never deleted here. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 262144);
 	__type(key, struct ref_key);
 	__type(value, struct ref_val);
 } ref_ct SEC(".maps");
