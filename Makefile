@@ -47,7 +47,7 @@ fuzz-smoke: ## run every fuzz target for $(FUZZEXECS) executions
 	done
 
 check-generated: ## regenerate BPF objects and tokenizer goldens and fail if they differ from the committed ones
-	sh bpf/gen.sh && git diff --exit-code -- pkg/dataplane/ebpf
+	sh bpf/gen.sh && git diff --exit-code -- pkg/dataplane/ebpf testbed/netns
 	sh testbed/parity/regen.sh --no-bench
 
 gen-docs: ## rewrite the README's settings tables from cmd/loxilb/settings_table.go

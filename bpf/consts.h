@@ -101,7 +101,12 @@ enum lb_counter {
 	CNT_PROXY_ASSIGN_FAILED, /* sk_lookup: bpf_sk_assign refused the socket */
 	CNT_FLOW_STALE,          /* packet of a flow whose endpoint or service is gone: entries dropped */
 	CNT_RST_SENT,            /* TCP RST sent for a mid-stream packet of an unknown flow */
-	CNT_FIB_CACHED,          /* redirected with the FIB result cached in its conntrack entry */
+	/* A hit redirected with the FIB result cached in its conntrack entry
+	 * bumps one of these two instead of CNT_CT_HIT_* (one per-CPU counter
+	 * per packet, not two); Go adds them back to the hit counters and to
+	 * fwd_redirect, and reports their sum as fib_cached. */
+	CNT_FIB_CACHED,          /* client direction */
+	CNT_FIB_CACHED_REPLY,    /* reply direction */
 	CNT_MAX,
 };
 

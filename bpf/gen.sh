@@ -1,6 +1,8 @@
 #!/bin/sh
 # Regenerates the committed bpf2go output (pkg/dataplane/ebpf/lb_bpf{el,eb}.go
-# and .o, little- and big-endian) from bpf/lb.c. The object bytes depend on the compiler, so the
+# and .o, little- and big-endian) from bpf/lb.c, and the benchmark's
+# reference DNAT program (testbed/netns/refdnat_bpf{el,eb}_test.go and .o)
+# from testbed/netns/refdnat.c. The object bytes depend on the compiler, so the
 # compiler is pinned: Debian 12's clang 14 (packages clang-14, llvm-14).
 # CI runs this and then `git diff --exit-code` to prove the committed files
 # are fresh.
@@ -29,3 +31,17 @@ go run github.com/cilium/ebpf/cmd/bpf2go \
 	-cflags "-O2 -g -Wall -Werror -mcpu=v3 -I/usr/include/$MULTIARCH" \
 	-type lb_counter \
 	lb bpf/lb.c
+
+# Test files only (suffix _test): the reference is measured next to tc_lb by
+# BenchmarkVIPThroughput and is no part of the product.
+go run github.com/cilium/ebpf/cmd/bpf2go \
+	-go-package netns \
+	-output-dir testbed/netns \
+	-output-stem refdnat \
+	-output-suffix _test \
+	-tags linux \
+	-target bpfel,bpfeb \
+	-cc "$CLANG" \
+	-strip "$STRIP" \
+	-cflags "-O2 -g -Wall -Werror -mcpu=v3 -I/usr/include/$MULTIARCH" \
+	refdnat testbed/netns/refdnat.c

@@ -67,18 +67,29 @@ static __always_inline __u32 filter_hash(__u32 addr, __u16 port, __u8 proto)
 /* filter_match reports whether the packet may belong to the load balancer:
  * its destination is a frontend or its source an endpoint (a reply). Every
  * conntrack entry's tuple matches one of the two, so a packet matching
- * neither is passed without touching the large conntrack table. */
+ * neither is passed without touching the large conntrack table.
+ *
+ * The side with the lower port is tested first: a frontend or an endpoint
+ * listens on a service port and its peer uses an ephemeral one, so both a
+ * request (destination) and a reply (source) usually match on the first
+ * test and read one line of the filter, not two. The answer is the same
+ * in either order. */
 static __always_inline int filter_match(const struct pkt *p)
 {
 	__u32 zero = 0;
 	struct lb_filter *f = bpf_map_lookup_elem(&lb_filter, &zero);
 	if (!f)
 		return 1;
-	__u32 h = filter_hash(p->daddr, p->dport, p->proto);
-	if (f->bits[(h >> 6) & (FILTER_BITS / 64 - 1)] & (1ULL << (h & 63)))
+	__u32 first = filter_hash(p->daddr, p->dport, p->proto);
+	__u32 second = filter_hash(p->saddr, p->sport, p->proto);
+	if (bpf_ntohs(p->sport) < bpf_ntohs(p->dport)) {
+		__u32 t = first;
+		first = second;
+		second = t;
+	}
+	if (f->bits[(first >> 6) & (FILTER_BITS / 64 - 1)] & (1ULL << (first & 63)))
 		return 1;
-	h = filter_hash(p->saddr, p->sport, p->proto);
-	return (f->bits[(h >> 6) & (FILTER_BITS / 64 - 1)] & (1ULL << (h & 63))) != 0;
+	return (f->bits[(second >> 6) & (FILTER_BITS / 64 - 1)] & (1ULL << (second & 63))) != 0;
 }
 
 /* fib_gen reads the low 16 bits of the FIB generation, the part a
@@ -139,19 +150,30 @@ static __always_inline void fib_store(struct ct_val *ct, const struct bpf_fib_lo
 	ct->fib_gen = gen;
 }
 
+/* hit_count counts a conntrack hit by its direction; ct_hit leaves it to
+ * lb_forward, whose cached redirect counts the hit and the verdict in one
+ * counter (CNT_FIB_CACHED*). */
+static __always_inline void hit_count(const struct ct_val *ct)
+{
+	count(ct->flags & CT_F_REPLY ? CNT_CT_HIT_REPLY : CNT_CT_HIT_ORIG);
+}
+
 /* lb_forward sends a rewritten packet on. With cfg_fib_forward the FIB picks
  * the egress device and the MACs (bpf_redirect_neigh resolves them when the
  * neighbour is not known yet), skipping the stack's forwarding path;
  * otherwise the stack routes it. dsr_nh is the DSR
  * endpoint used as next hop (the destination stays the VIP). ct, when
- * given, is the flow's entry for this direction: a resolved FIB result is
- * cached there and reused by the next packets (see fib_cached); tick is the
- * conntrack clock now, active whether the flow's previous packet is recent
- * enough for the cache to be used. */
+ * given, is the flow's entry for this direction, and the packet a hit not
+ * counted yet: a resolved FIB result is cached there and reused by the
+ * next packets (see fib_cached); tick is the conntrack clock now, active
+ * whether the flow's previous packet is recent enough for the cache to be
+ * used. */
 static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u32 dsr_nh, struct ct_val *ct, __u32 tick,
 				      int active)
 {
 	if (!cfg_fib_forward && !dsr_nh) {
+		if (ct)
+			hit_count(ct);
 		count(CNT_FWD_STACK);
 		return TC_ACT_OK;
 	}
@@ -161,12 +183,16 @@ static __always_inline int lb_forward(struct __sk_buff *skb, struct pkt *p, __u3
 	__u16 stamp = (__u16)tick;
 	if (ct && p->ttl > 1 && fib_cached(ct, p, gen, stamp, iif, active)) {
 		if (dec_ttl(skb, p, ct->fib_dmac)) {
+			hit_count(ct);
 			count(CNT_DROP_REWRITE);
 			return TC_ACT_SHOT;
 		}
-		count(CNT_FIB_CACHED); /* one counter per packet: Go adds it to fwd_redirect */
+		/* The hit and its verdict in one per-CPU counter. */
+		count(ct->flags & CT_F_REPLY ? CNT_FIB_CACHED_REPLY : CNT_FIB_CACHED);
 		return bpf_redirect(ct->fib_ifindex, 0);
 	}
+	if (ct)
+		hit_count(ct);
 
 	int gso = skb->gso_size != 0;
 	struct bpf_fib_lookup fib = {};
@@ -388,14 +414,15 @@ static __always_inline int ct_hit(struct __sk_buff *skb, struct pkt *p, struct c
 	 * write costs more than the rare lost increment of a statistic. */
 	ct->pkts += 1;
 	ct->bytes += skb->len;
-	count(ct->flags & CT_F_REPLY ? CNT_CT_HIT_REPLY : CNT_CT_HIT_ORIG);
 	svc_account(ct->svc_idx, skb->len, 0);
 	ct_track(ct, p);
 	__u8 after = ct->state;
 
+	/* lb_forward counts the hit (see hit_count). */
 	if (ct->flags & CT_F_DSR)
 		return lb_forward(skb, p, ct->new_daddr, ct, tick, active);
 	if (apply_xlate(skb, p, ct)) {
+		hit_count(ct);
 		count(CNT_DROP_REWRITE);
 		return TC_ACT_SHOT;
 	}

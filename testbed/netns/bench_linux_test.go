@@ -48,7 +48,9 @@ func wrk(lab *Lab, url string, connClose bool, dur time.Duration) (float64, erro
 // plain routing to the backend and with nftables DNAT, interleaving the
 // scenarios so slow phases of the shared machine hit all of them, and reads
 // tc_lb's per-packet cost from the kernel's BPF run-time statistics, next
-// to an empty TC program's (the floor those statistics cannot go under).
+// to an empty TC program's (the floor those statistics cannot go under) and
+// to the reference DNAT program's (refdnat.c: the cheapest conntrack hit,
+// rewrite and redirect, the floor of any DNAT hit on the machine).
 // Run: go test -run '^$' -bench VIPThroughput ./testbed/netns/ (root, wrk, nft);
 // LOXILB_BENCH_ROUNDS sets the rounds per scenario (default 2),
 // LOXILB_BENCH_KEEPALIVE_ONLY=1 skips the connection-per-request half.
@@ -137,27 +139,17 @@ func BenchmarkVIPThroughput(b *testing.B) {
 		}
 		return rps, float64(t1-t0) / float64(max(runs1-runs0, 1))
 	}
-	// floor runs wrk with an empty TC program (return TC_ACT_OK) attached
-	// where tc_lb would be: its ns per packet is what entering a TC program
-	// and the run-time statistics themselves cost on this machine, the
-	// floor under every tc_lb figure of the same run.
-	floor := func(url string, connClose bool) (float64, float64) {
-		prog, err := cebpf.NewProgram(&cebpf.ProgramSpec{
-			Name: "tc_empty", Type: cebpf.SchedCLS, License: "GPL",
-			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer prog.Close()
+	// live runs wrk with prog attached to TC ingress of the LB's interfaces
+	// where tc_lb would be, and returns requests/s and prog's ns per run.
+	live := func(prog *cebpf.Program, url string, connClose bool) (float64, float64) {
 		for _, name := range lab.LBIfaces {
 			iface, err := net.InterfaceByName(name)
 			if err != nil {
 				b.Fatal(err)
 			}
 			l, err := link.AttachTCX(link.TCXOptions{Interface: iface.Index, Program: prog, Attach: cebpf.AttachTCXIngress})
-			if err != nil { // a kernel before TCX (6.6): the data plane falls back, the floor is left out
-				fmt.Fprintf(os.Stderr, "  floor not measured: %v\n", err)
+			if err != nil { // a kernel before TCX (6.6): the data plane falls back, this scenario is left out
+				fmt.Fprintf(os.Stderr, "  %s not measured: %v\n", prog, err)
 				rps, err := wrk(lab, url, connClose, dur)
 				if err != nil {
 					b.Fatal(err)
@@ -176,6 +168,32 @@ func BenchmarkVIPThroughput(b *testing.B) {
 			return rps, 0
 		}
 		return rps, float64(st1.Runtime-st0.Runtime) / float64(max(st1.RunCount-st0.RunCount, 1))
+	}
+	// floor runs wrk with an empty TC program (return TC_ACT_OK) attached
+	// where tc_lb would be: its ns per packet is what entering a TC program
+	// and the run-time statistics themselves cost on this machine, the
+	// floor under every tc_lb figure of the same run.
+	floor := func(url string, connClose bool) (float64, float64) {
+		prog, err := cebpf.NewProgram(&cebpf.ProgramSpec{
+			Name: "tc_empty", Type: cebpf.SchedCLS, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer prog.Close()
+		return live(prog, url, connClose)
+	}
+	// refDNAT runs wrk through the VIP with the reference DNAT program
+	// (refdnat.c) in tc_lb's place: a conntrack hit, the rewrite and the
+	// redirect and nothing else, the floor of any DNAT hit here.
+	refDNAT := func(url string, connClose bool) (float64, float64) {
+		prog, closeRef, err := loadRefDNAT(vip, 80, backend, 8080)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer closeRef()
+		return live(prog, url, connClose)
 	}
 	nft := func(url string, connClose bool) float64 {
 		rules := fmt.Sprintf("table ip lbbench { chain pre { type nat hook prerouting priority dstnat; ip daddr %s tcp dport 80 dnat to %s:8080; }; }", vip, backend)
@@ -215,6 +233,8 @@ func BenchmarkVIPThroughput(b *testing.B) {
 			add("direct+tc_lb(miss)/"+suffix, rps, ns)
 			rps, ns = withDP(ebpf.Config{}, true, viaVIP, cc)
 			add("mode0-fib/"+suffix, rps, ns)
+			rps, ns = refDNAT(viaVIP, cc)
+			add("ref-dnat/"+suffix, rps, ns)
 			rps, ns = withDP(ebpf.Config{StackForwarding: true}, true, viaVIP, cc)
 			add("mode0-stack/"+suffix, rps, ns)
 			add("nft-dnat/"+suffix, nft(viaVIP, cc), 0)
@@ -236,7 +256,7 @@ func BenchmarkVIPThroughput(b *testing.B) {
 		return s[len(s)/2]
 	}
 	var report strings.Builder
-	for _, name := range []string{"direct", "direct+empty(floor)", "direct+tc_lb(miss)", "mode0-fib", "mode0-stack", "nft-dnat"} {
+	for _, name := range []string{"direct", "direct+empty(floor)", "direct+tc_lb(miss)", "mode0-fib", "ref-dnat", "mode0-stack", "nft-dnat"} {
 		for _, suffix := range []string{"keepalive", "connclose"} {
 			r := results[name+"/"+suffix]
 			if r == nil {
@@ -244,7 +264,7 @@ func BenchmarkVIPThroughput(b *testing.B) {
 			}
 			fmt.Fprintf(&report, "%-22s %-9s rps %v mean %.0f", name, suffix, r.rps, mean(r.rps))
 			if len(r.nsPerPkt) > 0 {
-				fmt.Fprintf(&report, " tc_lb ns/pkt %.0f median %.0f", r.nsPerPkt, median(r.nsPerPkt))
+				fmt.Fprintf(&report, " ns/pkt %.0f median %.0f", r.nsPerPkt, median(r.nsPerPkt))
 				if fl := results["direct+empty(floor)/"+suffix]; fl != nil && r != fl && len(fl.nsPerPkt) == len(r.nsPerPkt) {
 					// Each round's floor was measured seconds before its scenarios.
 					above := make([]float64, len(r.nsPerPkt))
@@ -262,9 +282,10 @@ func BenchmarkVIPThroughput(b *testing.B) {
 			continue
 		}
 		m := mean(results["mode0-fib/"+suffix].rps)
-		fmt.Fprintf(&report, "%s: mode0-fib/direct %.3f  mode0-fib/nft-dnat %.3f  mode0-stack/direct %.3f\n", suffix,
+		fmt.Fprintf(&report, "%s: mode0-fib/direct %.3f  mode0-fib/nft-dnat %.3f  mode0-stack/direct %.3f  ref-dnat/direct %.3f\n", suffix,
 			m/mean(results["direct/"+suffix].rps), m/mean(results["nft-dnat/"+suffix].rps),
-			mean(results["mode0-stack/"+suffix].rps)/mean(results["direct/"+suffix].rps))
+			mean(results["mode0-stack/"+suffix].rps)/mean(results["direct/"+suffix].rps),
+			mean(results["ref-dnat/"+suffix].rps)/mean(results["direct/"+suffix].rps))
 	}
 	fmt.Fprint(os.Stderr, report.String())
 	b.ReportMetric(mean(results["mode0-fib/keepalive"].rps)/mean(results["direct/keepalive"].rps), "vip/direct")
@@ -272,4 +293,5 @@ func BenchmarkVIPThroughput(b *testing.B) {
 	b.ReportMetric(median(results["mode0-fib/keepalive"].nsPerPkt), "ns/pkt-hit")
 	b.ReportMetric(median(results["direct+tc_lb(miss)/keepalive"].nsPerPkt), "ns/pkt-miss")
 	b.ReportMetric(median(results["direct+empty(floor)/keepalive"].nsPerPkt), "ns/pkt-floor")
+	b.ReportMetric(median(results["ref-dnat/keepalive"].nsPerPkt), "ns/pkt-ref")
 }

@@ -30,6 +30,7 @@ var counterNames = [...]string{
 	lbLbCounterCNT_FLOW_STALE:          "flow_stale",
 	lbLbCounterCNT_RST_SENT:            "rst_sent",
 	lbLbCounterCNT_FIB_CACHED:          "fib_cached",
+	lbLbCounterCNT_FIB_CACHED_REPLY:    "fib_cached_reply", // folded into fib_cached by Stats, never reported
 }
 
 // A compile-time check that every counter has a name.
@@ -58,3 +59,18 @@ const (
 	snatLocalPortMin = 61000
 	snatLocalPortMax = 65535
 )
+
+// foldCachedHits turns the program's counters into the reported ones. A hit
+// redirected with the FIB result cached in its conntrack entry bumps only
+// fib_cached or fib_cached_reply (one per-CPU counter per packet, not a hit
+// counter and a verdict counter): it is added back to its direction's hit
+// counter and to fwd_redirect, and fib_cached reports both directions.
+func foldCachedHits(c map[string]uint64) {
+	orig := c[counterNames[lbLbCounterCNT_FIB_CACHED]]
+	reply := c[counterNames[lbLbCounterCNT_FIB_CACHED_REPLY]]
+	delete(c, counterNames[lbLbCounterCNT_FIB_CACHED_REPLY])
+	c[counterNames[lbLbCounterCNT_CT_HIT_ORIG]] += orig
+	c[counterNames[lbLbCounterCNT_CT_HIT_REPLY]] += reply
+	c[counterNames[lbLbCounterCNT_FIB_CACHED]] = orig + reply
+	c[counterNames[lbLbCounterCNT_FWD_REDIRECT]] += orig + reply
+}

@@ -337,9 +337,7 @@ func (d *Dataplane) Stats(ctx context.Context) (dataplane.Stats, error) {
 		}
 		st.Counters[name] = sum
 	}
-	// A redirect with a cached FIB result bumps only fib_cached (one
-	// counter less on the hit path); fwd_redirect counts every redirect.
-	st.Counters[counterNames[lbLbCounterCNT_FWD_REDIRECT]] += st.Counters[counterNames[lbLbCounterCNT_FIB_CACHED]]
+	foldCachedHits(st.Counters)
 	ss := make([]lbSvcStats, d.nCPU)
 	for id, s := range d.services {
 		if err := d.objs.LbSvcStats.Lookup(uint32(s.idx), &ss); err != nil {

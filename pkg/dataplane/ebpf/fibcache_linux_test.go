@@ -76,6 +76,16 @@ func TestFIBCacheFollowsChanges(t *testing.T) {
 	f.run(step{name: "first hit asks the FIB", in: ack, verdict: actRedirect, out: via(out, hop1, "lbt0"), counters: lookedUp})
 	f.run(step{name: "next hit uses the cached result", in: ack, verdict: actRedirect, out: via(out, hop1, "lbt0"), counters: cached})
 
+	// The reply direction caches its own result, and its cached redirect
+	// counts as a reply hit.
+	ipCmd(t, "neigh replace 172.31.2.2 lladdr 02:00:00:00:02:02 dev lbt1 nud permanent")
+	cliMAC := []byte{0x02, 0, 0, 0, 0x02, 0x02}
+	reply, replyOut := tcp(be, 8080, client, 41000, fACK), tcp(vip, 80, client, 41000, fACK)
+	f.run(step{name: "first reply asks the FIB", in: reply, verdict: actRedirect, out: via(replyOut, cliMAC, "lbt1"),
+		counters: map[string]uint64{"ct_hit_reply": 1, "fwd_redirect": 1}})
+	f.run(step{name: "next reply uses the cached result", in: reply, verdict: actRedirect, out: via(replyOut, cliMAC, "lbt1"),
+		counters: map[string]uint64{"ct_hit_reply": 1, "fwd_redirect": 1, "fib_cached": 1}})
+
 	gen := f.d.FIBGeneration()
 	ipCmd(t, "neigh replace 172.31.1.12 lladdr 02:00:00:00:01:0d dev lbt0 nud permanent")
 	waitFIBGeneration(t, f.d, gen)
@@ -144,6 +154,10 @@ func TestPrefilterSkipsConntrack(t *testing.T) {
 		verdict: actOK, counters: map[string]uint64{"pass_no_service": 1}})
 	f.run(step{name: "reply from the endpoint", in: tcp(backend1, 8080, client, 42000, fSYN|fACK),
 		verdict: actRedirect, out: fwd(tcp(vip, 80, client, 42000, fSYN|fACK)), counters: map[string]uint64{"ct_hit_reply": 1, "fwd_redirect": 1}})
+	// The filter tests the lower port's side first; a client port below
+	// the service's must still find the frontend on the second test.
+	f.run(step{name: "client port below the service port", in: tcp(client, 20, vip, 80, fSYN), verdict: actRedirect,
+		out: fwd(tcp(client, 20, backend1, 8080, fSYN)), counters: map[string]uint64{"new_flow": 1, "fwd_redirect": 1}, ct: 2})
 	f.d.DeleteService(t.Context(), 8)
 	f.run(step{name: "after the delete the VIP is not ours", in: tcp(client, 42000, vip, 80, fACK),
 		verdict: actOK, counters: map[string]uint64{"pass_no_service": 1}})

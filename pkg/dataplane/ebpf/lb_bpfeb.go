@@ -99,7 +99,8 @@ const (
 	lbLbCounterCNT_FLOW_STALE          lbLbCounter = 21
 	lbLbCounterCNT_RST_SENT            lbLbCounter = 22
 	lbLbCounterCNT_FIB_CACHED          lbLbCounter = 23
-	lbLbCounterCNT_MAX                 lbLbCounter = 24
+	lbLbCounterCNT_FIB_CACHED_REPLY    lbLbCounter = 24
+	lbLbCounterCNT_MAX                 lbLbCounter = 25
 )
 
 type lbLbFilter struct {
