@@ -88,7 +88,8 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Node, err
 	}
 	var rb [8]byte
 	_, _ = rand.Read(rb[:])
-	n := &Node{cfg: cfg, log: logger, conn: conn, instance: binary.BigEndian.Uint64(rb[:]),
+	// Never 0: receivers read instance 0 as none (malformed).
+	n := &Node{cfg: cfg, log: logger, conn: conn, instance: max(binary.BigEndian.Uint64(rb[:]), 1),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_cluster_prefill_sent_total",
 			Help: "Prefill announcements sent to the other gateway nodes, by kind (begin, done), one per peer."}, []string{"kind"}),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_cluster_prefill_received_total",
@@ -116,6 +117,10 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Node, err
 
 // Addr is the bound UDP address.
 func (n *Node) Addr() netip.AddrPort { return n.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// Instance is the random number naming this process in its
+// announcements (ID.Instance); receivers rank crossing leaders by it.
+func (n *Node) Instance() uint64 { return n.instance }
 
 // Peers is how many peers the node sends to now.
 func (n *Node) Peers() int { return len(n.peers.Load().addrs) }
