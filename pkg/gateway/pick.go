@@ -183,7 +183,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	if promptTokens > 0 && g.cfg.CoalesceWait > 0 {
 		follow = g.leaderFor(st, d, keys)
 		computed := keys[min(d.MatchedBlocks, len(keys)):]
-		lead, self = g.leaders.register(st.id, d.EP, computed, uncached)
+		lead, self = g.leaders.registerKeys(st.id, d.EP, computed, uncached, leaderOrigin{contest: follow == nil && g.contesting()})
 		if self != nil {
 			local, told := lead, g.announce(st, d.EP, computed, uncached)
 			lead = func() { local(); told() }
@@ -199,6 +199,15 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 			release()
 			rankDone()
 			g.m.closedLoop(label, res, predicted)
+		}
+	}
+	if self != nil && self.contest != nil {
+		var gone bool
+		if follow, gone = g.tieBreak(ctx, st, self); gone {
+			lead()
+			work()
+			rankDone()
+			return proxy.Plan{}, fmt.Errorf("%w: client went away while its prefill deferred to other nodes", proxy.ErrClientCanceled)
 		}
 	}
 	inherit := false
