@@ -32,8 +32,9 @@ type PrefillPeers interface {
 	// (peerprefill.ID.Instance), which ranks its leaders against the
 	// other nodes' (tiebreak.go).
 	Instance() uint64
-	// Peers is how many other nodes hear this node's announcements now.
-	Peers() int
+	// Outranked reports whether another node may rank before this one,
+	// so that a new leader waits for its announcements (tiebreak.go).
+	Outranked() bool
 }
 
 // maxRemoteLeaders bounds the other nodes' announcements held at once: far

@@ -12,10 +12,11 @@ import (
 // are both routed before either node has heard of the other's, and each
 // node forwards its own as a leader: the engine computes the prefix twice
 // (loxilb_cluster_prefill_duplicate_leaders_total counts what a node sees
-// of that). With Config.ClusterTieBreak set and other nodes present, a
-// request of this node that leads blocks and waits for nobody is
-// announced at once and then held for at most ClusterTieBreak before it is
-// forwarded. If another node's announcement of any of the same blocks at
+// of that). With Config.ClusterTieBreak set and another node that may
+// rank before this one (PrefillPeers.Outranked: not heard from yet, or a
+// lower instance), a request of this node that leads blocks and waits for
+// nobody is announced at once and then held for at most ClusterTieBreak
+// before it is forwarded. If another node's announcement of any of the same blocks at
 // the same endpoint arrives meanwhile from a node that ranks first (a
 // lower announcement instance, outranks), the request yields: it waits for
 // that node's prefill as any follower does (bounded by CoalesceWait,
@@ -49,13 +50,15 @@ const (
 func outranks(a, b uint64) bool { return a < b }
 
 // contesting reports whether a new leader of this node defers: the
-// tie-break is on and other nodes hear its announcements.
+// tie-break is on and another node may rank before this one (one not
+// heard from yet, or with a lower instance). The node that ranks first
+// among those it has heard from forwards at once: it never yields.
 func (g *Gateway) contesting() bool {
 	if g.cfg.ClusterTieBreak <= 0 {
 		return false
 	}
 	pp := g.peers.Load()
-	return pp != nil && (*pp).Peers() > 0
+	return pp != nil && (*pp).Outranked()
 }
 
 // tieBreak holds self, a leader registered with contest, for up to

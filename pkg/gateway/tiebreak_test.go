@@ -33,7 +33,7 @@ func (r *recordingPeers) Announce(p peerprefill.Prefill) func() {
 }
 
 func (r *recordingPeers) Instance() uint64 { return r.instance }
-func (r *recordingPeers) Peers() int       { return 1 }
+func (r *recordingPeers) Outranked() bool  { return true }
 
 // announced returns the announcements sent so far.
 func (r *recordingPeers) announced() []peerprefill.Prefill {
