@@ -151,20 +151,5 @@ func (h *HealthReconciler) Reconcile(_ context.Context, services []control.Servi
 	return errors.Join(errs...)
 }
 
-// EndpointState renders health for rule read-back: "active" or "inactive"
-// for monitored endpoints.
-func EndpointState(h interface{ Healthy(uint32, int) bool }, services func(uint32) (control.Service, bool)) func(uint32, int) string {
-	return func(service uint32, ep int) string {
-		s, ok := services(service)
-		if !ok || !health.MonitorEnabled(s.Rule.Service.Monitor, s.Rule.Service.ProbeType) {
-			return ""
-		}
-		if h.Healthy(service, ep) {
-			return "active"
-		}
-		return "inactive"
-	}
-}
-
 var _ control.Reconciler = (*KVReconciler)(nil)
 var _ control.Reconciler = (*HealthReconciler)(nil)

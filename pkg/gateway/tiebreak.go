@@ -57,8 +57,7 @@ func (g *Gateway) contesting() bool {
 	if g.cfg.ClusterTieBreak <= 0 {
 		return false
 	}
-	pp := g.peers.Load()
-	return pp != nil && (*pp).Outranked()
+	return g.cfg.Peers != nil && g.cfg.Peers.Outranked()
 }
 
 // tieBreak holds self, a leader registered with contest, for up to

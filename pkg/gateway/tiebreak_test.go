@@ -45,12 +45,11 @@ func (r *recordingPeers) announced() []peerprefill.Prefill {
 // tieFixture is a gateway of instance 100 with the tie-break window w.
 func tieFixture(t *testing.T, w time.Duration) (fixture, *recordingPeers) {
 	t.Helper()
-	f := newFixtureConfig(t, Config{Seed: "1", CoalesceWait: time.Minute, ClusterTieBreak: w}, rule(3, ""))
+	rp := &recordingPeers{instance: 100}
+	f := newFixtureConfig(t, Config{Seed: "1", CoalesceWait: time.Minute, ClusterTieBreak: w, Peers: rp}, rule(3, ""))
 	if _, err := f.g.tok.Get("Qwen/Qwen3-0.6B"); err != nil {
 		t.Fatal(err)
 	}
-	rp := &recordingPeers{instance: 100}
-	f.g.SetPeers(rp)
 	return f, rp
 }
 
