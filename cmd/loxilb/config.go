@@ -83,6 +83,8 @@ type config struct {
 	coalesceWait time.Duration
 	prefillSlots int
 	prefillWait  time.Duration
+	// clusterTieBreak is the cross-node tie-break's deferral (0: off).
+	clusterTieBreak time.Duration
 }
 
 // routingSettings are the settings that change where a request goes, by

@@ -156,7 +156,7 @@ func (d *daemon) buildRouting() error {
 		PrefillSlots: cfg.prefillSlots, PrefillQueueWait: cfg.prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
 		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: d.events,
-		ClusterLoad: cfg.clusterRoutingOn(), Engine: signals}
+		ClusterLoad: cfg.clusterRoutingOn(), ClusterTieBreak: cfg.clusterTieBreak, Engine: signals}
 	if d.peers != nil {
 		// A nil *Node in the interface would be a peer set that is
 		// there and fails; alone, the gateway is given none.
@@ -389,7 +389,7 @@ func (d *daemon) startAPI(apiCtx context.Context, apiCfg api.Config, errc chan e
 		"store", d.st.Health().Backend+" "+d.st.Health().Where, "node", cfg.cluster.name, "node_address", cfg.cluster.address,
 		"tokenizer_dir", cfg.tokenizerDir, "rules", len(d.ctl.List()), "auth", cfg.apiToken != "", "tls", cfg.tlsCert != "",
 		"api_read_timeout", cfg.api.readTimeout, "api_max_body", cfg.api.maxBody, "api_max_conns", cfg.api.maxConns,
-		"coalesce_wait", cfg.coalesceWait, "prefill_slots", cfg.prefillSlots, "prefill_queue_wait", cfg.prefillWait,
+		"coalesce_wait", cfg.coalesceWait, "cluster_tiebreak", cfg.clusterTieBreak, "prefill_slots", cfg.prefillSlots, "prefill_queue_wait", cfg.prefillWait,
 		"proxy_receipts", cfg.receipts.String(), "tokenize_max_bytes", cfg.tokMaxBytes, "tokenize_max_tokens", cfg.tokMaxTokens,
 		"tokenize_concurrency", cfg.tokConcurrency)
 	go func() {

@@ -43,6 +43,12 @@ type leader struct {
 	// followers counts the requests held for this one; the prefill queue
 	// weighs the leader by them.
 	followers atomic.Int32
+	// announced marks another node's announcement (remote.go).
+	announced bool
+	// contest is set, under leaders.mu, while a request of this node
+	// defers before forwarding (tiebreak.go): it receives the leader of a
+	// better-ranked node that announced the same blocks meanwhile.
+	contest chan *leader
 }
 
 // followerCount is how many requests wait for l (0 for nil).
@@ -108,25 +114,43 @@ func (ls *leaders) heldFor(service uint32, ep int) int {
 // the function that ends the leadership; calling it more than once is
 // harmless.
 func (ls *leaders) register(service uint32, ep int, keys []uint64, uncached int64) (func(), *leader) {
-	return ls.registerKeys(service, ep, keys, uncached, true)
+	return ls.registerKeys(service, ep, keys, uncached, leaderOrigin{})
 }
 
-// registerKeys is register; without replace, a key another leader holds
-// stays with it (another node's announcement never displaces a request of
-// this node, whose end is certain to be seen).
-func (ls *leaders) registerKeys(service uint32, ep int, keys []uint64, uncached int64, replace bool) (func(), *leader) {
+// leaderOrigin says who registers a leader.
+type leaderOrigin struct {
+	// announced is set for another node's announcement. A key another
+	// leader holds stays with it: an announcement never displaces a
+	// request of this node, whose end is certain to be seen.
+	announced bool
+	// contest makes a leader of this node defer (tiebreak.go): its
+	// contest channel is set before any key is visible.
+	contest bool
+	// held, for an announcement, is called under the lock with each
+	// leader h already holding one of its keys and the new leader l.
+	held func(h, l *leader)
+}
+
+// registerKeys is register for a leader of the given origin.
+func (ls *leaders) registerKeys(service uint32, ep int, keys []uint64, uncached int64, o leaderOrigin) (func(), *leader) {
 	if len(keys) == 0 {
 		return func() {}, nil
 	}
 	keys = keys[:min(len(keys), maxLeaderKeys)]
-	l := &leader{done: make(chan struct{}), uncached: uncached}
+	l := &leader{done: make(chan struct{}), uncached: uncached, announced: o.announced}
+	if o.contest {
+		l.contest = make(chan *leader, 1)
+	}
 	ls.mu.Lock()
 	if ls.m == nil {
 		ls.m = make(map[leaderKey]*leader)
 	}
 	for _, k := range keys {
 		lk := leaderKey{service, ep, k}
-		if _, held := ls.m[lk]; held && !replace {
+		if h, held := ls.m[lk]; held && o.announced {
+			if o.held != nil {
+				o.held(h, l)
+			}
 			continue
 		}
 		ls.m[lk] = l
@@ -183,8 +207,8 @@ const (
 // computes on ep (uncached: its predicted uncached tokens), and announces
 // it to the other nodes (remote.go); end ends both. l is nil when computed
 // is empty.
-func (g *Gateway) lead(st *service, ep int, computed []uint64, uncached int64) (end func(), l *leader) {
-	end, l = g.leaders.register(st.id, ep, computed, uncached)
+func (g *Gateway) lead(st *service, ep int, computed []uint64, uncached int64, contest bool) (end func(), l *leader) {
+	end, l = g.leaders.registerKeys(st.id, ep, computed, uncached, leaderOrigin{contest: contest})
 	if l != nil {
 		local, told := end, g.announce(st, ep, computed, uncached)
 		end = func() { local(); told() }

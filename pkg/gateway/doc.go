@@ -13,7 +13,9 @@
 //	           rank.go, rankload.go, rankseed.go)
 //	        -> (held while the chosen endpoint still computes the shared prefix
 //	           for an earlier request: prefill coalescing, coalesce.go; with
-//	           several nodes also a request another node announced, remote.go)
+//	           several nodes also a request another node announced, remote.go;
+//	           a new leader deferring briefly to a crossing announcement of
+//	           a better-ranked node, tiebreak.go)
 //	        -> (queued while the endpoint's prefill slots are taken, shortest
 //	           predicted prefill first: prefill admission, prefillq.go)
 //

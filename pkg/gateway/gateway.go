@@ -102,6 +102,11 @@ type Config struct {
 	CoalesceWait time.Duration
 	// Engine is the engines' own load signals; see EngineSignals.
 	Engine EngineSignals
+	// ClusterTieBreak is how long a request that leads a new prefill waits,
+	// when another gateway node may rank before this one (Config.Peers),
+	// for another node's announcement of the same blocks before it is
+	// forwarded (tiebreak.go), LOXILB_KV_CLUSTER_TIEBREAK_MS. 0: no wait.
+	ClusterTieBreak time.Duration
 	// PrefillSlots is how many requests per endpoint the gateway forwards
 	// before their first byte comes back; more wait in the gateway,
 	// shortest predicted prefill first (see prefillq.go),
@@ -185,6 +190,11 @@ const DefaultPrefillQueueWait = 2 * time.Second
 
 // PrefillAuto is Config.PrefillSlots for budgets learned per endpoint.
 const PrefillAuto = prefillAuto
+
+// DefaultClusterTieBreak is the daemon's default of Config.ClusterTieBreak:
+// a few loopback or LAN datagram latencies on a loaded node, a few percent
+// of the prefill of a prefix worth sharing (tiebreak.go).
+const DefaultClusterTieBreak = 3 * time.Millisecond
 
 // DefaultCoalesceWait is Config.CoalesceWait's default: longer than a long
 // prompt's prefill on a busy engine, short enough that a stuck leader costs

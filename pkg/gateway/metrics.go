@@ -36,6 +36,11 @@ type metrics struct {
 	// modelImplied counts requests without a model tokenized for the
 	// only staged one.
 	modelImplied *prometheus.CounterVec
+	// duplicateLeaders counts other nodes' announcements of blocks a
+	// forwarded request of this node was computing at the same endpoint
+	// (remote.go); tieBreak counts the deferrals of tiebreak.go.
+	duplicateLeaders *prometheus.CounterVec
+	tieBreak         *prometheus.CounterVec
 }
 
 // waitBuckets spans the gateway's waits: a millisecond to a few prefills
@@ -93,9 +98,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		modelImplied: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_gateway_model_implied_total",
 			Help: "Requests on KV-exact rules without model_name that named no model and were tokenized for the only staged tokenizer's model."},
 			[]string{"service"}),
+		duplicateLeaders: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_cluster_prefill_duplicate_leaders_total",
+			Help: "Another gateway node's prefill announcement for blocks a request of this node was already computing at the same endpoint: both nodes sent the prefix for prefill (counted on each node that sees the other's announcement, so a pair of nodes counts up to 2)."},
+			[]string{"service"}),
+		tieBreak: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_cluster_prefill_tiebreak_total",
+			Help: "Requests leading a new prefill that deferred before forwarding for another node's announcement of the same blocks (LOXILB_KV_CLUSTER_TIEBREAK_MS), by outcome (yielded: waited for the better-ranked node's prefill; kept: none came; cancelled)."},
+			[]string{"service", "outcome"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait, m.rejectedC, m.tokWaiting, m.ejectedSkipped, m.rankTargeted, m.rankSeeded, m.untrustedSkipped, m.modelImplied} {
+		for _, c := range []prometheus.Collector{m.tokMissing, m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.coalesced, m.coalesceWait, m.admitted, m.admitWait, m.rejectedC, m.tokWaiting, m.ejectedSkipped, m.rankTargeted, m.rankSeeded, m.untrustedSkipped, m.modelImplied, m.duplicateLeaders, m.tieBreak} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -149,7 +160,7 @@ func (m *metrics) closedLoop(service string, res proxy.Result, predicted int64) 
 }
 
 func (m *metrics) forget(service string) {
-	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced, m.admitted, m.rejectedC, m.ejectedSkipped, m.rankTargeted, m.rankSeeded, m.untrustedSkipped, m.modelImplied} {
+	for _, v := range []*prometheus.CounterVec{m.unhashableC, m.missC, m.predicted, m.actual, m.mispredicted, m.unverified, m.tokMissing, m.coalesced, m.admitted, m.rejectedC, m.ejectedSkipped, m.rankTargeted, m.rankSeeded, m.untrustedSkipped, m.modelImplied, m.duplicateLeaders, m.tieBreak} {
 		v.DeletePartialMatch(prometheus.Labels{"service": service})
 	}
 	m.coalesceWait.DeletePartialMatch(prometheus.Labels{"service": service})

@@ -62,7 +62,7 @@ func (g *Gateway) coalescePD(ctx context.Context, st *service, plan *proxy.Plan,
 	d := router.Decision{EP: leg.ep, MatchedBlocks: leg.matched, BlockSize: st.hasher.BlockSize()}
 	follow := g.leaderFor(st, d, leg.keys)
 	computed := leg.keys[leg.matched:]
-	lead, _ := g.lead(st, leg.ep, computed, leg.uncached)
+	lead, _ := g.lead(st, leg.ep, computed, leg.uncached, false)
 	plan.FirstByte = lead
 	plan.Done = func(proxy.Result) { lead() }
 	if follow != nil && g.follow(ctx, st, leg.ep, follow) == waitCancelled {

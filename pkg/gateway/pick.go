@@ -189,7 +189,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	if promptTokens > 0 && g.cfg.CoalesceWait > 0 {
 		follow = g.leaderFor(st, d, keys)
 		computed := keys[min(d.MatchedBlocks, len(keys)):]
-		lead, self = g.lead(st, d.EP, computed, uncached)
+		lead, self = g.lead(st, d.EP, computed, uncached, follow == nil && g.contesting())
 	}
 	release := func() { lead(); slot(); work() }
 	plan.FirstByte = release
@@ -200,6 +200,15 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 			release()
 			rankDone()
 			g.m.closedLoop(label, res, predicted)
+		}
+	}
+	if self != nil && self.contest != nil {
+		var gone bool
+		if follow, gone = g.tieBreak(ctx, st, self); gone {
+			lead()
+			work()
+			rankDone()
+			return proxy.Plan{}, fmt.Errorf("%w: client went away while its prefill deferred to other nodes", proxy.ErrClientCanceled)
 		}
 	}
 	inherit := false

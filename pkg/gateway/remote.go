@@ -29,6 +29,13 @@ import (
 type PrefillPeers interface {
 	// Announce sends p and returns the function that announces its end.
 	Announce(p peerprefill.Prefill) func()
+	// Instance is this process's announcement instance
+	// (peerprefill.ID.Instance), which ranks its leaders against the
+	// other nodes' (tiebreak.go).
+	Instance() uint64
+	// Outranked reports whether another node may rank before this one,
+	// so that a new leader waits for its announcements (tiebreak.go).
+	Outranked() bool
 }
 
 // maxRemoteLeaders bounds the other nodes' announcements held at once: far
@@ -90,10 +97,37 @@ func (g *Gateway) RemoteBegin(_ netip.Addr, p peerprefill.Prefill) string {
 		rl.mu.Unlock()
 		return peerprefill.DropFull
 	}
-	end, _ := g.leaders.registerKeys(st.id, p.EP, p.Keys, max(p.Uncached, 1), false)
+	// A leader of this node already holding some of the keys started
+	// before the announcement arrived: two nodes lead the same blocks.
+	// One still deferring is offered the announced leader when that
+	// node ranks first (tiebreak.go); one already forwarded computes
+	// them a second time.
+	var self uint64
+	if g.cfg.Peers != nil {
+		self = g.cfg.Peers.Instance()
+	}
+	duplicate := false
+	held := func(h, l *leader) {
+		switch {
+		case h.announced:
+		case h.contest != nil:
+			if outranks(p.ID.Instance, self) {
+				select {
+				case h.contest <- l:
+				default:
+				}
+			}
+		default:
+			duplicate = true
+		}
+	}
+	end, _ := g.leaders.registerKeys(st.id, p.EP, p.Keys, max(p.Uncached, 1), leaderOrigin{announced: true, held: held})
 	id := p.ID
 	rl.m[id] = &remoteLeader{end: end, timer: time.AfterFunc(min(p.TTL, g.cfg.CoalesceWait), func() { rl.end(id) })}
 	rl.mu.Unlock()
+	if duplicate {
+		g.m.duplicateLeaders.WithLabelValues(st.label).Inc()
+	}
 	if g.cfg.SpeculativeTTL > 0 {
 		// Routed here, the prefix is this endpoint's as on the sender
 		// (the index copies the keys).

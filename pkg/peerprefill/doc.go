@@ -11,7 +11,11 @@
 // both start computing the prefix. With this package the node that sends
 // the first of them announces "blocks K of rule S are in prefill at
 // endpoint E" to the others, and "done" at the first response byte; the
-// others treat the announcement as a leader of their own.
+// others treat the announcement as a leader of their own. Two nodes whose
+// leaders of the same blocks cross (both sent before either heard of the
+// other) are ranked by the announcements' sender instance: the receiver's
+// gateway defers its new leaders briefly and yields to a lower instance
+// (pkg/gateway, tiebreak.go).
 //
 // Transport: one UDP datagram per announcement and per "done", sent to
 // every other member's peer address (announced in its membership record).

@@ -55,6 +55,13 @@ type Node struct {
 	peers    atomic.Pointer[peerSet]
 	bufs     sync.Pool
 
+	// heard is the instance each peer address last sent from (guarded by
+	// heardMu, written by the receiver); outranked is whether some peer
+	// of the current set was not heard yet or has a lower instance.
+	heardMu   sync.Mutex
+	heard     map[netip.AddrPort]uint64
+	outranked atomic.Bool
+
 	sent, received *prometheus.CounterVec
 	dropped        *prometheus.CounterVec
 	sendErrors     prometheus.Counter
@@ -88,7 +95,8 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Node, err
 	}
 	var rb [8]byte
 	_, _ = rand.Read(rb[:])
-	n := &Node{cfg: cfg, log: logger, conn: conn, instance: binary.BigEndian.Uint64(rb[:]),
+	// Never 0: receivers read instance 0 as none (malformed).
+	n := &Node{cfg: cfg, log: logger, conn: conn, instance: max(binary.BigEndian.Uint64(rb[:]), 1),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_cluster_prefill_sent_total",
 			Help: "Prefill announcements sent to the other gateway nodes, by kind (begin, done), one per peer."}, []string{"kind"}),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_cluster_prefill_received_total",
@@ -99,6 +107,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Node, err
 			Help: "Prefill announcements that could not be sent to a peer."}),
 	}
 	n.peers.Store(&peerSet{})
+	n.heard = map[netip.AddrPort]uint64{}
 	n.bufs.New = func() any { b := make([]byte, 0, MaxDatagram); return &b }
 	if reg != nil {
 		peers := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "loxilb_cluster_prefill_peers",
@@ -116,6 +125,42 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Node, err
 
 // Addr is the bound UDP address.
 func (n *Node) Addr() netip.AddrPort { return n.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+// Instance is the random number naming this process in its
+// announcements (ID.Instance); receivers rank crossing leaders by it.
+func (n *Node) Instance() uint64 { return n.instance }
+
+// Outranked reports whether a peer may rank before this node (a lower
+// instance), so that this node's new leaders should wait for its
+// announcements: true while some current peer has not been heard from,
+// false with no peer. A peer restarted with a lower instance is seen
+// at its first datagram.
+func (n *Node) Outranked() bool { return n.outranked.Load() }
+
+// hear records the instance a peer sent from.
+func (n *Node) hear(from netip.AddrPort, instance uint64) {
+	n.heardMu.Lock()
+	defer n.heardMu.Unlock()
+	if n.heard[from] == instance {
+		return
+	}
+	n.heard[from] = instance
+	n.rankLocked(n.peers.Load())
+}
+
+// rankLocked sets outranked for peer set ps and forgets the instances of
+// addresses that left it (heardMu held).
+func (n *Node) rankLocked(ps *peerSet) {
+	out := false
+	for a, in := range n.heard {
+		if !ps.from[a] {
+			delete(n.heard, a)
+		} else if in < n.instance {
+			out = true
+		}
+	}
+	n.outranked.Store(out || len(n.heard) < len(ps.addrs))
+}
 
 // Peers is how many peers the node sends to now.
 func (n *Node) Peers() int { return len(n.peers.Load().addrs) }
@@ -169,10 +214,16 @@ func (n *Node) refresh() {
 		if ap == self || ap.Port() == 0 {
 			continue
 		}
+		if ps.from[ap] {
+			continue
+		}
 		ps.addrs = append(ps.addrs, ap)
 		ps.from[ap] = true
 	}
+	n.heardMu.Lock()
 	n.peers.Store(ps)
+	n.rankLocked(ps)
+	n.heardMu.Unlock()
 }
 
 // receive reads datagrams until the socket is closed.
@@ -206,6 +257,7 @@ func (n *Node) handle(h Handler, b []byte, from netip.AddrPort, keys []uint64) {
 		n.dropped.WithLabelValues(DropMalformed).Inc()
 		return
 	}
+	n.hear(from, d.p.ID.Instance)
 	if d.kind == kindDone {
 		n.received.WithLabelValues("done").Inc()
 		h.RemoteDone(d.p.ID)

@@ -191,3 +191,33 @@ func TestPeerRemovedGetsNothing(t *testing.T) {
 		t.Fatalf("sent %v begins to a removed peer", v)
 	}
 }
+
+// A node is outranked while a peer has not been heard from or has a lower
+// instance, and not with no peer or once every peer is heard from with a
+// higher one.
+func TestOutranked(t *testing.T) {
+	a, b := startNode(t), startNode(t)
+	if a.n.Outranked() {
+		t.Fatal("outranked with no peer")
+	}
+	link(t, a, b)
+	if !a.n.Outranked() || !b.n.Outranked() {
+		t.Fatal("not outranked by a peer never heard from")
+	}
+	a.n.Announce(samplePrefill())()
+	b.n.Announce(samplePrefill())()
+	lower, higher := a, b
+	if b.n.instance < a.n.instance {
+		lower, higher = b, a
+	}
+	wait.Eventually(t, "each node ranked against the other", func() bool {
+		return !lower.n.Outranked() && higher.n.Outranked()
+	})
+	lower.peers.set()
+	lower.n.refresh()
+	higher.peers.set()
+	higher.n.refresh()
+	if lower.n.Outranked() || higher.n.Outranked() {
+		t.Fatal("outranked by a peer that left")
+	}
+}

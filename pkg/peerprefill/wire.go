@@ -14,8 +14,9 @@ import (
 //	             | uncached tokens (4) | ttl ms (4) | key count (2) | keys (8 each)
 //	kind done:   nothing more
 //
-// The sender instance is random per process, so a restarted node's
-// sequence numbers never meet its predecessor's. The endpoint address
+// The sender instance is random per process and never 0, so a restarted
+// node's sequence numbers never meet its predecessor's; receivers also
+// rank two nodes' leaders of the same blocks by it (the lower goes first). The endpoint address
 // hash lets a receiver refuse an announcement naming an endpoint index
 // that, in its copy of the rule, is another address (a rule being changed
 // while nodes resync).
@@ -112,6 +113,9 @@ func decode(b []byte, keyBuf []uint64) (decoded, error) {
 	}
 	d.kind = b[5]
 	d.p.ID = ID{Instance: binary.BigEndian.Uint64(b[6:]), Seq: binary.BigEndian.Uint64(b[14:])}
+	if d.p.ID.Instance == 0 {
+		return d, fmt.Errorf("%w: instance 0", errMalformed)
+	}
 	b = b[headerLen:]
 	switch d.kind {
 	case kindDone:

@@ -74,6 +74,8 @@ func TestDecodeRefusesMalformed(t *testing.T) {
 			return b
 		}),
 		"done with body": append(appendDone(nil, ID{1, 2}), 1),
+		"instance 0":     appendBegin(nil, Prefill{ID: ID{0, 9}, Service: 3, EP: 2, Uncached: 1, TTL: time.Second, Keys: []uint64{1}}),
+		"done of 0":      appendDone(nil, ID{0, 2}),
 	}
 	for name, b := range cases {
 		if _, err := decode(b, nil); !errors.Is(err, errMalformed) {
@@ -89,6 +91,9 @@ func FuzzDecode(f *testing.F) {
 		d, err := decode(b, make([]uint64, 0, MaxKeys))
 		if err != nil {
 			return
+		}
+		if d.p.ID.Instance == 0 {
+			t.Fatalf("accepted instance 0: %+v", d)
 		}
 		if d.kind == kindBegin {
 			if len(d.p.Keys) == 0 || len(d.p.Keys) > MaxKeys || d.p.TTL <= 0 || d.p.TTL > MaxTTL {

@@ -189,7 +189,11 @@ func (d *daemon) prefillBudgets(endpoints int) ([]string, int, error) {
 }
 
 // metric sums the samples of a Prometheus metric in the daemon's export.
-func (d *daemon) metric(name string) (float64, error) {
+func (d *daemon) metric(name string) (float64, error) { return d.metricWith(name, "") }
+
+// metricWith sums the samples of a Prometheus metric whose labels contain
+// match (`outcome="yielded"`; "" for all).
+func (d *daemon) metricWith(name, match string) (float64, error) {
 	resp, err := http.Get(d.url("/metrics"))
 	if err != nil {
 		return 0, err
@@ -205,7 +209,8 @@ func (d *daemon) metric(name string) (float64, error) {
 	var sum float64
 	found := false
 	for _, line := range strings.Split(string(b), "\n") {
-		if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != ' ' && line[len(name)] != '{') {
+		if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != ' ' && line[len(name)] != '{') ||
+			!strings.Contains(line, match) {
 			continue
 		}
 		var v float64

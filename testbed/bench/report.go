@@ -57,8 +57,17 @@ type ArmResult struct {
 	// PerEndpoint is requests served by each engine (its own counter).
 	PerEndpoint []int `json:"requests_per_endpoint"`
 	// PerNode is requests each gateway node proxied (several nodes only).
-	PerNode         []int   `json:"requests_per_node,omitempty"`
-	MaxOverMeanLoad float64 `json:"max_over_mean_load"`
+	PerNode []int `json:"requests_per_node,omitempty"`
+	// Cold is requests whose receipt matched no block (each computed its
+	// whole prompt unless it waited for a sibling), summed over runs.
+	Cold int `json:"cold_requests"`
+	// DuplicateLeaders and TieYielded sum the nodes'
+	// loxilb_cluster_prefill_duplicate_leaders_total and
+	// loxilb_cluster_prefill_tiebreak_total{outcome="yielded"} over runs
+	// (several nodes only).
+	DuplicateLeaders int     `json:"duplicate_leaders,omitempty"`
+	TieYielded       int     `json:"tiebreak_yielded,omitempty"`
+	MaxOverMeanLoad  float64 `json:"max_over_mean_load"`
 	// EndpointsPerGroup is the mean number of distinct endpoints a prefix
 	// group (burst, session, shared prefix) was routed to, from receipts.
 	EndpointsPerGroup float64        `json:"endpoints_per_group"`
@@ -303,7 +312,8 @@ func (r *Report) WriteTable(w io.Writer) {
 				fmt.Fprintf(w, "   %s prefill budgets per endpoint (slots source): %s; %d requests queued in the gateway\n", a.Arm, strings.Join(a.PrefillBudgets, ", "), a.PrefillQueued)
 			}
 			if a.PerNode != nil {
-				fmt.Fprintf(w, "   %s requests per gateway node: %v\n", a.Arm, a.PerNode)
+				fmt.Fprintf(w, "   %s requests per gateway node: %v; %d cold requests, %d duplicate leaders seen, %d tie-break yields (over %d runs)\n",
+					a.Arm, a.PerNode, a.Cold, a.DuplicateLeaders, a.TieYielded, a.Runs)
 			}
 		}
 		for _, a := range wr.Arms {

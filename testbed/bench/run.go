@@ -122,7 +122,11 @@ var (
 	// the default fleet's two running sequences, as an operator who knows
 	// it would: it measures what learning the budget costs.
 	ArmKVSlots2 = Arm{Name: "kv-slots2", Label: "KV-exact, prefill budget fixed at 2", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_PREFILL_SLOTS=2"}}
-	ArmKVNoSpl  = Arm{Name: "kv-nospill", Label: "KV-exact, spill relief off", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=off"}}
+	// ArmKVNoTie is the kv arm without the cross-node tie-break: on
+	// several nodes (-nodes) it measures what the tie-break adds against
+	// the kv arm in the same run; on one node it is the kv arm.
+	ArmKVNoTie = Arm{Name: "kv-notie", Label: "KV-exact, no cross-node tie-break", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_CLUSTER_TIEBREAK_MS=0"}}
+	ArmKVNoSpl = Arm{Name: "kv-nospill", Label: "KV-exact, spill relief off", Select: "rr", Sel: 0, KVExactMode: 3, Env: []string{"LOXILB_KV_SPILL_RELIEF=off"}}
 	// ArmKVLoad is KV-exact with the load blend weighted 16x the default
 	// (one request in flight is worth 512 cached tokens instead of 32): it
 	// shows how much of the gap to the targets the default blend leaves.
@@ -141,7 +145,7 @@ func DefaultArms() []Arm { return []Arm{ArmRR, ArmCHWBL, ArmKV, ArmKVNoSpl} }
 
 // AllArms adds the arms a run can select by name (llmbench -arms).
 func AllArms() []Arm {
-	return append(DefaultArms(), ArmKVLoad, ArmKVFCFS, ArmKVSlots2, ArmCHWBLSystem, ArmCHWBL125)
+	return append(DefaultArms(), ArmKVLoad, ArmKVFCFS, ArmKVSlots2, ArmKVNoTie, ArmCHWBLSystem, ArmCHWBL125)
 }
 
 // Suite is one benchmark run.
@@ -501,6 +505,12 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 		for i, v := range nodes.requests() {
 			ar.PerNode = append(ar.PerNode, v-nodesBefore[i])
 		}
+		for _, n := range nodes.d {
+			v, _ := n.metric("loxilb_cluster_prefill_duplicate_leaders_total")
+			ar.DuplicateLeaders += int(v)
+			v, _ = n.metricWith("loxilb_cluster_prefill_tiebreak_total", `outcome="yielded"`)
+			ar.TieYielded += int(v)
+		}
 	}
 	if arm.KVExactMode != 0 {
 		if ar.PrefillBudgets, ar.PrefillQueued, err = d.prefillBudgets(f.Engines); err != nil {
@@ -691,6 +701,9 @@ func summarize(arm Arm, samples []sample, before, after []enginesim.Stats, wall 
 		}
 		if s.hasRcpt {
 			ar.Tiers[s.receipt.Tier]++
+			if s.receipt.Matched == 0 {
+				ar.Cold++
+			}
 			if s.group >= 0 && s.receipt.EP >= 0 {
 				if groups[s.group] == nil {
 					groups[s.group] = map[int]bool{}

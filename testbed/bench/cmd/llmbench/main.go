@@ -32,7 +32,7 @@ func run() error {
 		out       = flag.String("out", "", "directory for report.json and the SVG charts (none when empty)")
 		binDir    = flag.String("bin", "", "directory holding prebuilt loxilb and loxicmd (built into a temp dir when empty)")
 		workloads = flag.String("workloads", "", "comma-separated workloads: shared-prefix-40, shared-prefix-100, multi-turn, multi-turn-long, sibling-bursts, hot-prefix, doc-qa, doc-qa-mixed, doc-qa-mixed-heavy, agent-loop, multi-turn-no-context (all but the last when empty)")
-		arms      = flag.String("arms", "", "comma-separated arms to run: rr, chwbl, kv, kv-nospill, kv-load512, kv-fcfs, kv-slots2, chwbl-l1, chwbl-125 (the first four when empty)")
+		arms      = flag.String("arms", "", "comma-separated arms to run: rr, chwbl, kv, kv-nospill, kv-load512, kv-fcfs, kv-slots2, kv-notie, chwbl-l1, chwbl-125 (the first four when empty)")
 		loxicmd   = flag.Bool("loxicmd", false, "create rules with loxicmd instead of the REST API")
 		quiet     = flag.Bool("quiet", false, "no progress bar")
 		runs      = flag.Int("runs", 0, "repetitions per arm, medians reported (0: the suite's default, 3 for default)")
