@@ -26,7 +26,7 @@ func BenchmarkEncodePrompt(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				tk.segs.reset() // a prompt never seen whole
+				tk.cache.reset() // a prompt never seen whole
 				b.StartTimer()
 				buf = tk.AppendEncode(buf[:0], text, false)
 			}
@@ -52,7 +52,7 @@ func BenchmarkEncodePromptColdCache(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
 				tk.model.cache.reset()
-				tk.segs.reset()
+				tk.cache.reset()
 				b.StartTimer()
 				tk.Encode(text, false)
 			}
@@ -97,7 +97,7 @@ func BenchmarkEncodePromptRegexp2(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				tk.segs.reset() // a prompt never seen whole
+				tk.cache.reset() // a prompt never seen whole
 				b.StartTimer()
 				buf = tk.AppendEncode(buf[:0], text, false)
 			}
