@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -337,5 +338,38 @@ func TestPrefixCacheSecondChance(t *testing.T) {
 	}
 	if _, ok := c.get(text(1)); ok {
 		t.Fatal("the oldest entry not hit is still held")
+	}
+}
+
+// TestRegistryCacheSetting: the registry hands its bound and its
+// registered counters to every tokenizer it loads; 0 turns the cache off.
+func TestRegistryCacheSetting(t *testing.T) {
+	doc := strings.Repeat("The gateway routes each request to the worker that holds its prefix. ", 40)
+	for _, capacity := range []int64{1 << 20, 0} {
+		reg := prometheus.NewRegistry()
+		r, err := NewRegistry(stagedDir, nil, reg, WithCacheBytes(capacity))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk, err := r.Get("meta-llama/Llama-3.1-8B-Instruct")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []string{doc + "First question?", doc + "First question?", doc + "Second question?"} {
+			tk.Encode(s, false)
+		}
+		want := map[string]float64{"miss": 1, "hit": 1, "resumed": 1}
+		if capacity == 0 {
+			want = map[string]float64{"miss": 0, "hit": 0, "resumed": 0}
+		}
+		for result, n := range want {
+			if got := testutil.ToFloat64(r.cacheStats.Lookups.WithLabelValues(result)); got != n {
+				t.Errorf("capacity %d: %s %v, want %v", capacity, result, got, n)
+			}
+		}
+		if n, err := testutil.GatherAndCount(reg, "loxilb_tokenizer_cache_lookups_total", "loxilb_tokenizer_cache_evictions_total",
+			"loxilb_tokenizer_cache_resumed_bytes_total"); err != nil || n != 5 {
+			t.Errorf("capacity %d: %d cache series registered (%v), want 5", capacity, n, err)
+		}
 	}
 }

@@ -343,7 +343,7 @@ func (t *Tokenizer) encodeCached(dst []uint32, sc *encodeScratch, s string, limi
 	start := len(dst)
 	sc.keys, sc.marks = sc.keys[:0], sc.marks[:0]
 	// NFC cuts at an ASCII byte only in valid UTF-8 (normalize.go).
-	resumable := t.resumable && (t.normalizer == nil || utf8.ValidString(s))
+	resumable := t.resumable && t.scan != nil && (t.normalizer == nil || utf8.ValidString(s))
 	from := 0
 	if resumable {
 		sc.keys = t.cache.prefixHashes(sc.keys, s)
