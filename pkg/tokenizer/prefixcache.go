@@ -146,8 +146,10 @@ func (c *prefixCache) init(capacity int64, stats *CacheMetrics) {
 	c.stats = stats
 }
 
-// configure replaces the bound and the counters and empties the cache;
-// it is called before the tokenizer is handed out.
+// configure replaces the bound and the counters and empties the cache.
+// The bound and the counters are read without the lock, so it runs
+// before the tokenizer is handed out (and in benchmarks between encodes),
+// never while another goroutine encodes.
 func (c *prefixCache) configure(capacity int64, stats *CacheMetrics) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -382,7 +382,7 @@ func (t *Tokenizer) encodeCached(dst []uint32, sc *encodeScratch, s string, limi
 // at an ASCII byte that is not white space, at least markGap bytes apart;
 // base is where s's ids start in dst.
 func (t *Tokenizer) encodeMarked(dst []uint32, sc *encodeScratch, s string, from, base, limit int) ([]uint32, bool) {
-	last := -markGap
+	last := 0 // a mark at 0 would save nothing
 	if n := len(sc.marks); n > 0 {
 		last = int(sc.marks[n-1].off)
 	}
