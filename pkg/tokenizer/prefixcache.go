@@ -83,6 +83,9 @@ const (
 	// the mark is used. The argument above needs 1 (the mark's own byte);
 	// the rest is slack against a future scanner change reading further.
 	resumeMargin = 16
+	// resumeStoreFraction: a stretch resumed with at most 1/8 of it left
+	// to tokenize is not stored (encodeCached).
+	resumeStoreFraction = 8
 	// entryOverhead approximates an entry's fixed cost and its map slots.
 	entryOverhead = 160
 	// keyOverhead approximates one prefix index slot.

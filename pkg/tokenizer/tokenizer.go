@@ -338,7 +338,7 @@ func (t *Tokenizer) encodeBody(dst []uint32, text string, limit int) ([]uint32, 
 // encodeCached encodes segment s, which the cache does not hold whole:
 // from the last usable mark of a cached segment sharing its prefix when
 // there is one, else from its start. It stores the result with s's own
-// marks.
+// marks unless only a small tail was new.
 func (t *Tokenizer) encodeCached(dst []uint32, sc *encodeScratch, s string, limit int) ([]uint32, bool) {
 	start := len(dst)
 	sc.keys, sc.marks = sc.keys[:0], sc.marks[:0]
@@ -371,7 +371,11 @@ func (t *Tokenizer) encodeCached(dst []uint32, sc *encodeScratch, s string, limi
 	} else {
 		dst, ok = t.encodeMarked(dst, sc, s, from, start, limit)
 	}
-	if ok {
+	// A stretch resumed for all but a small tail is not stored: it would
+	// be a near copy of the entry it came from (a new question after the
+	// same document each time), and copying it costs about as much as
+	// resuming it again; the cache keeps room for other prefixes.
+	if ok && (from == 0 || len(s)-from > len(s)/resumeStoreFraction) {
 		t.cache.put(s, dst[start:], sc.marks, sc.keys)
 	}
 	return dst, ok
