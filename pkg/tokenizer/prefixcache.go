@@ -51,7 +51,9 @@ import (
 //
 // Memory is bounded by bytes (text, ids, marks, index keys and a fixed
 // overhead per entry), evicting by second chance (CLOCK): an entry hit
-// since the hand last passed it is kept once more.
+// since the hand last passed it is kept once more. A segment resumed
+// with only a small tail left to tokenize is not stored (encodeCached),
+// so a stream of new questions after one document keeps one copy of it.
 type prefixCache struct {
 	seed     maphash.Seed
 	capacity int64 // bytes; 0: nothing is cached
