@@ -16,10 +16,10 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/cluster"
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/diag"
-	"github.com/loxilb-llm/loxilb/pkg/gateway"
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/pkg/reconcilers"
 	"github.com/loxilb-llm/loxilb/pkg/store"
 	"github.com/loxilb-llm/loxilb/testbed/enginesim"
 	"github.com/loxilb-llm/loxilb/testbed/fleet"
@@ -52,7 +52,7 @@ func diagFleet(t *testing.T, sim enginesim.Config, ep2 string) (*httptest.Server
 	}
 	events := kvevents.New(kvevents.Config{ReplayPortOffset: kvevents.DefaultReplayPortOffset}, index, nil, nil)
 	go events.Run(ctx)
-	ctl.AddReconciler(&gateway.KVReconciler{Subs: events, Inv: index, Seed: seed})
+	ctl.AddReconciler(&reconcilers.KVEvents{Subs: events, Inv: index, Seed: seed})
 	tokDir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(tokDir, "sim-model"), 0o755); err != nil {
 		t.Fatal(err)

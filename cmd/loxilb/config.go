@@ -14,11 +14,11 @@ import (
 
 	"github.com/loxilb-llm/loxilb/api"
 	"github.com/loxilb-llm/loxilb/pkg/dispatch"
-	"github.com/loxilb-llm/loxilb/pkg/gateway"
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/reconcilers"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 )
 
@@ -285,8 +285,8 @@ func (c *config) proxyConfig() proxy.Config {
 // listenerConfig is what the mode-4 rules' listeners are built from
 // besides the rules: the proxy's knobs, the daemon's TLS files and the
 // receipt policy.
-func (c *config) listenerConfig() gateway.ListenerConfig {
-	return gateway.ListenerConfig{Proxy: c.proxyConfig(), CertFile: c.proxyCert, KeyFile: c.proxyKey, CAFile: c.proxyCA,
+func (c *config) listenerConfig() reconcilers.ListenerConfig {
+	return reconcilers.ListenerConfig{Proxy: c.proxyConfig(), CertFile: c.proxyCert, KeyFile: c.proxyKey, CAFile: c.proxyCA,
 		ClientCertFile: c.proxyClient.cert, ClientKeyFile: c.proxyClient.key, ClientCAFile: c.proxyClient.ca, Receipts: c.receipts}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/dataplane"
 	"github.com/loxilb-llm/loxilb/pkg/diag"
 	"github.com/loxilb-llm/loxilb/pkg/dispatch"
+	"github.com/loxilb-llm/loxilb/pkg/enginemetrics"
 	"github.com/loxilb-llm/loxilb/pkg/gateway"
 	"github.com/loxilb-llm/loxilb/pkg/health"
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
@@ -26,6 +27,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/peerprefill"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/reconcilers"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/pkg/store"
 	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
@@ -47,7 +49,7 @@ type daemon struct {
 	events  *kvevents.Manager
 	tokens  *tokenizer.Registry
 	prober  *health.Prober
-	scraper *gateway.Scraper
+	scraper *enginemetrics.Scraper
 	// inflight counts the requests the proxy sends per endpoint; the
 	// gateway reads it as local load and the drain API as what is left.
 	inflight *proxy.InFlightTable
@@ -110,8 +112,9 @@ func (d *daemon) buildKVPlane() error {
 }
 
 // buildRouting creates mode-4 routing: tokenizers, health probes, the
-// Tier-1.5 router, the engine-metrics scraper, passive health checks, the
-// P/D dispatcher, the in-flight table and the gateway composing them.
+// Tier-1.5 router, passive health checks, the P/D dispatcher, the
+// in-flight table, the engine-metrics scraper, the socket of cross-node
+// prefill coalescing and the gateway composing them.
 func (d *daemon) buildRouting() error {
 	cfg, logger, reg := d.cfg, d.logger, d.reg
 	var err error
@@ -129,9 +132,6 @@ func (d *daemon) buildRouting() error {
 	if err != nil {
 		return err
 	}
-	if d.scraper, err = gateway.NewScraper(gateway.ScraperConfig{Interval: cfg.scrapeInterval}, logger, reg); err != nil {
-		return err
-	}
 	outliers, err := outlier.New(cfg.outlier, logger, reg)
 	if err != nil {
 		return err
@@ -140,15 +140,49 @@ func (d *daemon) buildRouting() error {
 	if d.pdd, err = dispatch.New(cfg.dispatchConfig(), logger, reg); err != nil {
 		return err
 	}
-	// Created before both of its users, so the gateway (the proxy's
-	// Picker) and the proxy need no link to each other after construction.
+	// Created before its users, so the gateway (the proxy's Picker), the
+	// proxy and the scraper need no link to each other after construction.
 	d.inflight = new(proxy.InFlightTable)
-	d.gw, err = gateway.New(gateway.Config{Seed: cfg.seed, Outliers: outliers, PD: d.pdd, CoalesceWait: cfg.gatewayCoalesceWait(),
+	// The scraper records this node's open requests with each sample, so
+	// it can tell the other nodes' share of an engine's load.
+	if d.scraper, err = enginemetrics.New(enginemetrics.Config{Interval: cfg.scrapeInterval, SelfInFlight: d.inflight.Count}, logger, reg); err != nil {
+		return err
+	}
+	signals := gateway.EngineSignals{Load: d.scraper, Ranks: d.scraper, Budgets: d.scraper, Others: d.scraper}
+	if err := d.buildPeers(); err != nil {
+		return err
+	}
+	gcfg := gateway.Config{Seed: cfg.seed, Outliers: outliers, PD: d.pdd, CoalesceWait: cfg.gatewayCoalesceWait(),
 		PrefillSlots: cfg.prefillSlots, PrefillQueueWait: cfg.prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
 		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: d.events,
-		ClusterLoad: cfg.clusterRoutingOn()}, d.tokens, d.index, rt, d.prober, d.scraper, d.inflight, logger, reg)
+		ClusterLoad: cfg.clusterRoutingOn(), Engine: signals}
+	if d.peers != nil {
+		// A nil *Node in the interface would be a peer set that is
+		// there and fails; alone, the gateway is given none.
+		gcfg.Peers = d.peers
+	}
+	d.gw, err = gateway.New(gcfg, d.tokens, d.index, rt, d.prober, d.inflight, logger, reg)
 	return err
+}
+
+// buildPeers binds the socket of cross-node prefill coalescing when
+// several nodes share an etcd store with cluster routing on: the gateway
+// announces its leaders through it from its construction, and the node's
+// runner hands the other nodes' to the gateway. Alone, there is none.
+func (d *daemon) buildPeers() error {
+	cfg := d.cfg
+	if _, shared := d.st.(*store.Etcd); !shared || !cfg.clusterRoutingOn() {
+		return nil
+	}
+	// The members are read when the node runs, after joinCluster.
+	node, err := peerprefill.New(peerprefill.Config{Listen: cfg.cluster.peerListen(),
+		Peers: func() []string { return d.members.PeerAddrs() }}, d.logger, d.reg)
+	if err != nil {
+		return fmt.Errorf("--cluster-peer-port: %w", err)
+	}
+	d.peers = node
+	return nil
 }
 
 // buildProxy creates the mode-4 proxy, with the gateway as its picker
@@ -169,20 +203,20 @@ func (d *daemon) buildControl() error {
 		return err
 	}
 	d.reg.MustRegister(control.ServiceInfoCollector(d.ctl))
-	d.ctl.AddReconciler(&gateway.HealthReconciler{Prober: d.prober})
+	d.ctl.AddReconciler(&reconcilers.Health{Prober: d.prober})
 	kernel, err := openDataplane(d.cfg, d.ctl, d.prober, d.logger, d.reg)
 	if err != nil {
 		return err
 	}
 	d.kernel = kernel
 	d.closers = append(d.closers, kernel.close)
-	d.ctl.AddReconciler(&gateway.KVReconciler{Subs: d.events, Inv: d.index, Seed: d.cfg.seed})
+	d.ctl.AddReconciler(&reconcilers.KVEvents{Subs: d.events, Inv: d.index, Seed: d.cfg.seed})
 	d.ctl.AddReconciler(d.scraper)
 	// The proxy's listeners go in just before the gateway's routing table:
 	// a listener failure (VIP:port held, TLS files missing) is the rule's
 	// "proxy" failure, and a removed rule's listener closes before its
 	// routing state goes.
-	d.ctl.AddReconciler(&gateway.ListenerReconciler{Proxy: d.px, Config: d.cfg.listenerConfig()})
+	d.ctl.AddReconciler(&reconcilers.Listeners{Proxy: d.px, Config: d.cfg.listenerConfig()})
 	d.ctl.AddReconciler(d.gw)
 
 	d.caps = &capabilities{rules: d.cfg.ruleSettings()}
@@ -205,17 +239,10 @@ func (d *daemon) joinCluster() error {
 	if e, ok := d.st.(*store.Etcd); ok {
 		ccfg.Backend = etcdMembers{e}
 	}
-	if ccfg.Backend != nil && cfg.clusterRoutingOn() {
-		// Cross-node prefill coalescing: this node's leaders are
-		// announced to the other members, theirs held here.
-		node, err := peerprefill.New(peerprefill.Config{Listen: cfg.cluster.peerListen(), Handler: d.gw,
-			Peers: func() []string { return d.members.PeerAddrs() }}, d.logger, d.reg)
-		if err != nil {
-			return fmt.Errorf("--cluster-peer-port: %w", err)
-		}
-		d.peers = node
-		d.gw.SetPeers(node)
-		ccfg.Self.Peer = cfg.cluster.peerAdvertised(node.Addr().Port())
+	if d.peers != nil {
+		// Cross-node prefill coalescing: the other members send their
+		// leaders to the address this record advertises.
+		ccfg.Self.Peer = cfg.cluster.peerAdvertised(d.peers.Addr().Port())
 	}
 	var err error
 	if d.members, err = cluster.New(ccfg, d.logger, d.reg); err != nil {
@@ -269,7 +296,9 @@ func (d *daemon) startRunners(ctx context.Context, wg *sync.WaitGroup) chan erro
 	runners := []runner{{"kvindex", d.index.Run}, {"kvevents", d.events.Run}, {"health", d.prober.Run}, {"engine-metrics", d.scraper.Run},
 		{"proxy", d.px.Serve}, {"rule-retry", d.ctl.Run}, {"cluster", d.members.Run}}
 	if d.peers != nil {
-		runners = append(runners, runner{"cluster-prefill", d.peers.Run})
+		// The gateway, built with the node, holds the other nodes'
+		// announcements it receives.
+		runners = append(runners, runner{"cluster-prefill", func(ctx context.Context) error { return d.peers.Run(ctx, d.gw) }})
 	}
 	if steered := d.kernel.steered; steered != nil {
 		runners = append(runners, runner{"proxy-steered", func(ctx context.Context) error { return d.px.ServeListener(ctx, steered) }})
@@ -332,7 +361,7 @@ func (d *daemon) startAPI(apiCtx context.Context, apiCfg api.Config, errc chan e
 	srv, err := api.New(apiCfg,
 		api.Deps{Rules: d.ctl, Capabilities: d.caps.list, Gatherer: d.reg, Registerer: d.reg, Logger: d.logger, Settings: d.st,
 			KV: inspector{index: d.index, events: d.events}, Prefill: gw,
-			States:  gateway.EndpointState(d.prober, d.ctl.Get),
+			States:  health.EndpointState(d.prober, d.ctl.Get),
 			KVTrust: gw.KVTrust,
 			RankLoad: func(s uint32, ep int) []api.RankLoad {
 				var out []api.RankLoad

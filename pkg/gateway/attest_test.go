@@ -238,7 +238,7 @@ func TestModelLessRequests(t *testing.T) {
 // newFixtureDir is newFixtureConfig over another tokenizer directory.
 func newFixtureDir(t testing.TB, dir string, cfg Config, rules ...*lbrule.Rule) fixture {
 	t.Helper()
-	return newFixtureAt(t, dir, cfg, nil, rules...)
+	return newFixtureAt(t, dir, cfg, rules...)
 }
 
 // TestDrainedPDEndpoints: a draining prefill or decode endpoint is left out

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -177,6 +178,34 @@ const (
 	waitTimeout   waitOutcome = "timeout"   // CoalesceWait elapsed first
 	waitCancelled waitOutcome = "cancelled" // the client went away
 )
+
+// lead registers a request as the leader of computed, the blocks it
+// computes on ep (uncached: its predicted uncached tokens), and announces
+// it to the other nodes (remote.go); end ends both. l is nil when computed
+// is empty.
+func (g *Gateway) lead(st *service, ep int, computed []uint64, uncached int64) (end func(), l *leader) {
+	end, l = g.leaders.register(st.id, ep, computed, uncached)
+	if l != nil {
+		local, told := end, g.announce(st, ep, computed, uncached)
+		end = func() { local(); told() }
+	}
+	return end, l
+}
+
+// follow holds a request routed to ep until l's prefill is done (or
+// CoalesceWait elapsed, or ctx ended), counted as ep's load meanwhile and
+// as one of l's followers, and counts how the wait ended.
+func (g *Gateway) follow(ctx context.Context, st *service, ep int, l *leader) waitOutcome {
+	start := time.Now()
+	unhold := g.leaders.hold(st.id, ep)
+	l.followers.Add(1)
+	out := l.wait(ctx, g.cfg.CoalesceWait)
+	l.followers.Add(-1)
+	unhold()
+	g.m.coalesced.WithLabelValues(st.label, strconv.Itoa(ep), string(out)).Inc()
+	g.m.coalesceWait.WithLabelValues(st.label).Observe(time.Since(start).Seconds())
+	return out
+}
 
 // wait blocks until l's prefill is done, max has elapsed or ctx ends.
 func (l *leader) wait(ctx context.Context, max time.Duration) waitOutcome {

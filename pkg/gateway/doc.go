@@ -21,21 +21,22 @@
 // is set (pd.go): Pick returns a plan whose Dispatch runs the engine's
 // prefill/decode flow, or forwards a non-inference call to a decode
 // endpoint, and Reconcile drops the dispatcher's state of rules that are
-// gone. Without a dispatcher such rules get 503.
+// gone. Without a dispatcher such rules get 503. A flow's prefill leg takes
+// part in prefill coalescing on its prefill endpoint (pdcoalesce.go).
 //
 // Candidates' load is this node's in-flight requests (open: the
 // proxy.InFlightTable the proxy counts into, given to New; held; queued)
-// and the engines' scraped running/waiting (scrape.go); with
-// several gateway nodes (Config.ClusterLoad) the in-flight count also
-// carries what the others sent, as of the last scrape, so every node ranks
-// endpoints alike.
+// and the engines' own running/waiting, per endpoint and per data-parallel
+// rank, with the prefill budgets learned from them: Config.Engine
+// (EngineSignals), which pkg/enginemetrics's scraper serves from outside
+// the request path. With several gateway nodes (Config.ClusterLoad) the
+// in-flight count also carries what the others sent, as of the last
+// scrape, so every node ranks endpoints alike.
 //
-// It also holds the reconcilers that keep the other stages in step with the
-// rule set: proxy listeners (ListenerReconciler, listeners.go: the proxy
-// is configured by control, never through the Gateway, whose own
-// Reconcile only rebuilds its routing table), KV-event subscriptions,
-// inventories and health probes. Control calls them with the complete
-// desired set after each change.
+// The Gateway's own Reconcile only rebuilds its routing table. The other
+// stages a rule touches (proxy listeners, KV-event subscriptions and
+// inventories, health probes) are kept in step by pkg/reconcilers, so the
+// proxy is configured by control, never through the Gateway.
 //
 // Requests are untrusted: a model name longer than MaxModelNameBytes and a
 // prompt past MaxPromptBytes or the token bound get 400 before any routing

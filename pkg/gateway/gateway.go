@@ -59,14 +59,32 @@ type EngineMetrics interface {
 	Metrics(service uint32, ep int) (selector.EngineMetrics, bool)
 }
 
-// OtherNodesLoad is implemented by engine-metrics sources that can tell
-// the load other gateway nodes put on an endpoint (*Scraper): Others is
+// OtherNodesLoad tells the load other gateway nodes put on an endpoint:
 // the engine's running+waiting at the last fresh scrape less this node's
-// in-flight count then (ok false without a fresh sample), and
-// SetSelfInFlight gives the source that count. Config.ClusterLoad uses it.
+// in-flight count then (ok false without a fresh sample). Config.ClusterLoad
+// uses it.
 type OtherNodesLoad interface {
 	Others(service uint32, ep int) (int, bool)
-	SetSelfInFlight(f func(service uint32, ep int) int)
+}
+
+// EngineSignals are what the engines say of themselves, read from their
+// /metrics on a timer outside the request path (pkg/enginemetrics: its
+// Scraper is every one of them). Each is optional: a nil field is a signal
+// the gateway does without. They are given at construction, so the
+// gateway learns no source after it serves.
+type EngineSignals struct {
+	// Load is each endpoint's running/waiting requests and KV usage, read
+	// by gpu-aware selection, the router's load blend and P/D's Tier 1.5.
+	Load EngineMetrics
+	// Ranks is the per data-parallel rank running/waiting of engines that
+	// label their gauges with the rank (rank choice, rankload.go).
+	Ranks RankMetrics
+	// Budgets is each endpoint's learned concurrent-sequence budget, the
+	// prefill admission queue's slots under PrefillAuto (budget.go).
+	Budgets SlotLearner
+	// Others is the other gateway nodes' load on an endpoint, required by
+	// ClusterLoad.
+	Others OtherNodesLoad
 }
 
 // Config holds process-wide gateway settings.
@@ -82,13 +100,15 @@ type Config struct {
 	// coalesce.go), LOXILB_KV_COALESCE_WAIT_MS. 0 means the default, 3s;
 	// negative disables coalescing.
 	CoalesceWait time.Duration
+	// Engine is the engines' own load signals; see EngineSignals.
+	Engine EngineSignals
 	// PrefillSlots is how many requests per endpoint the gateway forwards
 	// before their first byte comes back; more wait in the gateway,
 	// shortest predicted prefill first (see prefillq.go),
 	// LOXILB_KV_PREFILL_SLOTS. PrefillAuto (the daemon's default) uses
-	// each endpoint's concurrent-sequence budget as learned by the engine
-	// metrics (New's engine, when it is a SlotLearner; budget.go); N > 0
-	// is a fixed budget; 0 forwards every request at once.
+	// each endpoint's concurrent-sequence budget as learned from the
+	// engines (Engine.Budgets; budget.go); N > 0 is a fixed budget; 0
+	// forwards every request at once.
 	PrefillSlots int
 	// PrefillQueueWait bounds a request's wait for a prefill slot; then it
 	// is forwarded anyway, LOXILB_KV_PREFILL_QUEUE_MS. 0 means the default.
@@ -126,6 +146,10 @@ type Config struct {
 	// Parity supplies the verdicts strict attestation acts on; nil turns
 	// it off whatever the rules say.
 	Parity ParityVerdicts
+	// Peers, when not nil, is where this node announces the prefills it
+	// leads to the other gateway nodes (*peerprefill.Node; remote.go);
+	// nil on a node alone.
+	Peers PrefillPeers
 	// ClusterLoad blends other gateway nodes' load into each candidate's
 	// in-flight count (LOXILB_KV_CLUSTER_ROUTING; on with a shared rule
 	// store): in-flight = this node's open, held and queued requests +
@@ -136,8 +160,7 @@ type Config struct {
 	// load and its own decisions count at once. Off, a node alone sees
 	// max(its in-flight, running+waiting) (selector.Load), which lags its
 	// own decisions by up to a scrape interval when the engine's count is
-	// the larger. Needs an engine-metrics source implementing
-	// OtherNodesLoad.
+	// the larger. Needs Engine.Others.
 	ClusterLoad bool
 }
 
@@ -190,12 +213,11 @@ type Gateway struct {
 	// garbage per request otherwise.
 	idPool  sync.Pool
 	leaders leaders
-	remote  remoteLeaders                // the other nodes' announced prefills (remote.go)
-	peers   atomic.Pointer[PrefillPeers] // where this node's are announced; nil alone
+	remote  remoteLeaders // the other nodes' announced prefills (remote.go)
 	prefill prefillGate
 	work    prefillWork // outstanding prefill tokens per endpoint
 	ranks   rankLoad    // per data-parallel rank: requests in flight, recent placements
-	// rankEngine is engine's per-rank gauges, when it scrapes them.
+	// rankEngine is the engines' per-rank gauges (Config.Engine.Ranks).
 	rankEngine RankMetrics
 	// tokSlots bounds concurrent tokenization (TokenizeConcurrency).
 	tokSlots chan struct{}
@@ -227,14 +249,17 @@ type service struct {
 // isDraining reports whether endpoint i is in maintenance.
 func (st *service) isDraining(i int) bool { return i < len(st.draining) && st.draining[i] }
 
-// New builds the gateway. health and engine may be nil (every endpoint is
-// healthy; no engine metrics). inflight is the table the proxy counts its
-// requests in (the same one given to proxy.New): it is every candidate's
-// local load, so it is required.
-func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health HealthView, engine EngineMetrics,
+// New builds the gateway. health may be nil (every endpoint is healthy).
+// inflight is the table the proxy counts its requests in (the same one
+// given to proxy.New): it is every candidate's local load, so it is
+// required.
+func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health HealthView,
 	inflight *proxy.InFlightTable, logger *slog.Logger, reg prometheus.Registerer) (*Gateway, error) {
 	if tok == nil || inv == nil || rt == nil || inflight == nil {
 		return nil, errors.New("gateway: tokenizers, inventory, router and in-flight table are required")
+	}
+	if cfg.ClusterLoad && cfg.Engine.Others == nil {
+		return nil, errors.New("gateway: ClusterLoad needs the other nodes' load (Config.Engine.Others)")
 	}
 	if logger == nil {
 		logger = slog.Default()
@@ -261,16 +286,15 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, tok: tok, inv: inv, router: rt, health: health, engine: engine, inflight: inflight, logger: logger, m: m,
+	g := &Gateway{cfg: cfg, tok: tok, inv: inv, router: rt, health: health, engine: cfg.Engine.Load, rankEngine: cfg.Engine.Ranks,
+		inflight: inflight, logger: logger, m: m,
 		tokSlots:   make(chan struct{}, cfg.TokenizeConcurrency),
 		unknownLog: logLimiter{every: logEvery}, rejectLog: logLimiter{every: logEvery}}
 	g.prefill.slots = max(cfg.PrefillSlots, PrefillAuto)
-	g.prefill.learner, _ = engine.(SlotLearner)
-	if o, ok := engine.(OtherNodesLoad); ok && cfg.ClusterLoad {
-		g.others = o
-		o.SetSelfInFlight(inflight.Count)
+	g.prefill.learner = cfg.Engine.Budgets
+	if cfg.ClusterLoad {
+		g.others = cfg.Engine.Others
 	}
-	g.rankEngine, _ = engine.(RankMetrics)
 	if reg != nil {
 		for _, c := range []prometheus.Collector{&g.prefill, slotsCollector{g}} {
 			if err := reg.Register(c); err != nil {
@@ -289,7 +313,7 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 func (g *Gateway) Name() string { return "gateway" }
 
 // Reconcile implements control.Reconciler: it rebuilds the mode-4 routing
-// table (the proxy's listeners are ListenerReconciler's). Selectors survive
+// table (the proxy's listeners are reconcilers.Listeners'). Selectors survive
 // when a rule's selector settings and endpoints are unchanged, so
 // round-robin positions and persistence tables are not reset by unrelated
 // rule changes. Rules are applied one by one: a rule whose routing cannot

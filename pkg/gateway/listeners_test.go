@@ -5,31 +5,22 @@ import (
 	"errors"
 	"net"
 	"strconv"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/reconcilers"
 )
 
 // reconcileAll applies svcs as the daemon's controller does: the proxy's
 // listeners first, then the gateway's routing table.
-func reconcileAll(lr *ListenerReconciler, g *Gateway, svcs []control.Service) error {
+func reconcileAll(lr *reconcilers.Listeners, g *Gateway, svcs []control.Service) error {
 	ctx := context.Background()
 	return errors.Join(lr.Reconcile(ctx, svcs), g.Reconcile(ctx, svcs))
 }
-
-// captureTable records the proxy table it is given and fails as told.
-type captureTable struct {
-	got proxy.Config
-	err error
-}
-
-func (c *captureTable) Update(cfg proxy.Config) error { c.got = cfg; return c.err }
 
 // TestReconcileHeldPortIsOneRulesFailure: a VIP:port another process
 // holds fails its own rule (a control.RuleError with the listen reason)
@@ -41,7 +32,7 @@ func TestReconcileHeldPortIsOneRulesFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lr := &ListenerReconciler{Proxy: px}
+	lr := &reconcilers.Listeners{Proxy: px}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = px.Serve(ctx); close(done) }()
@@ -92,11 +83,10 @@ func TestReconcileHeldPortIsOneRulesFailure(t *testing.T) {
 	}
 }
 
-// TestListenerReconcilerTable: the proxy gets one service per mode-4 rule
-// with the daemon's knobs and receipt policy and loxilb's 24 h stream cap
-// when the rule sets none; other modes get none, and a rule whose TLS
-// files the daemon lacks is that rule's 412 while the others are served.
-func TestListenerReconcilerTable(t *testing.T) {
+// TestGatewayTableHoldsModeFourOnly: the gateway routes every mode-4 rule,
+// even one whose listener the proxy stage refused; listeners are not its
+// stage.
+func TestGatewayTableHoldsModeFourOnly(t *testing.T) {
 	prep := func(r *lbrule.Rule) *lbrule.Rule {
 		p, err := lbrule.Prepare(r, lbrule.Settings{VLLMSeed: "1"})
 		if err != nil {
@@ -104,34 +94,11 @@ func TestListenerReconcilerTable(t *testing.T) {
 		}
 		return p
 	}
-	plain := rule(0, "")
-	capped := rule(0, "")
-	capped.Service.ExternalIP, capped.Service.MaxStreamDurationSec = "127.0.0.88", 60
 	tlsRule := rule(0, "")
 	tlsRule.Service.ExternalIP, tlsRule.Service.Security = "127.0.0.89", 1
 	l4 := rule(0, "")
 	l4.Service.ExternalIP, l4.Service.Mode, l4.Service.KVEngine = "127.0.0.90", 0, ""
-	svcs := []control.Service{{ID: 1, Rule: prep(plain)}, {ID: 2, Rule: prep(capped)}, {ID: 3, Rule: prep(tlsRule)}, {ID: 4, Rule: prep(l4)}}
-
-	pt := &captureTable{}
-	lr := &ListenerReconciler{Proxy: pt, Config: ListenerConfig{Proxy: proxy.Config{MaxBodyBytes: 1234}, Receipts: proxy.ReceiptsOnRequest}}
-	err := lr.Reconcile(context.Background(), svcs)
-	res := control.RuleErrors(err)
-	if len(res) != 1 || res[0].ID != 3 || res[0].Reason != lbrule.ReasonProxyTLSUnset {
-		t.Fatalf("a security-1 rule without the daemon's TLS files: %v", err)
-	}
-	if pt.got.MaxBodyBytes != 1234 || len(pt.got.Services) != 2 {
-		t.Fatalf("proxy table %+v", pt.got)
-	}
-	s1, s2 := pt.got.Services[0], pt.got.Services[1]
-	if s1.ID != 1 || s1.Listen.String() != "127.0.0.77:9000" || s1.Receipts != proxy.ReceiptsOnRequest || s1.MaxStreamDuration != lbrule.MaxStreamDurationSec*time.Second {
-		t.Errorf("rule 1 as the proxy's service: %+v", s1)
-	}
-	if s2.ID != 2 || s2.MaxStreamDuration != time.Minute {
-		t.Errorf("rule 2 as the proxy's service: %+v", s2)
-	}
-
-	// The gateway routes every mode-4 rule; listeners are not its stage.
+	svcs := []control.Service{{ID: 1, Rule: prep(rule(0, ""))}, {ID: 3, Rule: prep(tlsRule)}, {ID: 4, Rule: prep(l4)}}
 	f := newFixture(t)
 	if err := f.g.Reconcile(context.Background(), svcs); err != nil {
 		t.Fatalf("gateway reconcile: %v", err)
@@ -140,10 +107,4 @@ func TestListenerReconcilerTable(t *testing.T) {
 		t.Error("the gateway's table should hold the mode-4 rules only")
 	}
 
-	// A table the proxy refuses as a whole is a stage failure, not a rule's.
-	pt.err = errors.New("table refused")
-	err = lr.Reconcile(context.Background(), svcs[:1])
-	if err == nil || len(control.RuleErrors(err)) != 0 || !strings.Contains(err.Error(), "table refused") {
-		t.Fatalf("whole-table failure: %v", err)
-	}
 }

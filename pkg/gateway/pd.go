@@ -24,29 +24,38 @@ type DispatchFunc func(ctx context.Context, w http.ResponseWriter, req *proxy.Re
 // pickPD answers Pick for a P/D rule: a plan whose Dispatch runs the
 // engine's flow (the proxy hands the exchange over after reading the
 // body), or one that forwards a non-inference call to a decode endpoint.
-// Without a dispatcher (Config.PD nil) the rule cannot be served.
+// Without a dispatcher (Config.PD nil) the rule cannot be served. A flow's
+// prefill leg takes part in prefill coalescing as a single-pool request
+// does (pdcoalesce.go): it may wait here for an earlier request computing
+// the same prompt on its prefill endpoint, and leads the later ones.
 func (g *Gateway) pickPD(ctx context.Context, st *service, req *proxy.Request) (proxy.Plan, error) {
 	if g.cfg.PD == nil {
 		return proxy.Plan{}, fmt.Errorf("%w: rule %d is a prefill/decode pool and the gateway has no P/D dispatcher (gateway.Config.PD)", proxy.ErrUnavailable, st.id)
 	}
-	plan, fn, err := g.preparePD(ctx, st, req, g.cfg.PD)
+	plan, fn, leg, err := g.preparePD(ctx, st, req, g.cfg.PD)
 	if err != nil || fn == nil {
 		return plan, err
 	}
 	plan.Dispatch = fn
+	if err := g.coalescePD(ctx, st, &plan, leg); err != nil {
+		return proxy.Plan{}, err
+	}
 	return plan, nil
 }
 
 // Prepare is Pick for a P/D rule without the proxy: it returns the plan
 // (receipt, decode endpoint as candidate) and the function that runs the
 // flow. fn is nil when the request is not an inference call and the plan
-// simply forwards it to a decode endpoint.
+// simply forwards it to a decode endpoint. Without the proxy nothing
+// reports the flow's first byte, so its request neither leads nor waits
+// for prefill coalescing.
 func (g *Gateway) Prepare(req *proxy.Request) (proxy.Plan, DispatchFunc, error) {
 	st := g.lookup(req.Service)
 	if st == nil || !st.rule.Service.PDDisagg || g.cfg.PD == nil {
 		return proxy.Plan{}, nil, fmt.Errorf("%w: service %d is not a prefill/decode rule this gateway dispatches", proxy.ErrUnavailable, req.Service)
 	}
-	return g.preparePD(context.Background(), st, req, g.cfg.PD)
+	plan, fn, _, err := g.preparePD(context.Background(), st, req, g.cfg.PD)
+	return plan, fn, err
 }
 
 // forgetPD drops the dispatcher's state (sessions, prefix history,
@@ -91,11 +100,13 @@ func (g *Gateway) pdPool(st *service) *dispatch.Pool {
 // preparePD makes the P/D decision for one request: Tier 1.5 keys (mode 1),
 // the prefill ladder and the decode choice. The OpenAI generation paths
 // and, for SGLang pools, /generate run the P/D flow; other calls (model
-// list, health) are forwarded to a healthy decode endpoint as is.
-func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request, d *dispatch.Dispatcher) (proxy.Plan, DispatchFunc, error) {
+// list, health) are forwarded to a healthy decode endpoint as is. leg is
+// what the flow's prefill leg computes, for prefill coalescing (zero when
+// the prompt was not hashed).
+func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request, d *dispatch.Dispatcher) (proxy.Plan, DispatchFunc, pdPrefill, error) {
 	r := st.rule
 	if err := g.checkModelName(st, req); err != nil {
-		return proxy.Plan{}, nil, err
+		return proxy.Plan{}, nil, pdPrefill{}, err
 	}
 	pool := g.pdPool(st)
 	ejected := append(g.ejectPD(st, outlier.RolePrefill, pool.Prefill), g.ejectPD(st, outlier.RoleDecode, pool.Decode)...)
@@ -109,7 +120,7 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 			}
 		}
 		if len(cands) == 0 {
-			return proxy.Plan{}, nil, fmt.Errorf("%w: rule %d has no healthy decode endpoint", proxy.ErrUnavailable, st.id)
+			return proxy.Plan{}, nil, pdPrefill{}, fmt.Errorf("%w: rule %d has no healthy decode endpoint", proxy.ErrUnavailable, st.id)
 		}
 		plan := proxy.Plan{Candidates: cands, Receipt: "pd passthrough" + ejectedField(ejected)}
 		if observe != nil {
@@ -117,32 +128,34 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 				observe(dispatch.Endpoint{Idx: ep.Idx, Host: st.rule.Endpoints[ep.Idx].IP, Port: st.rule.Endpoints[ep.Idx].Port}, false, o)
 			}
 		}
-		return plan, nil, nil
+		return plan, nil, pdPrefill{}, nil
 	}
 	dreq := &dispatch.Request{Pool: pool, Method: req.Method, Path: req.Path, Header: req.Header, Body: req.Body, Observe: observe}
 	if h := r.Service.SessionHeaderName; h != "" {
 		dreq.Session = req.Header.Get(h)
 	}
 	var keys []uint64
+	tokens := 0 // the prompt's tokens, when it was hashed
 	if st.hasher != nil && r.Service.KVExactMode == lbrule.KVExactPD {
 		model := g.requestModel(st, req)
 		if generate {
 			ids, reason, err := g.generateTokens(ctx, st, model, req)
 			if err != nil {
-				return proxy.Plan{}, nil, err
+				return proxy.Plan{}, nil, pdPrefill{}, err
 			}
 			if reason == "" {
-				keys = st.hasher.Keys(nil, ids)
+				keys, tokens = st.hasher.Keys(nil, ids), len(ids)
 			}
 		} else if model == "" {
 			g.m.missed(st.label, ReasonNoModel)
 		} else {
 			ids, reason, err := g.promptTokens(ctx, st, model, req)
 			if err != nil {
-				return proxy.Plan{}, nil, err
+				return proxy.Plan{}, nil, pdPrefill{}, err
 			}
 			if reason == "" {
-				keys = st.hasher.Keys(nil, ids) // a fresh slice: the closure outlives Pick
+				// A fresh slice: the closure outlives Pick.
+				keys, tokens = st.hasher.Keys(nil, ids), len(ids)
 			}
 		}
 	}
@@ -179,7 +192,7 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 		// reads and counts the ranks' load as a mode-4 request's does, so
 		// prefill legs spread over the ranks and seed a cold one alike.
 		type rankPick struct {
-			rank, held int
+			rank, best int
 			seeded     bool
 		}
 		chosen := map[int]rankPick{}
@@ -188,7 +201,8 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 			if !ok {
 				var lv rankSnapshot
 				g.rankView(st, ep, ranks, time.Now(), &lv)
-				p.rank, p.held = chooseRank(ri, st.id, ep, ranks, keys, &lv)
+				ch := chooseRank(ri, st.id, ep, ranks, keys, &lv)
+				p.rank, p.best = ch.rank, ch.best
 				p.seeded = lv.seeded
 				chosen[ep] = p
 			}
@@ -201,18 +215,21 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 			if p.seeded {
 				g.m.rankSeeded.WithLabelValues(st.label, strconv.Itoa(ep), strconv.Itoa(p.rank)).Inc()
 			}
-			rankDone = append(rankDone, g.ranks.begin(st.id, ep, p.rank, keys, p.held, time.Now()))
+			rankDone = append(rankDone, g.ranks.begin(st.id, ep, p.rank, keys, p.best, time.Now()))
 			return p.rank, ranks, true
 		}
 	}
 	choice, err := d.Choose(dreq)
 	if err != nil {
-		return proxy.Plan{}, nil, fmt.Errorf("%w: %w", proxy.ErrUnavailable, err)
+		return proxy.Plan{}, nil, pdPrefill{}, fmt.Errorf("%w: %w", proxy.ErrUnavailable, err)
 	}
 	receipt := choice.Receipt()
 	if rankOf != nil {
 		receipt += " prefill_rank=" + strconv.Itoa(rankOf(choice.Prefill[0].Idx))
 	}
+	// What the prefill leg finds cached is read before its own
+	// speculative entry makes the whole prompt look so.
+	leg := g.prefillLeg(st, choice.Prefill[0].Idx, keys, tokens)
 	if len(keys) > 0 && g.cfg.SpeculativeTTL > 0 {
 		// The chosen prefill worker will hold this prefix before its
 		// events say so; siblings should follow it there.
@@ -232,5 +249,5 @@ func (g *Gateway) preparePD(ctx context.Context, st *service, req *proxy.Request
 		}()
 		return d.Execute(ctx, w, &run, choice)
 	}
-	return plan, fn, nil
+	return plan, fn, leg, nil
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/reconcilers"
 	"github.com/loxilb-llm/loxilb/pkg/router"
 	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
 	"github.com/loxilb-llm/loxilb/testbed/enginesim"
@@ -45,7 +46,11 @@ func pdEngine(t *testing.T, c enginesim.Config) *enginesim.Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.Model, c.TimeScale, c.TimeScaleSet, c.ZMQPort = pdModel, 0, true, -1
+	c.Model, c.ZMQPort = pdModel, -1
+	if !c.TimeScaleSet {
+		// Instant, unless the test models the engine's time.
+		c.TimeScale, c.TimeScaleSet = 0, true
+	}
 	e, err := enginesim.New(c, enginesim.Deps{Tokenizer: tok})
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +133,7 @@ func newPDBenchWith(t *testing.T, engine string, kvMode, third, ranks int, tweak
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.g, err = New(Config{}, toks, b.index, rt, nil, nil, new(proxy.InFlightTable), nil, reg)
+	b.g, err = New(Config{}, toks, b.index, rt, nil, new(proxy.InFlightTable), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,6 +163,46 @@ func newPDBenchWith(t *testing.T, engine string, kvMode, third, ranks int, tweak
 	}))
 	t.Cleanup(b.srv.Close)
 	return b
+}
+
+// serveProxy serves the bench's rule through the real proxy, with the
+// Gateway as its Picker, on a free port of host, and returns its URL once
+// a model list is answered there.
+func (b *pdBench) serveProxy(t *testing.T, host string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", host+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vip := ln.Addr().(*net.TCPAddr).AddrPort()
+	ln.Close()
+	rule := b.g.lookup(1).rule.Clone()
+	rule.Service.ExternalIP, rule.Service.Port = vip.Addr().String(), int(vip.Port())
+	px, err := proxy.New(proxy.Config{}, b.g, b.g.inflight, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lr := &reconcilers.Listeners{Proxy: px, Config: reconcilers.ListenerConfig{Receipts: proxy.ReceiptsOnRequest}}
+	if err := reconcileAll(lr, b.g, []control.Service{{ID: 1, Rule: rule}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = px.Serve(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	url := "http://" + vip.String()
+	var resp *http.Response
+	for i := 0; i < 100; i++ { // the listener comes up asynchronously
+		if resp, err = http.Get(url + "/v1/models"); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("model list through the proxy: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	return url
 }
 
 // newPD starts over with an empty dispatcher (no routing history).
@@ -299,38 +344,7 @@ func TestPDPassthrough(t *testing.T) {
 // non-inference calls itself.
 func TestPDThroughProxy(t *testing.T) {
 	b := newPDBench(t, "vllm", lbrule.KVExactOff, 79)
-	ln, err := net.Listen("tcp", "127.0.79.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	vip := ln.Addr().(*net.TCPAddr).AddrPort()
-	ln.Close()
-	rule := b.g.lookup(1).rule.Clone()
-	rule.Service.ExternalIP, rule.Service.Port = vip.Addr().String(), int(vip.Port())
-	px, err := proxy.New(proxy.Config{}, b.g, b.g.inflight, nil, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	lr := &ListenerReconciler{Proxy: px, Config: ListenerConfig{Receipts: proxy.ReceiptsOnRequest}}
-	if err := reconcileAll(lr, b.g, []control.Service{{ID: 1, Rule: rule}}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = px.Serve(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	url := "http://" + vip.String()
-	var resp *http.Response
-	for i := 0; i < 100; i++ { // the listener comes up asynchronously
-		if resp, err = http.Get(url + "/v1/models"); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("model list through the proxy: %v %v", resp, err)
-	}
-	resp.Body.Close()
+	url := b.serveProxy(t, "127.0.79.1")
 	for _, stream := range []bool{false, true} {
 		raw, _ := json.Marshal(map[string]any{"model": pdModel, "prompt": longDoc(2), "max_tokens": 5, "stream": stream})
 		req, _ := http.NewRequest("POST", url+"/v1/completions", bytes.NewReader(raw))

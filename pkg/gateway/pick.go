@@ -150,19 +150,24 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	plan := proxy.Plan{Candidates: g.order(st, d.EP, cands), Observe: st.observe}
 	rc := d.Receipt()
 	rankDone := func() {} // uncounts the request on its rank
+	// The blocks the engine serves from cache: the endpoint's prefix, or,
+	// on a named rank, what that rank holds of it (a rank chosen for its
+	// load or seeded holds less than the endpoint's deepest rank).
+	cachedBlocks := d.MatchedBlocks
 	if ri, ok := g.inv.(RankInventory); ok && st.rank != nil && len(keys) > 0 {
 		now := time.Now()
 		var lv rankSnapshot
 		g.rankView(st, d.EP, st.rank.ranks, now, &lv)
-		rank, held := chooseRank(ri, st.id, d.EP, st.rank.ranks, keys, &lv)
-		if ep, ok := st.rank.targetEndpoint(plan.Candidates[0], rank, req.Body); ok {
+		ch := chooseRank(ri, st.id, d.EP, st.rank.ranks, keys, &lv)
+		if ep, ok := st.rank.targetEndpoint(plan.Candidates[0], ch.rank, req.Body); ok {
 			plan.Candidates[0] = ep
-			rc.Rank, rc.RankSet = rank, true
-			g.m.rankTargeted.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(rank)).Inc()
+			rc.Rank, rc.RankSet = ch.rank, true
+			g.m.rankTargeted.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(ch.rank)).Inc()
 			if lv.seeded {
-				g.m.rankSeeded.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(rank)).Inc()
+				g.m.rankSeeded.WithLabelValues(st.label, strconv.Itoa(d.EP), strconv.Itoa(ch.rank)).Inc()
 			}
-			rankDone = g.ranks.begin(st.id, d.EP, rank, keys, held, now)
+			rankDone = g.ranks.begin(st.id, d.EP, ch.rank, keys, ch.best, now)
+			cachedBlocks = min(cachedBlocks, ch.held)
 		}
 	}
 	plan.Receipt = rc.String() + ejectedField(ejected) + untrustedField(view.Untrusted)
@@ -171,8 +176,9 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		// the plan needs no FirstByte or Done (saving their closures).
 		return plan, nil
 	}
+	predicted := int64(cachedBlocks * d.BlockSize)
 	// The engine recomputes at least the prompt's last token.
-	uncached := int64(max(promptTokens-d.PredictedCachedTokens(), 1))
+	uncached := max(int64(promptTokens)-predicted, 1)
 	lead := func() {} // ends this request's coalescing leadership
 	slot := func() {} // frees its prefill slot
 	work := func() {} // uncounts its outstanding prefill work
@@ -183,17 +189,12 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	if promptTokens > 0 && g.cfg.CoalesceWait > 0 {
 		follow = g.leaderFor(st, d, keys)
 		computed := keys[min(d.MatchedBlocks, len(keys)):]
-		lead, self = g.leaders.register(st.id, d.EP, computed, uncached)
-		if self != nil {
-			local, told := lead, g.announce(st, d.EP, computed, uncached)
-			lead = func() { local(); told() }
-		}
+		lead, self = g.lead(st, d.EP, computed, uncached)
 	}
 	release := func() { lead(); slot(); work() }
 	plan.FirstByte = release
 	plan.Done = func(proxy.Result) { release(); rankDone() }
 	if st.hasher != nil && len(keys) > 0 {
-		predicted := int64(d.PredictedCachedTokens())
 		label := st.label
 		plan.Done = func(res proxy.Result) {
 			release()
@@ -203,14 +204,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	}
 	inherit := false
 	if follow != nil {
-		start := time.Now()
-		unhold := g.leaders.hold(st.id, d.EP)
-		follow.followers.Add(1)
-		out := follow.wait(ctx, g.cfg.CoalesceWait)
-		follow.followers.Add(-1)
-		unhold()
-		g.m.coalesced.WithLabelValues(st.label, strconv.Itoa(d.EP), string(out)).Inc()
-		g.m.coalesceWait.WithLabelValues(st.label).Observe(time.Since(start).Seconds())
+		out := g.follow(ctx, st, d.EP, follow)
 		if out == waitCancelled {
 			lead()
 			work()

@@ -30,20 +30,15 @@ func newFixture(t testing.TB, rules ...*lbrule.Rule) fixture {
 	return newFixtureConfig(t, Config{Seed: "1"}, rules...)
 }
 
+// newFixtureConfig builds the fixture with cfg (engine signals included,
+// Config.Engine).
 func newFixtureConfig(t testing.TB, cfg Config, rules ...*lbrule.Rule) fixture {
 	t.Helper()
-	return newFixtureEngine(t, cfg, nil, rules...)
-}
-
-// newFixtureEngine builds the fixture with engine metrics (and, when
-// engine is a SlotLearner, learned prefill budgets).
-func newFixtureEngine(t testing.TB, cfg Config, engine EngineMetrics, rules ...*lbrule.Rule) fixture {
-	t.Helper()
-	return newFixtureAt(t, filepath.Join("..", "..", "testdata", "tokenizers"), cfg, engine, rules...)
+	return newFixtureAt(t, filepath.Join("..", "..", "testdata", "tokenizers"), cfg, rules...)
 }
 
 // newFixtureAt builds the fixture over the tokenizers staged in dir.
-func newFixtureAt(t testing.TB, dir string, cfg Config, engine EngineMetrics, rules ...*lbrule.Rule) fixture {
+func newFixtureAt(t testing.TB, dir string, cfg Config, rules ...*lbrule.Rule) fixture {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	toks, err := tokenizer.NewRegistry(dir, nil, reg)
@@ -55,7 +50,7 @@ func newFixtureAt(t testing.TB, dir string, cfg Config, engine EngineMetrics, ru
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := New(cfg, toks, ix, rt, nil, engine, new(proxy.InFlightTable), nil, reg)
+	g, err := New(cfg, toks, ix, rt, nil, new(proxy.InFlightTable), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

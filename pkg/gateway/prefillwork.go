@@ -4,7 +4,9 @@ import "sync"
 
 // prefillWork tracks, per (service, endpoint), the prefill work the gateway
 // has sent and not yet seen answered: the uncached prompt tokens of every
-// request routed there, from the routing decision until its first byte
+// request routed there (on a named data-parallel rank, what that rank
+// lacks, not what the endpoint's deepest rank lacks: the rank computes
+// them), from the routing decision until its first byte
 // (or its end, when it fails before one). Requests held for a shared
 // prefill or queued for a prefill slot count from the decision: they are
 // committed to the endpoint. The router places misses by it

@@ -51,7 +51,7 @@ func TestModelProfileCompletionsBOS(t *testing.T) {
 		}
 		ix, _ := kvindex.New(kvindex.Config{}, reg)
 		rt, _ := router.New(router.DefaultConfig(), ix, nil, reg)
-		g, err := New(Config{}, toks, ix, rt, nil, nil, new(proxy.InFlightTable), nil, reg)
+		g, err := New(Config{}, toks, ix, rt, nil, new(proxy.InFlightTable), nil, reg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -34,9 +34,24 @@ func newRankTargeting(engineName string, ranks int) *rankTargeting {
 	return &rankTargeting{ranks: ranks, target: spec.Rank}
 }
 
-// chooseRank returns the rank of endpoint ep to send keys to, and the
-// blocks of keys the deepest rank holds (rankLoad.begin remembers the
-// placement by the blocks after them). The rank is the one holding the longest prefix, unless a
+// rankChoice is the rank chooseRank picked and what it holds of the
+// request.
+type rankChoice struct {
+	rank int
+	// best is the blocks of the request the endpoint's deepest rank
+	// holds: rankLoad.begin remembers the placement by the blocks after
+	// them.
+	best int
+	// held is the blocks of the request the chosen rank holds, or will
+	// hold once the request it followed has computed them: the prefix the
+	// engine serves from cache there. It is below best when a shallower
+	// rank was chosen for its load or seeded, and the request's prefill
+	// work is then its prompt minus held, not minus best.
+	held int
+}
+
+// chooseRank returns the rank of endpoint ep to send keys to. The rank is
+// the one holding the longest prefix, unless a
 // shallower rank would cost the request no more extra prefill than it
 // needs anyway: ranks whose prefix falls short of the longest by at most
 // the request's uncached blocks on the deepest rank count as tied. Among
@@ -67,13 +82,14 @@ func newRankTargeting(engineName string, ranks int) *rankTargeting {
 // together to chance, three or four of an engine's sessions on one rank
 // whose cache then churned while its sibling's had room. lv may be nil
 // (no load known: the hash decides).
-func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uint64, lv *rankSnapshot) (int, int) {
+func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uint64, lv *rankSnapshot) rankChoice {
 	var depth [engine.MaxDPRanks]int
 	inv.RankPrefixMatch(service, ep, keys, depth[:ranks])
 	best := 0
 	for r := 0; r < ranks; r++ {
 		best = max(best, depth[r])
 	}
+	choice := func(r int) rankChoice { return rankChoice{rank: r, best: best, held: depth[r]} }
 	slack := len(keys) - best // the request's uncached blocks on the deepest rank
 	var tied [engine.MaxDPRanks]int
 	var isTied [engine.MaxDPRanks]bool
@@ -86,12 +102,15 @@ func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uin
 		}
 	}
 	if n == 1 {
-		return lv.seedRank(depth[:ranks], tied[0]), best
+		return choice(lv.seedRank(depth[:ranks], tied[0]))
 	}
 	// A request sharing at least half of its uncached blocks with one
-	// placed a moment ago meets it.
-	if r, ok := lv.follow(keys, best+slack/2); ok && r < ranks && isTied[r] {
-		return r, best
+	// placed a moment ago meets it, and finds there the blocks that one
+	// shares with it once they are computed.
+	if r, at, ok := lv.follow(keys, best+slack/2); ok && r < ranks && isTied[r] {
+		c := choice(r)
+		c.held = max(c.held, at+1)
+		return c
 	}
 	k := keys[min(best, len(keys)-1)]
 	k ^= k >> 33
@@ -99,7 +118,7 @@ func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uin
 	k ^= k >> 33
 	h := int(k % uint64(n))
 	if lv == nil {
-		return tied[h], best
+		return choice(tied[h])
 	}
 	pick := tied[h]
 	for i := 1; i < n; i++ {
@@ -108,7 +127,7 @@ func chooseRank(inv RankInventory, service uint32, ep int, ranks int, keys []uin
 			pick = r
 		}
 	}
-	return lv.seedRank(depth[:ranks], pick), best
+	return choice(lv.seedRank(depth[:ranks], pick))
 }
 
 // targetEndpoint returns ep rewritten to name rank to its engine: the rank fields

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/engine"
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/router"
 )
 
 func TestAppendFields(t *testing.T) {
@@ -118,8 +120,7 @@ func TestChooseRankSpreadsPastSharedPrompt(t *testing.T) {
 }
 
 func chooseRankNoLoad(inv RankInventory, service uint32, ep, ranks int, keys []uint64) int {
-	r, _ := chooseRank(inv, service, ep, ranks, keys, nil)
-	return r
+	return chooseRank(inv, service, ep, ranks, keys, nil).rank
 }
 
 // place routes keys to a rank of endpoint 0 of service 1 the way Pick
@@ -127,8 +128,8 @@ func chooseRankNoLoad(inv RankInventory, service uint32, ep, ranks int, keys []u
 func place(rl *rankLoad, inv RankInventory, scraped RankMetrics, keys []uint64, now time.Time) (int, func()) {
 	var lv rankSnapshot
 	rl.snapshot(1, 0, 2, 5*time.Second, now, scraped, &lv)
-	r, held := chooseRank(inv, 1, 0, 2, keys, &lv)
-	return r, rl.begin(1, 0, r, keys, held, now)
+	ch := chooseRank(inv, 1, 0, 2, keys, &lv)
+	return ch.rank, rl.begin(1, 0, ch.rank, keys, ch.best, now)
 }
 
 // sessionsHashedTo returns n sessions (a shared 8-block system prompt,
@@ -264,6 +265,15 @@ func TestChooseRankKeepsHistoryAndSiblingsOverLoad(t *testing.T) {
 			t.Fatalf("sibling %d went to rank %d, the prompt it shares to rank %d", i, r, r1)
 		}
 	}
+	// A sibling finds on that rank, once the prompt it followed is
+	// computed, the 11 blocks it shares with it, not just the system
+	// prompt the engine has reported.
+	var sl rankSnapshot
+	rl.snapshot(1, 0, 2, 5*time.Second, now.Add(time.Second), nil, &sl)
+	sib := append(append([]uint64(nil), sys...), 100, 101, 102, 300)
+	if ch := chooseRank(ix, 1, 0, 2, sib, &sl); ch.rank != r1 || ch.best != 8 || ch.held != 11 {
+		t.Fatalf("sibling: %+v, want rank %d holding 11 blocks (8 reported)", ch, r1)
+	}
 	// The first prompt's next turn, its events not yet arrived.
 	next := append(append([]uint64(nil), first...), 104, 105)
 	if r, _ := place(&rl, ix, nil, next, now.Add(2*time.Second)); r != r1 {
@@ -274,7 +284,7 @@ func TestChooseRankKeepsHistoryAndSiblingsOverLoad(t *testing.T) {
 	var lv rankSnapshot
 	rl.snapshot(1, 0, 2, 5*time.Second, now.Add(time.Minute), nil, &lv)
 	lv.load[r1], lv.load[other] = 10, 0
-	if r, _ := chooseRank(ix, 1, 0, 2, next, &lv); r != other {
+	if r := chooseRank(ix, 1, 0, 2, next, &lv).rank; r != other {
 		t.Fatalf("a placement a minute old still decided the rank (%d)", r)
 	}
 }
@@ -314,4 +324,66 @@ func TestRankTargetingPerEngine(t *testing.T) {
 	if _, ok := sg.targetEndpoint(proxy.Endpoint{}, 0, []byte(`[]`)); ok {
 		t.Fatal("a non-object body was rewritten")
 	}
+}
+
+// A request sent to a data-parallel rank that holds less of its prompt
+// than the endpoint's deepest rank (chosen for its load, or seeded) counts
+// as outstanding prefill work what that rank must compute: the whole
+// prompt here, not the prompt minus the busy rank's prefix. Counted short,
+// the endpoint looked lighter than it was to the misses placed by least
+// prefill work.
+func TestPickCountsTheChosenRanksPrefillWork(t *testing.T) {
+	r := rule(3, "Qwen/Qwen3-0.6B")
+	r.Service.KVEngine, r.Service.KVDpRankCount = "sglang", 2
+	f := newFixture(t, r)
+	st := f.g.lookup(1)
+	ids, reason, err := f.g.promptTokens(context.Background(), st, "Qwen/Qwen3-0.6B", req(prompt))
+	if err != nil || reason != "" {
+		t.Fatalf("tokenize: %v %q", err, reason)
+	}
+	keys := st.hasher.Keys(nil, ids)
+	bs := st.hasher.BlockSize()
+	if len(keys) < 4 {
+		t.Fatalf("%d blocks", len(keys))
+	}
+	// Rank 0 of endpoint 0 holds the first half and has three requests in
+	// flight; rank 1 holds nothing and ties (it lacks no more than the
+	// request's own uncached half), so the request goes to rank 1.
+	half := len(keys) / 2
+	f.ix.Store(1, 0, 0, keys[:half])
+	for range 3 {
+		f.g.ranks.begin(1, 0, 0, []uint64{42}, 0, time.Now())
+	}
+	p, err := f.g.Pick(context.Background(), req(prompt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, _ := router.ParseReceipt(p.Receipt)
+	if rc.EP != 0 || rc.Matched != half || !rc.RankSet || rc.Rank != 1 {
+		t.Fatalf("receipt %+v: want endpoint 0, %d blocks matched, rank 1", rc, half)
+	}
+	if got := f.g.work.outstanding(1, 0); got != int64(len(ids)) {
+		t.Fatalf("outstanding prefill work %d tokens on endpoint 0, want the whole %d-token prompt (rank 1 holds none of it; rank 0 holds %d tokens)",
+			got, len(ids), half*bs)
+	}
+	p.FirstByte()
+	if got := f.g.work.outstanding(1, 0); got != 0 {
+		t.Fatalf("%d tokens outstanding after the first byte", got)
+	}
+	// On the deepest rank the work is the prompt minus its prefix.
+	f.g.ranks.forget(1)
+	for range 3 {
+		f.g.ranks.begin(1, 0, 1, []uint64{42}, 0, time.Now())
+	}
+	p, err = f.g.Pick(context.Background(), req(prompt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc, _ := router.ParseReceipt(p.Receipt); rc.Rank != 0 {
+		t.Fatalf("receipt %+v: want rank 0", rc)
+	}
+	if got, want := f.g.work.outstanding(1, 0), int64(len(ids)-half*bs); got != want {
+		t.Fatalf("outstanding prefill work %d tokens on the deepest rank, want %d", got, want)
+	}
+	p.Done(proxy.Result{Endpoint: 0, Status: 200})
 }

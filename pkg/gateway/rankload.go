@@ -78,24 +78,24 @@ type rankSnapshot struct {
 	seeded   bool // chooseRank seeded a cold rank
 }
 
-// follow returns the rank key was placed on within the TTL; ok is false
-// when none.
+// follow returns the rank a block of keys was placed on within the TTL
+// and that block's index p; ok is false when none.
 //
 // It looks for keys[p], deepest first, for p from len(keys)-1 down to
 // from: a placement remembered by one of them had the same prompt up to
-// that block.
-func (s *rankSnapshot) follow(keys []uint64, from int) (int, bool) {
+// that block, so its rank holds keys[:p+1] once that request is computed.
+func (s *rankSnapshot) follow(keys []uint64, from int) (rank, p int, ok bool) {
 	if s == nil || s.c == nil {
-		return 0, false
+		return 0, 0, false
 	}
 	s.rl.mu.Lock()
 	defer s.rl.mu.Unlock()
 	for p := len(keys) - 1; p >= max(from, 0); p-- {
 		if i, ok := s.c.byKey[keys[p]]; ok && s.c.placed[i].at > s.cutoff {
-			return int(s.c.placed[i].rank), true
+			return int(s.c.placed[i].rank), p, true
 		}
 	}
-	return 0, false
+	return 0, 0, false
 }
 
 // remember writes one placement entry over the ring's oldest.
@@ -219,7 +219,8 @@ func (rl *rankLoad) forget(service uint32) {
 	}
 }
 
-// RankMetrics supplies an engine's scraped per-rank load (*Scraper).
+// RankMetrics supplies an engine's scraped per-rank load
+// (*enginemetrics.Scraper).
 // RankMetrics sets running[r] and waiting[r] to rank r's requests and
 // reports whether a fresh per-rank sample exists (false leaves both
 // untouched); it must be safe for concurrent use, cheap, and not retain

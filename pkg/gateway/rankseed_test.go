@@ -50,8 +50,8 @@ func TestChooseRankSeedsIdleRank(t *testing.T) {
 	rl.snapshot(1, 0, 2, 5*time.Second, now, nil, &lv)
 	lv.seedLoss = 64
 	first := agentStart(sys, 1)
-	if r, held := chooseRank(ix, 1, 0, 2, first, &lv); r != 1 || held != 64 || !lv.seeded {
-		t.Fatalf("agent 1 went to rank %d (held %d, seeded %v) next to a busy rank 0 and an idle, cold rank 1", r, held, lv.seeded)
+	if ch := chooseRank(ix, 1, 0, 2, first, &lv); ch.rank != 1 || ch.best != 64 || ch.held != 0 || !lv.seeded {
+		t.Fatalf("agent 1 went to rank %d (best %d, held %d, seeded %v) next to a busy rank 0 and an idle, cold rank 1", ch.rank, ch.best, ch.held, lv.seeded)
 	}
 	// Once rank 1 holds the prompt too, the agents tie and spread.
 	ix.Store(1, 0, 1, first)
@@ -87,7 +87,7 @@ func TestChooseRankSeedGates(t *testing.T) {
 		lv := rankSnapshot{seedLoss: c.seedLoss}
 		lv.load[0], lv.load[1] = c.load[0], c.load[1]
 		lv.placed[0], lv.placed[1] = c.placed[0], c.placed[1]
-		if r, _ := chooseRank(ix, 1, 0, 2, req, &lv); r != c.want || lv.seeded != (c.want == 1) {
+		if r := chooseRank(ix, 1, 0, 2, req, &lv).rank; r != c.want || lv.seeded != (c.want == 1) {
 			t.Errorf("%s: rank %d (seeded %v), want %d", c.name, r, lv.seeded, c.want)
 		}
 	}
@@ -97,11 +97,11 @@ func TestChooseRankSeedGates(t *testing.T) {
 	ix.Store(1, 0, 1, sys[:8])
 	lv := rankSnapshot{seedLoss: 1000}
 	lv.load[0] = 9
-	if r, _ := chooseRank(ix, 1, 0, 2, req, &lv); r != 0 {
+	if r := chooseRank(ix, 1, 0, 2, req, &lv).rank; r != 0 {
 		t.Fatalf("a session left its history for rank %d holding only a prefix of it", r)
 	}
 	// No load known: the rank holding the prefix.
-	if r, _ := chooseRank(ix, 1, 0, 2, agentStart(sys, 5), nil); r != 0 {
+	if r := chooseRank(ix, 1, 0, 2, agentStart(sys, 5), nil).rank; r != 0 {
 		t.Fatalf("rank %d without load", r)
 	}
 }

@@ -14,7 +14,8 @@ import (
 // several nodes behind ECMP, siblings of a new prefix reach different
 // nodes within milliseconds; rendezvous placement sends them to the same
 // endpoint, but every node's first sibling starts the prefill again. With
-// Config.Peers set, a node announces each leader it registers (its rule,
+// Config.Peers set (given at construction; the gateway is in turn the
+// handler the peerprefill.Node's Run serves), a node announces each leader it registers (its rule,
 // endpoint, uncached block keys) to the other nodes and says when its
 // first byte came back (pkg/peerprefill). A receiving node treats the
 // announcement as a leader of its own: the blocks become speculative
@@ -106,22 +107,12 @@ func (g *Gateway) RemoteBegin(_ netip.Addr, p peerprefill.Prefill) string {
 func (g *Gateway) RemoteDone(id peerprefill.ID) { g.remote.end(id) }
 
 // announce tells the other nodes about a leader this node registered for
-// keys on endpoint ep and returns the function that announces its end.
+// keys on endpoint ep and returns the function that announces its end. A
+// node alone (Config.Peers nil) has no one to tell.
 func (g *Gateway) announce(st *service, ep int, keys []uint64, uncached int64) func() {
-	pp := g.peers.Load()
-	if pp == nil || len(keys) == 0 {
+	if g.cfg.Peers == nil || len(keys) == 0 {
 		return func() {}
 	}
-	return (*pp).Announce(peerprefill.Prefill{Service: st.id, EP: ep, EPHash: peerprefill.EndpointHash(st.addrs[ep]),
+	return g.cfg.Peers.Announce(peerprefill.Prefill{Service: st.id, EP: ep, EPHash: peerprefill.EndpointHash(st.addrs[ep]),
 		Uncached: uncached, TTL: g.cfg.CoalesceWait, Keys: keys[:min(len(keys), peerprefill.MaxKeys)]})
-}
-
-// SetPeers connects the other nodes' announcement channel (nil: none);
-// set before requests are served.
-func (g *Gateway) SetPeers(p PrefillPeers) {
-	if p == nil {
-		g.peers.Store(nil)
-		return
-	}
-	g.peers.Store(&p)
 }

@@ -18,18 +18,11 @@ import (
 // announce their prefills to each other over real UDP sockets.
 func linkedGateways(t *testing.T) (a, b fixture, na, nb *peerprefill.Node) {
 	t.Helper()
-	// The wait outlasts any pause of a loaded test machine.
-	cfg := Config{Seed: "1", CoalesceWait: time.Minute}
-	a, b = newFixtureConfig(t, cfg, rule(3, "")), newFixtureConfig(t, cfg, rule(3, ""))
-	for _, f := range []fixture{a, b} {
-		// Loaded before the test's requests, which then only tokenize.
-		if _, err := f.g.tok.Get("Qwen/Qwen3-0.6B"); err != nil {
-			t.Fatal(err)
-		}
-	}
 	var addrA, addrB atomic.Pointer[string]
-	mk := func(g *Gateway, peer *atomic.Pointer[string]) *peerprefill.Node {
-		n, err := peerprefill.New(peerprefill.Config{Listen: "127.0.0.1:0", Handler: g, Refresh: 5 * time.Millisecond,
+	// Each node's socket is built first and given to its gateway; the
+	// gateway is then the handler the node's Run serves, as in the daemon.
+	node := func(peer *atomic.Pointer[string]) *peerprefill.Node {
+		n, err := peerprefill.New(peerprefill.Config{Listen: "127.0.0.1:0", Refresh: 5 * time.Millisecond,
 			Peers: func() []string {
 				if p := peer.Load(); p != nil {
 					return []string{*p}
@@ -39,14 +32,27 @@ func linkedGateways(t *testing.T) (a, b fixture, na, nb *peerprefill.Node) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { _ = n.Run(ctx); close(done) }()
-		t.Cleanup(func() { cancel(); <-done })
-		g.SetPeers(n)
 		return n
 	}
-	na, nb = mk(a.g, &addrB), mk(b.g, &addrA)
+	na, nb = node(&addrB), node(&addrA)
+	// The wait outlasts any pause of a loaded test machine.
+	a = newFixtureConfig(t, Config{Seed: "1", CoalesceWait: time.Minute, Peers: na}, rule(3, ""))
+	b = newFixtureConfig(t, Config{Seed: "1", CoalesceWait: time.Minute, Peers: nb}, rule(3, ""))
+	for _, f := range []fixture{a, b} {
+		// Loaded before the test's requests, which then only tokenize.
+		if _, err := f.g.tok.Get("Qwen/Qwen3-0.6B"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []struct {
+		n *peerprefill.Node
+		g *Gateway
+	}{{na, a.g}, {nb, b.g}} {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { _ = p.n.Run(ctx, p.g); close(done) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
 	sa, sb := na.Addr().String(), nb.Addr().String()
 	addrA.Store(&sa)
 	addrB.Store(&sb)

@@ -3,14 +3,11 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
-	"encoding/base64"
-	"errors"
 	"io"
 	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,78 +17,9 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
+	"github.com/loxilb-llm/loxilb/pkg/reconcilers"
 	"github.com/loxilb-llm/loxilb/testbed/pki"
 )
-
-// TestRuleTLSSources: which certificate files a rule gets — the daemon's
-// by default, the rule's own mtls_backend/mtls_frontend in their place —
-// and the 412s when a client CA is missing or a file is bad.
-func TestRuleTLSSources(t *testing.T) {
-	ca := pki.New(t)
-	vipCert, vipKey, _ := ca.Leaf(t, "vip", "127.0.0.77")
-	dCert, dKey, _ := ca.Leaf(t, "daemon-client")
-	rCert, rKey, _ := ca.Leaf(t, "rule-client")
-	ruleCA := pki.New(t)
-	caPEM, _ := os.ReadFile(ruleCA.File)
-	daemon := ListenerConfig{CertFile: vipCert, KeyFile: vipKey, ClientCertFile: dCert, ClientKeyFile: dKey}
-	mk := func(sec int, fe *lbrule.MTLSFrontend, be *lbrule.MTLSBackend) *lbrule.Rule {
-		r := rule(0, "")
-		r.Service.Security, r.Service.MTLSFrontend, r.Service.MTLSBackend = sec, fe, be
-		return r
-	}
-	cases := []struct {
-		name   string
-		cfg    func(c *ListenerConfig)
-		r      *lbrule.Rule
-		want   func(ps proxy.Service) bool
-		reason string
-		inMsg  string
-	}{
-		{"daemon client cert for security 2", nil, mk(2, nil, nil),
-			func(ps proxy.Service) bool { return ps.ClientCertFile == dCert && ps.ClientKeyFile == dKey }, "", ""},
-		{"no client cert for security 1", nil, mk(1, nil, nil),
-			func(ps proxy.Service) bool { return ps.ClientCertFile == "" }, "", ""},
-		{"rule client cert replaces the daemon's", nil, mk(2, nil, &lbrule.MTLSBackend{ClientCertPath: rCert, ClientKeyPath: rKey}),
-			func(ps proxy.Service) bool { return ps.ClientCertFile == rCert && ps.ClientKeyFile == rKey }, "", ""},
-		{"rule CA only keeps the daemon client cert", nil, mk(2, nil, &lbrule.MTLSBackend{BackendCAPath: ca.File}),
-			func(ps proxy.Service) bool { return ps.ClientCertFile == dCert && ps.CAFile == ca.File }, "", ""},
-		{"required without any client CA", nil, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "required"}, nil),
-			nil, lbrule.ReasonMTLSFrontendUnsupported, "--proxy-tls-client-ca"},
-		{"required with the daemon client CA", func(c *ListenerConfig) { c.ClientCAFile = ca.File }, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "required"}, nil),
-			func(ps proxy.Service) bool {
-				return ps.ClientAuth == proxy.ClientAuthRequired && ps.ClientCAFile == ca.File
-			}, "", ""},
-		{"optional with the rule's inline CA", func(c *ListenerConfig) { c.ClientCAFile = ca.File },
-			mk(1, &lbrule.MTLSFrontend{ClientCertMode: "optional", ClientCACertData: base64.StdEncoding.EncodeToString(caPEM), RequireClientCN: true, ClientCNPattern: "svc-*"}, nil),
-			func(ps proxy.Service) bool {
-				return ps.ClientAuth == proxy.ClientAuthOptional && ps.ClientCAFile == "" && string(ps.ClientCAPEM) == string(caPEM) && ps.ClientCNPattern == "svc-*"
-			}, "", ""},
-		{"disabled asks nothing", nil, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "disabled"}, nil),
-			func(ps proxy.Service) bool { return ps.ClientAuth == proxy.ClientAuthOff }, "", ""},
-		{"missing rule client CA file", nil, mk(1, &lbrule.MTLSFrontend{ClientCertMode: "required", ClientCAPath: "/nonexistent/ca.pem"}, nil),
-			nil, lbrule.ReasonTLSFileInvalid, "/nonexistent/ca.pem"},
-		{"missing rule client key", nil, mk(2, nil, &lbrule.MTLSBackend{ClientCertPath: rCert, ClientKeyPath: "/nonexistent/key.pem"}),
-			nil, lbrule.ReasonTLSFileInvalid, "/nonexistent/key.pem"},
-	}
-	for _, c := range cases {
-		cfg := daemon
-		if c.cfg != nil {
-			c.cfg(&cfg)
-		}
-		ps := proxy.Service{ID: 1, Security: proxy.Security(c.r.Service.Security)}
-		err := cfg.ruleTLS(&ps, c.r)
-		if c.reason != "" {
-			var re *lbrule.RuleError
-			if !errors.As(err, &re) || re.Reason != c.reason || !errors.Is(err, lbrule.ErrPrecondition) || !strings.Contains(re.Msg, c.inMsg) {
-				t.Errorf("%s: err %v, want a 412 %s naming %s", c.name, err, c.reason, c.inMsg)
-			}
-			continue
-		}
-		if err != nil || !c.want(ps) {
-			t.Errorf("%s: err %v, service %+v", c.name, err, ps)
-		}
-	}
-}
 
 // TestBackendMutualTLSThroughGateway: an endpoint that requires a client
 // certificate is served when the daemon has one (--proxy-tls-client-cert)
@@ -116,7 +44,7 @@ func TestBackendMutualTLSThroughGateway(t *testing.T) {
 		withCert   bool
 		wantStatus int
 	}{{"127.0.83.20", true, 200}, {"127.0.83.21", false, 502}} {
-		lcfg := ListenerConfig{CertFile: vipCert, KeyFile: vipKey, CAFile: ca.File}
+		lcfg := reconcilers.ListenerConfig{CertFile: vipCert, KeyFile: vipKey, CAFile: ca.File}
 		if tc.withCert {
 			lcfg.ClientCertFile, lcfg.ClientKeyFile = clientCert, clientKey
 		}
@@ -126,7 +54,7 @@ func TestBackendMutualTLSThroughGateway(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lr := &ListenerReconciler{Proxy: px, Config: lcfg}
+		lr := &reconcilers.Listeners{Proxy: px, Config: lcfg}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { _ = px.Serve(ctx); close(done) }()

@@ -37,15 +37,15 @@ type Config struct {
 	// Refresh is how often Peers is read again. Default 1s (the
 	// membership's own refresh).
 	Refresh time.Duration
-	// Handler receives the other nodes' announcements.
-	Handler Handler
 }
 
 // maxPeers bounds the peers a node sends to (and accepts from).
 const maxPeers = 64
 
 // Node sends this node's prefill announcements to the other nodes and
-// hands theirs to its Handler.
+// hands theirs to the Handler its Run serves. It is built before the
+// gateway, which announces through it from its construction on; the
+// gateway, built with it, is the Handler given to Run.
 type Node struct {
 	cfg      Config
 	log      *slog.Logger
@@ -69,8 +69,8 @@ type peerSet struct {
 
 // New binds the node's socket and registers its metrics on reg (nil: none).
 func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Node, error) {
-	if cfg.Handler == nil || cfg.Peers == nil {
-		return nil, errors.New("peerprefill: a handler and a peer source are required")
+	if cfg.Peers == nil {
+		return nil, errors.New("peerprefill: a peer source is required")
 	}
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = time.Second
@@ -120,9 +120,15 @@ func (n *Node) Addr() netip.AddrPort { return n.conn.LocalAddr().(*net.UDPAddr).
 // Peers is how many peers the node sends to now.
 func (n *Node) Peers() int { return len(n.peers.Load().addrs) }
 
-// Run receives datagrams and refreshes the peers until ctx ends; it closes
-// the socket on return.
-func (n *Node) Run(ctx context.Context) error {
+// Run receives datagrams, handing the other nodes' announcements to h, and
+// refreshes the peers until ctx ends; it closes the socket on return.
+// Nothing is sent before Run has read the peers once, and nothing is
+// received outside it, so h needs no link to the node made afterwards.
+func (n *Node) Run(ctx context.Context, h Handler) error {
+	if h == nil {
+		_ = n.conn.Close()
+		return errors.New("peerprefill: Run needs a handler")
+	}
 	n.refresh()
 	done := make(chan struct{})
 	go func() {
@@ -139,7 +145,7 @@ func (n *Node) Run(ctx context.Context) error {
 			}
 		}
 	}()
-	n.receive()
+	n.receive(h)
 	<-done
 	return nil
 }
@@ -170,7 +176,7 @@ func (n *Node) refresh() {
 }
 
 // receive reads datagrams until the socket is closed.
-func (n *Node) receive() {
+func (n *Node) receive(h Handler) {
 	buf := make([]byte, MaxDatagram+1) // one more: a longer datagram is seen as such
 	keys := make([]uint64, 0, MaxKeys)
 	for {
@@ -181,12 +187,12 @@ func (n *Node) receive() {
 			}
 			continue
 		}
-		n.handle(buf[:sz], netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), keys)
+		n.handle(h, buf[:sz], netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), keys)
 	}
 }
 
 // handle checks and hands over one datagram.
-func (n *Node) handle(b []byte, from netip.AddrPort, keys []uint64) {
+func (n *Node) handle(h Handler, b []byte, from netip.AddrPort, keys []uint64) {
 	if !n.peers.Load().from[from] {
 		n.dropped.WithLabelValues(DropUnknownPeer).Inc()
 		return
@@ -202,10 +208,10 @@ func (n *Node) handle(b []byte, from netip.AddrPort, keys []uint64) {
 	}
 	if d.kind == kindDone {
 		n.received.WithLabelValues("done").Inc()
-		n.cfg.Handler.RemoteDone(d.p.ID)
+		h.RemoteDone(d.p.ID)
 		return
 	}
-	if why := n.cfg.Handler.RemoteBegin(from.Addr(), d.p); why != "" {
+	if why := h.RemoteBegin(from.Addr(), d.p); why != "" {
 		n.dropped.WithLabelValues(why).Inc()
 		return
 	}

@@ -67,16 +67,35 @@ type testNode struct {
 func startNode(t *testing.T) testNode {
 	t.Helper()
 	tn := testNode{h: &recorder{}, peers: &peerAddrs{}}
-	n, err := New(Config{Listen: "127.0.0.1:0", Peers: tn.peers.get, Handler: tn.h}, nil, prometheus.NewRegistry())
+	n, err := New(Config{Listen: "127.0.0.1:0", Peers: tn.peers.get}, nil, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	tn.n = n
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { _ = n.Run(ctx); close(done) }()
+	go func() { _ = n.Run(ctx, tn.h); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return tn
+}
+
+// Run without a handler is refused (and frees the socket) instead of
+// receiving announcements nobody takes.
+func TestRunNeedsHandler(t *testing.T) {
+	n, err := New(Config{Listen: "127.0.0.1:0", Peers: func() []string { return nil }}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := n.Addr().String()
+	if err := n.Run(context.Background(), nil); err == nil {
+		t.Fatal("Run(nil) served")
+	}
+	// The socket was closed: its port can be bound again.
+	again, err := New(Config{Listen: addr, Peers: func() []string { return nil }}, nil, nil)
+	if err != nil {
+		t.Fatalf("the socket of a refused Run is still held: %v", err)
+	}
+	_ = again.conn.Close()
 }
 
 // link makes the nodes each other's peers.

@@ -57,6 +57,10 @@ type Config struct {
 	// Picker sees); larger bodies get 413. Default 32 MiB.
 	MaxBodyBytes int64
 	// ReadHeaderTimeout bounds reading a client's request headers.
+	// It, IdleTimeout, ResponseHeaderTimeout and StreamIdleTimeout are
+	// coarse (deadline.go): each may fire up to a sixteenth of its
+	// duration late, never early, so a busy connection does not update a
+	// runtime timer on every request.
 	ReadHeaderTimeout time.Duration
 	// BodyReadTimeout bounds reading a client's request body. It is set
 	// per request and cleared afterwards, because a connection-wide read

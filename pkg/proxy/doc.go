@@ -40,7 +40,7 @@
 // (answered in order, each answer flushed), Expect: 100-continue (sent on the first body
 // read), chunked request bodies (trailers read and dropped; the body is
 // relayed with a Content-Length), HEAD, Connection: close and the
-// ReadHeaderTimeout/IdleTimeout deadlines behave as under net/http. A
+// ReadHeaderTimeout/IdleTimeout deadlines (coarse: see below) behave as under net/http. A
 // request body left unread (413, a refused body) closes the connection
 // after the answer, the sending side first so the client reads it.
 // Client-gone detection costs nothing for short requests: 100 ms after
@@ -76,8 +76,8 @@
 // net/http's server input by input.
 //
 // Neighbours: the router implements Picker (and uses the tokenizer,
-// blockhash and kvindex packages to decide); a control stage (the
-// gateway package's ListenerReconciler) builds Config from the rules and
+// blockhash and kvindex packages to decide); a control stage
+// (reconcilers.Listeners) builds Config from the rules and
 // calls Update when they change; the dataplane steers VIP traffic to its
 // listener. The daemon creates the InFlightTable first and hands it to
 // the gateway (which reads it) and to the Server (which counts into it,
@@ -141,7 +141,11 @@
 // ResponseHeaderTimeout, and later no stream may stay silent for
 // StreamIdleTimeout, nor an event stream run past its service's
 // MaxStreamDuration; each listener keeps at most MaxConnsPerListener
-// connections. A client that half-closes after its request still gets the
+// connections. The header, idle and first-byte bounds are coarse
+// deadlines (deadline.go): moved only when they must be, so they fire up
+// to a sixteenth of their duration late, and a keep-alive request
+// updates no runtime timer; the client watch's timer likewise stays
+// scheduled across requests (arm). A client that half-closes after its request still gets the
 // answer: only a closed or failed connection cancels the request (unless
 // AbortOnClientClose).
 //

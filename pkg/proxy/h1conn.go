@@ -66,17 +66,25 @@ type h1Conn struct {
 
 	closing bool // close after this response
 
+	// rdl is the read deadline in force on rwc (zero: none). Between a
+	// request's head and its answer it is left as it was (see readHead):
+	// every read of that time sets its own (readBody) or clears it
+	// (watch).
+	rdl time.Time
+
 	// mu guards idle and shut against the server's shutdown.
 	mu   sync.Mutex
 	idle bool // waiting for a request head
 	shut bool // closed by the shutdown
 
-	// The client watcher: see watchDelay.
-	wmu    sync.Mutex
-	wstate int // wIdle, wArmed, wRunning
-	wtimer *time.Timer
-	wwg    sync.WaitGroup
-	eof    bool // the client half-closed (seen by the watcher)
+	// The client watcher: see watchDelay and arm.
+	wmu      sync.Mutex
+	wstate   int // wIdle, wArmed, wRunning
+	wtimer   *time.Timer
+	wpending bool      // wtimer is scheduled
+	warmedAt time.Time // when the request being served armed the watch
+	wwg      sync.WaitGroup
+	eof      bool // the client half-closed (seen by the watcher)
 }
 
 const (
@@ -183,7 +191,7 @@ func (c *h1Conn) serve() {
 	if t, ok := c.rwc.(*tls.Conn); ok {
 		if rht > 0 {
 			dl := time.Now().Add(rht)
-			_ = c.rwc.SetReadDeadline(dl)
+			_ = c.setReadDeadline(dl)
 			_ = c.rwc.SetWriteDeadline(dl)
 		}
 		if err := t.HandshakeContext(context.Background()); err != nil {
@@ -208,8 +216,6 @@ func (c *h1Conn) serve() {
 		http.LocalAddrContextKey, c.local), connKey{}, c.tc)
 	c.br = h1ReaderPool.Get().(*bufio.Reader)
 	c.br.Reset(c.rwc)
-	c.bw = h1WriterPool.Get().(*bufio.Writer)
-	c.bw.Reset(c.rwc)
 	for first := true; ; first = false {
 		v, ok := c.readHead(first)
 		if !ok {
@@ -230,6 +236,39 @@ func (c *h1Conn) serve() {
 			c.closeGracefully()
 			return
 		}
+	}
+}
+
+// setReadDeadline sets rwc's read deadline and remembers it.
+func (c *h1Conn) setReadDeadline(t time.Time) error {
+	c.rdl = t
+	return c.rwc.SetReadDeadline(t)
+}
+
+// readWithin bounds the next reads to d from now, coarsely (deadline.go).
+func (c *h1Conn) readWithin(d time.Duration) {
+	if dl, change := coarseDeadline(c.rdl, time.Now(), d); change {
+		_ = c.setReadDeadline(dl)
+	}
+}
+
+// takeWriter gives the connection a write buffer for an answer. Between
+// answers it holds none (giveWriter): at 256 keep-alive connections their
+// own buffers were 256 pages each touched at its start per answer, where
+// pooled ones are the few in cache.
+func (c *h1Conn) takeWriter() {
+	if c.bw == nil {
+		c.bw = h1WriterPool.Get().(*bufio.Writer)
+		c.bw.Reset(c.rwc)
+	}
+}
+
+// giveWriter returns the flushed write buffer to the pool.
+func (c *h1Conn) giveWriter() {
+	if c.bw != nil && c.bw.Buffered() == 0 {
+		c.bw.Reset(nil)
+		h1WriterPool.Put(c.bw)
+		c.bw = nil
 	}
 }
 
@@ -278,9 +317,9 @@ func (c *h1Conn) readHead(first bool) (h1Verdict, bool) {
 			wait = rht
 		}
 		if wait > 0 {
-			_ = c.rwc.SetReadDeadline(time.Now().Add(wait))
-		} else {
-			_ = c.rwc.SetReadDeadline(time.Time{})
+			c.readWithin(wait)
+		} else if !c.rdl.IsZero() {
+			_ = c.setReadDeadline(time.Time{})
 		}
 		_, err := c.br.Peek(1)
 		if !c.setIdle(false) || err != nil {
@@ -291,7 +330,7 @@ func (c *h1Conn) readHead(first bool) (h1Verdict, bool) {
 		// deadline change is a timer update under the poller's lock.
 		rearm = !first && rht > 0
 	} else if rht > 0 {
-		_ = c.rwc.SetReadDeadline(time.Now().Add(rht))
+		c.readWithin(rht)
 	}
 	for {
 		buf, _ := c.br.Peek(c.br.Buffered())
@@ -303,8 +342,12 @@ func (c *h1Conn) readHead(first bool) (h1Verdict, bool) {
 		if n > 0 {
 			v := parseHead(buf[:n], &c.hd)
 			if v == h1OK {
+				// The deadline stays: clearing it here and setting it
+				// again before the next head were two timer updates
+				// per request (deadline.go). Nothing reads the
+				// connection before the answer without choosing its
+				// own deadline (readBody, watch).
 				_, _ = c.br.Discard(n)
-				_ = c.rwc.SetReadDeadline(time.Time{})
 			}
 			return v, true
 		}
@@ -314,7 +357,7 @@ func (c *h1Conn) readHead(first bool) (h1Verdict, bool) {
 		}
 		if rearm {
 			rearm = false
-			_ = c.rwc.SetReadDeadline(time.Now().Add(rht))
+			_ = c.setReadDeadline(time.Now().Add(rht))
 		}
 		if _, err := c.br.Peek(c.br.Buffered() + 1); err != nil {
 			return 0, false
@@ -326,6 +369,7 @@ func (c *h1Conn) readHead(first bool) (h1Verdict, bool) {
 // was cut.
 func (c *h1Conn) serveRequest() bool {
 	s, hd := c.s, &c.hd
+	c.takeWriter()
 	c.body.reset(c, hd)
 	c.w.reset(c, hd.method == http.MethodHead)
 	c.url = url.URL{Path: hd.path, RawQuery: hd.query}
@@ -366,7 +410,11 @@ func (c *h1Conn) serveRequest() bool {
 	c.w.finish()
 	// Flushed even when a pipelined request is already buffered: that
 	// one may take seconds, or be handed to net/http.
-	return c.bw.Flush() == nil
+	if c.bw.Flush() != nil {
+		return false
+	}
+	c.giveWriter()
+	return true
 }
 
 var chunkedTE = []string{"chunked"}
@@ -376,17 +424,29 @@ func (c *h1Conn) writeErr() error {
 	return err
 }
 
-// arm starts the client watch timer: the body has been read, the client
+// arm starts the client watch: the body has been read, the client
 // connection is quiet until the answer.
+//
+// The timer is not stopped when the request ends (disarm), nor set again
+// by the next one while it is still scheduled: a timer update per arm and
+// per disarm was two runtime timer-heap updates per request. When it
+// fires it looks at the request armed then: none, and it stops; one armed
+// less than watchDelay ago (a later request than the one it was set for),
+// and it sets itself for the rest of that request's delay. So a busy
+// connection costs a timer update per watchDelay, not two per request.
 func (c *h1Conn) arm() {
+	now := time.Now()
 	c.wmu.Lock()
-	c.wstate = wArmed
-	c.wmu.Unlock()
-	if c.wtimer == nil {
-		c.wtimer = time.AfterFunc(watchDelay, c.watch)
-	} else {
-		c.wtimer.Reset(watchDelay)
+	c.wstate, c.warmedAt = wArmed, now
+	if !c.wpending {
+		c.wpending = true
+		if c.wtimer == nil {
+			c.wtimer = time.AfterFunc(watchDelay, c.watch)
+		} else {
+			c.wtimer.Reset(watchDelay)
+		}
 	}
+	c.wmu.Unlock()
 }
 
 // watch reads the client connection while the request runs: a reset
@@ -396,11 +456,23 @@ func (c *h1Conn) arm() {
 func (c *h1Conn) watch() {
 	c.wmu.Lock()
 	if c.wstate != wArmed {
+		c.wpending = false
 		c.wmu.Unlock()
 		return
 	}
+	if left := watchDelay - time.Since(c.warmedAt); left > 0 {
+		c.wtimer.Reset(left)
+		c.wmu.Unlock()
+		return
+	}
+	c.wpending = false
 	c.wstate = wRunning
 	c.wwg.Add(1)
+	if !c.rdl.IsZero() {
+		// The idle or header deadline left from the head (readHead)
+		// would end the watch early.
+		_ = c.setReadDeadline(time.Time{})
+	}
 	c.wmu.Unlock()
 	defer c.wwg.Done()
 	_, err := c.br.Peek(1)
@@ -415,12 +487,12 @@ func (c *h1Conn) watch() {
 	c.wmu.Unlock()
 }
 
-// disarm stops the watch, waiting for a running read to end.
+// disarm ends the watch, waiting for a running read to end; a scheduled
+// timer stays (see arm).
 func (c *h1Conn) disarm() {
 	if c.wtimer == nil {
 		return
 	}
-	c.wtimer.Stop()
 	c.wmu.Lock()
 	running := c.wstate == wRunning
 	c.wstate = wIdle
@@ -430,7 +502,7 @@ func (c *h1Conn) disarm() {
 	}
 	c.wwg.Wait()
 	if running {
-		_ = c.rwc.SetReadDeadline(time.Time{})
+		_ = c.setReadDeadline(time.Time{})
 	}
 }
 
@@ -440,6 +512,7 @@ func (c *h1Conn) reject() {
 	hd := &c.hd
 	c.s.m.connRejected.WithLabelValues(hd.reason).Inc()
 	c.s.logger.Debug("proxy: request head refused", "reason", hd.reason, "status", hd.status, "remote", c.remote)
+	c.takeWriter()
 	bw := c.bw
 	bw.WriteString("HTTP/1.1 ")
 	bw.WriteString(statusLine(hd.status))
@@ -473,14 +546,16 @@ func itoa(n int) string {
 // waits a moment for the client to read the answer, so closing with
 // unread bytes does not reset the connection under it.
 func (c *h1Conn) closeGracefully() {
-	_ = c.bw.Flush()
+	if c.bw != nil {
+		_ = c.bw.Flush()
+	}
 	if c.body.done && c.br.Buffered() == 0 {
 		return // serve's deferred Close
 	}
 	if cw, ok := c.rwc.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	}
-	_ = c.rwc.SetReadDeadline(time.Now().Add(rstAvoidanceDelay))
+	_ = c.setReadDeadline(time.Now().Add(rstAvoidanceDelay))
 	var sink [512]byte
 	for {
 		if _, err := c.rwc.Read(sink[:]); err != nil {
@@ -509,7 +584,7 @@ func (c *h1Conn) handoff(reason string) bool {
 		b, _ := c.br.Peek(n)
 		rest = append([]byte(nil), b...)
 	}
-	_ = c.rwc.SetReadDeadline(time.Time{})
+	_ = c.setReadDeadline(time.Time{})
 	hc := &handoffConn{Conn: c.rwc, rest: rest, tc: c.tc, tls: c.tls}
 	return c.s.handoff.push(hc)
 }

@@ -278,3 +278,42 @@ func TestLeanPipelinedThenFallback(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepAliveConnectionHoldsNoWriteBufferWhileIdle: between answers a
+// keep-alive connection gives its write buffer back to the pool, and the
+// next answer on it is whole.
+func TestKeepAliveConnectionHoldsNoWriteBufferWhileIdle(t *testing.T) {
+	b, _ := echoBackend(t, "b0")
+	px := startProxy(t, "127.0.0.161", Config{}, Service{}, newStaticPicker(hostPort(b)))
+	c, br := rawConn(t, px.addr)
+	for i := range 2 {
+		if _, err := io.WriteString(c, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := decodeEcho(t, resp); e.Backend != "b0" || resp.Close {
+			t.Fatalf("answer %d: %+v, close %v", i, e, resp.Close)
+		}
+		var hc *h1Conn
+		wait.Eventually(t, "the connection waiting for its next request", func() bool {
+			px.h1.mu.Lock()
+			defer px.h1.mu.Unlock()
+			for k := range px.h1.conns {
+				k.mu.Lock()
+				idle := k.idle
+				k.mu.Unlock()
+				if idle {
+					hc = k
+				}
+				return idle
+			}
+			return false
+		})
+		if hc.bw != nil { // ordered by the idle flag's lock, set after the answer
+			t.Fatalf("after answer %d the idle connection holds a write buffer", i)
+		}
+	}
+}

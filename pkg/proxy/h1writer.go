@@ -149,7 +149,7 @@ func (w *h1Writer) Flush() {
 }
 
 // SetReadDeadline and SetWriteDeadline serve http.ResponseController.
-func (w *h1Writer) SetReadDeadline(t time.Time) error  { return w.c.rwc.SetReadDeadline(t) }
+func (w *h1Writer) SetReadDeadline(t time.Time) error  { return w.c.setReadDeadline(t) }
 func (w *h1Writer) SetWriteDeadline(t time.Time) error { return w.c.rwc.SetWriteDeadline(t) }
 
 // finish ends the response after the handler returned: a head not sent

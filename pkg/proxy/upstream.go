@@ -87,10 +87,11 @@ type pconn struct {
 	// timeout or its reset cannot re-arm a read that should have stopped.
 	dmu       sync.Mutex
 	cancelled bool
-	// dlArmed: a read deadline is set (by setReadDeadline). Only the
-	// goroutine that owns the connection reads it, so a deadline that
-	// is already clear is not cleared again.
-	dlArmed bool
+	// rdl is the read deadline set by setReadDeadline (zero: none).
+	// Only the goroutine that owns the connection reads it, so a
+	// deadline that is already clear is not cleared again, and a coarse
+	// one still in range is not moved (readWithin).
+	rdl time.Time
 }
 
 // cancel poisons the connection's deadlines: every blocked or later read
@@ -109,7 +110,16 @@ func (pc *pconn) setReadDeadline(t time.Time) {
 	defer pc.dmu.Unlock()
 	if !pc.cancelled {
 		_ = pc.conn.SetReadDeadline(t)
-		pc.dlArmed = !t.IsZero()
+		pc.rdl = t
+	}
+}
+
+// readWithin bounds the next reads to d from now, coarsely (deadline.go):
+// a deadline per endpoint answer, or per event of a stream, was a timer
+// update each.
+func (pc *pconn) readWithin(d time.Duration) {
+	if dl, change := coarseDeadline(pc.rdl, time.Now(), d); change {
+		pc.setReadDeadline(dl)
 	}
 }
 
@@ -314,7 +324,7 @@ func (u *upstream) get(ctx context.Context, addr string, fresh bool, dial time.D
 				continue
 			}
 			pc.unprobed = idle < probeAfterIdle
-			if !pc.unprobed && pc.dlArmed {
+			if !pc.unprobed && !pc.rdl.IsZero() {
 				// An expired deadline would fail the liveness probe.
 				pc.setReadDeadline(time.Time{})
 			}
@@ -473,8 +483,8 @@ func (pc *pconn) exchange(ctx context.Context, w requestWriter, req *http.Reques
 	switch {
 	case lim.header > 0:
 		// Before the flush: flushAwait waits for the answer in it.
-		pc.setReadDeadline(time.Now().Add(lim.header))
-	case pc.dlArmed:
+		pc.readWithin(lim.header)
+	case !pc.rdl.IsZero():
 		pc.setReadDeadline(time.Time{}) // left by the previous exchange
 	}
 	if err := pc.flushAwait(pc.writes == w0); err != nil {
@@ -649,8 +659,8 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	switch {
 	case b.fixed && b.pc.br.Buffered() > 0:
 	case wait > 0:
-		b.pc.setReadDeadline(time.Now().Add(wait))
-	case b.pc.dlArmed:
+		b.pc.readWithin(wait)
+	case !b.pc.rdl.IsZero():
 		b.pc.setReadDeadline(time.Time{}) // unbounded: no earlier bound may linger
 	}
 	n, err := b.rc.Read(p)

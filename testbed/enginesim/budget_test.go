@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/loxilb-llm/loxilb/pkg/gateway"
+	"github.com/loxilb-llm/loxilb/pkg/enginemetrics"
 )
 
 // The emulated SGLang server info carries the sequence cap where SGLang
@@ -14,7 +14,7 @@ func TestSGLangServerInfoPublishesBudget(t *testing.T) {
 	e := startEngine(t, Config{Engine: EngineSGLang, DPRanks: 3, MaxRunning: 8, TimeScaleSet: true}, Deps{})
 	for _, path := range []string{"/get_server_info", "/server_info"} {
 		r := do(t, "GET", e.URL()+path, nil)
-		n, found, err := gateway.ParseServerInfoBudget(r.body)
+		n, found, err := enginemetrics.ParseServerInfoBudget(r.body)
 		if err != nil || !found || n != 8 {
 			t.Fatalf("%s: budget %d %v %v from %s", path, n, found, err, r.body)
 		}
@@ -33,7 +33,7 @@ func TestVLLMMetricsPublishNoBudget(t *testing.T) {
 	if !strings.Contains(text, "vllm:cache_config_info{") || strings.Contains(text, "max_num_seqs") {
 		t.Fatalf("metrics:\n%s", text)
 	}
-	if m, err := gateway.ParseEngineMetrics("vllm", r.body); err != nil || m.Running != 0 || m.Waiting != 0 {
+	if m, err := enginemetrics.Parse("vllm", r.body); err != nil || m.Running != 0 || m.Waiting != 0 {
 		t.Fatalf("%+v %v", m, err)
 	}
 }
@@ -50,7 +50,7 @@ func TestSGLangMetricsPerRank(t *testing.T) {
 			t.Errorf("metrics lack %s:\n%s", s, text)
 		}
 	}
-	if m, err := gateway.ParseEngineMetrics("sglang", []byte(text)); err != nil || m.Running != 0 || m.Waiting != 0 {
+	if m, err := enginemetrics.Parse("sglang", []byte(text)); err != nil || m.Running != 0 || m.Waiting != 0 {
 		t.Fatalf("%+v %v", m, err)
 	}
 	one := startEngine(t, Config{Engine: EngineSGLang, TimeScaleSet: true}, Deps{})

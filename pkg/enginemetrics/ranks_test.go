@@ -1,4 +1,4 @@
-package gateway
+package enginemetrics
 
 import (
 	"context"
@@ -35,7 +35,7 @@ func TestParseRankLoad(t *testing.T) {
 		t.Fatalf("per-rank load %+v", got)
 	}
 	// The endpoint's totals still sum every series.
-	m, err := ParseEngineMetrics("sglang", []byte(sglangDPMetrics))
+	m, err := Parse("sglang", []byte(sglangDPMetrics))
 	if err != nil || m.Running != 7 || m.Waiting != 2 {
 		t.Fatalf("endpoint load %+v, %v", m, err)
 	}
@@ -92,7 +92,7 @@ func TestScraperRankMetrics(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(body)) }))
 	defer srv.Close()
 	ap := netip.MustParseAddrPort(srv.Listener.Addr().String())
-	s, err := NewScraper(ScraperConfig{MaxAge: time.Hour}, nil, nil)
+	s, err := New(Config{MaxAge: time.Hour}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package gateway
+package reconcilers
 
 import (
 	"context"
@@ -40,7 +40,7 @@ type ListenerConfig struct {
 	Receipts proxy.ReceiptPolicy
 }
 
-// ListenerReconciler hands the proxy the listener set of the mode-4 rules:
+// Listeners hands the proxy the listener set of the mode-4 rules:
 // VIP:port, security level and TLS files, stream bound. It is its own
 // stage, apart from the gateway's routing table, so the proxy (which
 // takes the gateway as its Picker) is configured by the controller and
@@ -52,7 +52,7 @@ type ListenerConfig struct {
 // and a removed rule's listener closes before the gateway forgets its
 // routing state, so no connection reaches a rule the gateway no longer
 // knows.
-type ListenerReconciler struct {
+type Listeners struct {
 	// Proxy is the proxy whose table the listeners go to; required.
 	Proxy  ProxyTable
 	Config ListenerConfig
@@ -60,13 +60,13 @@ type ListenerReconciler struct {
 	mu sync.Mutex // serializes Reconcile
 }
 
-var _ control.Reconciler = (*ListenerReconciler)(nil)
+var _ control.Reconciler = (*Listeners)(nil)
 
 // Name implements control.Reconciler.
-func (l *ListenerReconciler) Name() string { return "proxy" }
+func (l *Listeners) Name() string { return "proxy" }
 
 // Reconcile implements control.Reconciler.
-func (l *ListenerReconciler) Reconcile(_ context.Context, services []control.Service) error {
+func (l *Listeners) Reconcile(_ context.Context, services []control.Service) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	pcfg := l.Config.Proxy
@@ -97,7 +97,7 @@ func (l *ListenerReconciler) Reconcile(_ context.Context, services []control.Ser
 
 // service renders one mode-4 rule as the proxy's service; the error is
 // the rule's control.RuleError.
-func (l *ListenerReconciler) service(cs control.Service) (proxy.Service, error) {
+func (l *Listeners) service(cs control.Service) (proxy.Service, error) {
 	r := cs.Rule
 	vip, err := netip.ParseAddr(r.Service.ExternalIP)
 	if err != nil {

@@ -1,4 +1,4 @@
-package gateway
+package reconcilers
 
 import (
 	"encoding/base64"

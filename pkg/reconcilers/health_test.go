@@ -1,4 +1,4 @@
-package gateway
+package reconcilers
 
 import (
 	"context"
@@ -24,7 +24,7 @@ func TestHealthReconcileOctaviaEndpointFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp := &captureProber{}
-	if err := (&HealthReconciler{Prober: cp}).Reconcile(context.Background(), []control.Service{{ID: 1, Rule: p}}); err != nil {
+	if err := (&Health{Prober: cp}).Reconcile(context.Background(), []control.Service{{ID: 1, Rule: p}}); err != nil {
 		t.Fatal(err)
 	}
 	if len(cp.targets) != 2 {

@@ -1,4 +1,4 @@
-package gateway
+package enginemetrics
 
 import (
 	"bufio"
@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,21 +35,28 @@ var engineMetricNames = map[string]struct{ running, waiting, kv []string }{
 	string(engine.LlamaCpp): {[]string{"llamacpp:requests_processing"}, []string{"llamacpp:requests_deferred"}, []string{"llamacpp:kv_cache_usage_ratio"}},
 }
 
-// ScraperConfig tunes the engine-metrics scraper.
-type ScraperConfig struct {
+// Config tunes the engine-metrics scraper.
+type Config struct {
 	Interval time.Duration // default 1s
 	Timeout  time.Duration // per scrape, default 500ms
 	// MaxAge: a sample older than this is ignored (default 3 intervals), so
 	// a dead metrics endpoint never pins a stale load on a worker.
 	MaxAge  time.Duration
 	MaxBody int64 // default 4 MiB
+	// SelfInFlight, when set, counts this node's requests open to an
+	// endpoint (the proxy's in-flight table). Each sample records it as
+	// the scrape's answer arrives, so Others can tell this node's share
+	// of the engine's running+waiting from what other nodes sent; nil
+	// records 0.
+	SelfInFlight func(service uint32, ep int) int
 }
 
 // Scraper polls every mode-4 endpoint's /metrics and serves the latest load
-// signals to the gateway (EngineMetrics). It is a control.Reconciler (the
-// target set follows the rules) with a Run loop.
+// signals (Metrics, RankMetrics, Others) and learned prefill budgets
+// (LearnedSlots) to the gateway. It is a control.Reconciler (the target
+// set follows the rules) with a Run loop.
 type Scraper struct {
-	cfg    ScraperConfig
+	cfg    Config
 	client *http.Client
 	logger *slog.Logger
 	errs   *prometheus.CounterVec
@@ -65,11 +71,6 @@ type Scraper struct {
 	// lmLast is each endpoint's last lmcache:num_hit_tokens (lmcache.go).
 	lmLast map[epKey]float64
 	lmHits *prometheus.CounterVec
-	// self, when set, counts this node's requests open to an endpoint;
-	// each sample records it as the scrape's answer arrives, so Others
-	// can tell this node's share of the engine's running+waiting from
-	// what other nodes sent (SetSelfInFlight).
-	self atomic.Pointer[func(service uint32, ep int) int]
 }
 
 type epKey struct {
@@ -86,17 +87,15 @@ type sample struct {
 	m  selector.EngineMetrics
 	at time.Time
 	// self is this node's in-flight count to the endpoint when the
-	// sample's answer arrived (0 without SetSelfInFlight).
+	// sample's answer arrived (0 without Config.SelfInFlight).
 	self  int
 	ranks rankSample // per data-parallel rank (rankscrape.go)
 }
 
-var _ EngineMetrics = (*Scraper)(nil)
-var _ OtherNodesLoad = (*Scraper)(nil)
 var _ control.Reconciler = (*Scraper)(nil)
 
-// NewScraper builds a scraper.
-func NewScraper(cfg ScraperConfig, logger *slog.Logger, reg prometheus.Registerer) (*Scraper, error) {
+// New builds a scraper and registers its metrics on reg (nil: none).
+func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Scraper, error) {
 	if cfg.Interval <= 0 {
 		cfg.Interval = time.Second
 	}
@@ -170,7 +169,8 @@ func (s *Scraper) Reconcile(_ context.Context, services []control.Service) error
 	return nil
 }
 
-// Metrics implements EngineMetrics.
+// Metrics returns the load signals of ep's last fresh scrape; ok is false
+// without one.
 func (s *Scraper) Metrics(service uint32, ep int) (selector.EngineMetrics, bool) {
 	s.mu.RLock()
 	smp, ok := s.samples[epKey{service, ep}]
@@ -179,17 +179,6 @@ func (s *Scraper) Metrics(service uint32, ep int) (selector.EngineMetrics, bool)
 		return selector.EngineMetrics{}, false
 	}
 	return smp.m, true
-}
-
-// SetSelfInFlight gives the scraper this node's count of requests open to
-// an endpoint (the proxy's in-flight table), read as each scrape's answer
-// arrives. Safe to call at any time; nil stops recording it.
-func (s *Scraper) SetSelfInFlight(f func(service uint32, ep int) int) {
-	if f == nil {
-		s.self.Store(nil)
-		return
-	}
-	s.self.Store(&f)
 }
 
 // Others estimates the requests other gateway nodes have on an endpoint:
@@ -252,8 +241,8 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 				s.errs.WithLabelValues(strconv.FormatUint(uint64(k.service), 10), strconv.Itoa(k.ep), ranks.bad).Inc()
 			}
 			self := 0
-			if f := s.self.Load(); f != nil {
-				self = (*f)(k.service, k.ep)
+			if f := s.cfg.SelfInFlight; f != nil {
+				self = f(k.service, k.ep)
 			}
 			s.mu.Lock()
 			if s.targets[k] == t {
@@ -287,7 +276,7 @@ func (s *Scraper) scrape(ctx context.Context, t scrapeTarget, ranks *rankSample)
 		return m, 0, false, "read"
 	}
 	hits, hasHits = lmcacheHitTokens(body)
-	m, err = ParseEngineMetrics(t.engine, body)
+	m, err = Parse(t.engine, body)
 	if errors.Is(err, errBadValue) {
 		return selector.EngineMetrics{}, hits, hasHits, budgetBadValue
 	}
@@ -298,14 +287,14 @@ func (s *Scraper) scrape(ctx context.Context, t scrapeTarget, ranks *rankSample)
 	return m, hits, hasHits, ""
 }
 
-// ParseEngineMetrics reads an engine's Prometheus text exposition and
-// returns its load signals. It fails when none of the engine's running or
+// Parse reads an engine's Prometheus text exposition and returns its load
+// signals. It fails when none of the engine's running or
 // waiting gauges is present (a wrong port or an engine built without
 // metrics), so a misconfiguration is counted instead of read as idle, and
 // with an error wrapping errBadValue when one of the engine's gauges (or
 // their sum) is NaN, infinite, negative or above 2^20: such a sample is
 // neither load nor a prefill budget (budget.go).
-func ParseEngineMetrics(engine string, text []byte) (selector.EngineMetrics, error) {
+func Parse(engine string, text []byte) (selector.EngineMetrics, error) {
 	names, ok := engineMetricNames[engine]
 	if !ok {
 		return selector.EngineMetrics{}, fmt.Errorf("no metric names for engine %q", engine)

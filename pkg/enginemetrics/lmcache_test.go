@@ -1,4 +1,4 @@
-package gateway
+package enginemetrics
 
 import (
 	"context"
@@ -45,7 +45,7 @@ func TestScraperLMCacheDeltas(t *testing.T) {
 	defer srv.Close()
 	ap := netip.MustParseAddrPort(srv.Listener.Addr().String())
 	reg := prometheus.NewRegistry()
-	s, err := NewScraper(ScraperConfig{}, nil, reg)
+	s, err := New(Config{}, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

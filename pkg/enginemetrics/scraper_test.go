@@ -1,4 +1,4 @@
-package gateway
+package enginemetrics
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 )
 
-func TestParseEngineMetrics(t *testing.T) {
+func TestParse(t *testing.T) {
 	text := []byte(`# HELP vllm:num_requests_running x
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{model_name="a"} 3
@@ -21,23 +21,23 @@ vllm:num_requests_running{model_name="b"} 1
 vllm:num_requests_waiting{model_name="a"} 2.0
 vllm:gpu_cache_usage_perc{model_name="a"} 0.5
 `)
-	m, err := ParseEngineMetrics("vllm", text)
+	m, err := Parse("vllm", text)
 	if err != nil || m.Running != 4 || m.Waiting != 2 || m.KVUsage != 0.5 || !m.Valid {
 		t.Fatalf("%+v %v", m, err)
 	}
-	if _, err := ParseEngineMetrics("vllm", []byte("go_goroutines 12\n")); err == nil {
+	if _, err := Parse("vllm", []byte("go_goroutines 12\n")); err == nil {
 		t.Error("a /metrics page without engine gauges must be an error")
 	}
-	if _, err := ParseEngineMetrics("tgi", text); err == nil {
+	if _, err := Parse("tgi", text); err == nil {
 		t.Error("unknown engine accepted")
 	}
-	m, err = ParseEngineMetrics("sglang", []byte("sglang:num_running_reqs{tp_rank=\"0\"} 5\nsglang:num_queue_reqs 1\nsglang:token_usage 0.25\n"))
+	m, err = Parse("sglang", []byte("sglang:num_running_reqs{tp_rank=\"0\"} 5\nsglang:num_queue_reqs 1\nsglang:token_usage 0.25\n"))
 	if err != nil || m.Running != 5 || m.Waiting != 1 || m.KVUsage != 0.25 {
 		t.Fatalf("sglang: %+v %v", m, err)
 	}
 	// A data-parallel SGLang publishes each gauge per dp_rank: requests
 	// add up, KV usage is the ranks' mean (a sum would read 1.4 here).
-	m, err = ParseEngineMetrics("sglang", []byte(`sglang:num_running_reqs{dp_rank="0"} 2
+	m, err = Parse("sglang", []byte(`sglang:num_running_reqs{dp_rank="0"} 2
 sglang:num_running_reqs{dp_rank="1"} 3
 sglang:num_queue_reqs{dp_rank="0"} 1
 sglang:num_queue_reqs{dp_rank="1"} 0
@@ -55,7 +55,7 @@ func TestScraperFollowsRules(t *testing.T) {
 	}))
 	defer srv.Close()
 	ap := netip.MustParseAddrPort(srv.Listener.Addr().String())
-	s, err := NewScraper(ScraperConfig{Interval: 20 * time.Millisecond}, nil, nil)
+	s, err := New(Config{Interval: 20 * time.Millisecond}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,31 +95,30 @@ func TestScraperOthersSubtractsSelf(t *testing.T) {
 	}))
 	defer srv.Close()
 	ap := netip.MustParseAddrPort(srv.Listener.Addr().String())
-	s, err := NewScraper(ScraperConfig{Interval: time.Hour}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	rule := &lbrule.Rule{Service: lbrule.ServiceArgs{Mode: 4, KVEngine: "vllm"}, Endpoints: []lbrule.Endpoint{{IP: ap.Addr().String(), Port: int(ap.Port())}}}
-	if err := s.Reconcile(context.Background(), []control.Service{{ID: 3, Rule: rule}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := s.Others(3, 0); ok {
-		t.Fatal("others before any sample")
-	}
 	for _, c := range []struct {
 		self, want int
 		set        bool
 	}{{0, 8, false}, {3, 5, true}, {20, 0, true}} {
+		cfg := Config{Interval: time.Hour}
 		if c.set {
 			self := c.self
-			s.SetSelfInFlight(func(service uint32, ep int) int {
+			cfg.SelfInFlight = func(service uint32, ep int) int {
 				if service == 3 && ep == 0 {
 					return self
 				}
 				return 0
-			})
-		} else {
-			s.SetSelfInFlight(nil)
+			}
+		}
+		s, err := New(cfg, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Reconcile(context.Background(), []control.Service{{ID: 3, Rule: rule}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := s.Others(3, 0); ok {
+			t.Fatal("others before any sample")
 		}
 		s.scrapeAll(context.Background())
 		if o, ok := s.Others(3, 0); !ok || o != c.want {

@@ -1,4 +1,4 @@
-package gateway
+package enginemetrics
 
 import (
 	"bufio"
@@ -133,8 +133,9 @@ func labelValue(line []byte, label string) (string, bool) {
 	return "", false
 }
 
-// RankMetrics implements RankMetrics: the per-rank gauges of ep's last
-// fresh scrape.
+// RankMetrics copies the per-rank running and waiting gauges of ep's last
+// fresh scrape into running and waiting; false without one, or when the
+// engine labels no gauge with its rank.
 func (s *Scraper) RankMetrics(service uint32, ep int, running, waiting []int) bool {
 	s.mu.RLock()
 	smp, ok := s.samples[epKey{service, ep}]
@@ -146,5 +147,3 @@ func (s *Scraper) RankMetrics(service uint32, ep int, running, waiting []int) bo
 	copy(waiting, smp.ranks.waiting[:])
 	return true
 }
-
-var _ RankMetrics = (*Scraper)(nil)
