@@ -34,6 +34,7 @@ type config struct {
 	tlsKey         string
 	stateDir       string
 	tokenizerDir   string
+	tokenizerCache int64 // bytes of each staged model's prefix cache
 	interfaces     []string
 	noDataplane    bool
 	bpfPinPath     string

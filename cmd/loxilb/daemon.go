@@ -118,7 +118,7 @@ func (d *daemon) buildKVPlane() error {
 func (d *daemon) buildRouting() error {
 	cfg, logger, reg := d.cfg, d.logger, d.reg
 	var err error
-	if d.tokens, err = tokenizer.NewRegistry(cfg.tokenizerDir, logger, reg); err != nil {
+	if d.tokens, err = tokenizer.NewRegistry(cfg.tokenizerDir, logger, reg, tokenizer.WithCacheBytes(cfg.tokenizerCache)); err != nil {
 		return fmt.Errorf("tokenizer registry: %w", err)
 	}
 	if d.prober, err = health.New(health.Config{}, logger, reg); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
 	"github.com/loxilb-llm/loxilb/pkg/proxy"
 	"github.com/loxilb-llm/loxilb/pkg/router"
+	"github.com/loxilb-llm/loxilb/pkg/tokenizer"
 )
 
 // The README tables the settings are listed in, in README order; a
@@ -83,6 +84,9 @@ func (c *config) settings() []*setting {
 			meaning: "with an etcd store: lease of a node's ownership of a TensorRT-LLM endpoint's event drain; another node takes the drain over within this long after the owner dies (whole seconds)"},
 		{flag: "tokenizer-dir", env: "LOXILB_TOKENIZER_DIR", table: tabDaemon, val: strVal(&c.tokenizerDir, "/etc/loxilb/tokenizers"),
 			meaning: "staged tokenizers: `<dir>/<model-slug>/tokenizer.json`, slug = model name with `/` replaced by `__`"},
+		{flag: "tokenizer-cache-bytes", env: "LOXILB_TOKENIZER_CACHE_BYTES", table: tabDaemon,
+			val:     intVal(&c.tokenizerCache, tokenizer.DefaultCacheBytes, 0, 1<<30).in("bytes"),
+			meaning: "per staged model: the token ids of recent prompt segments (each chat message, a long prompt) kept so that a repeated segment is not tokenized again and one sharing a long prefix with a kept one (a new question after the same document) tokenizes only from where they differ; past the bound the segments not hit recently are evicted (`loxilb_tokenizer_cache_evictions_total`; hits, resumes, misses: `loxilb_tokenizer_cache_lookups_total`); 0 turns it off"},
 		{flag: "interfaces", table: tabDaemon, val: strVal(&c.interfacesText, ""),
 			meaning: "comma-separated interfaces the eBPF data plane attaches to; never \"all\""},
 		{flag: "no-dataplane", table: tabDaemon, val: boolVal(&c.noDataplane, false), meaning: "run proxy-only: never load BPF programs"},

@@ -1,8 +1,10 @@
 package tokenizer
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 )
 
@@ -26,7 +28,7 @@ func BenchmarkEncodePrompt(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				tk.segs.reset() // a prompt never seen whole
+				tk.cache.reset() // a prompt never seen whole
 				b.StartTimer()
 				buf = tk.AppendEncode(buf[:0], text, false)
 			}
@@ -52,9 +54,38 @@ func BenchmarkEncodePromptColdCache(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
 				tk.model.cache.reset()
-				tk.segs.reset()
+				tk.cache.reset()
 				b.StartTimer()
 				tk.Encode(text, false)
+			}
+			reportTokens(b, n)
+		})
+	}
+}
+
+// BenchmarkEncodePromptNewEnding tokenizes the benchmark prompt with a
+// different last sentence every time (a new question after the same
+// document): the prefix cache holds the previous version, so the encode
+// resumes near the end; the word cache is warm.
+func BenchmarkEncodePromptNewEnding(b *testing.B) {
+	prompt, err := os.ReadFile("testdata/bench_prompt.txt")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, m := range parityModels {
+		b.Run(m.name, func(b *testing.B) {
+			tk := loadStaged(b, m.slug)
+			texts := make([]string, b.N+1)
+			for i := range texts {
+				texts[i] = fmt.Sprintf("%s Question %d: which endpoint holds this prefix?", prompt, i)
+			}
+			n := len(tk.Encode(texts[0], false))
+			buf := make([]uint32, 0, 2*n)
+			runtime.GC() // the load's garbage is not this loop's
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 1; i <= b.N; i++ {
+				buf = tk.AppendEncode(buf[:0], texts[i], false)
 			}
 			reportTokens(b, n)
 		})
@@ -97,7 +128,7 @@ func BenchmarkEncodePromptRegexp2(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				tk.segs.reset() // a prompt never seen whole
+				tk.cache.reset() // a prompt never seen whole
 				b.StartTimer()
 				buf = tk.AppendEncode(buf[:0], text, false)
 			}

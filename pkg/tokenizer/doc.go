@@ -36,8 +36,15 @@
 //     The per-piece cache is read without a lock (writers append and then
 //     publish a slot atomically); one- and two-byte pieces skip it.
 //     The ids of each whole stretch between added tokens are cached too
-//     (segcache.go): a chat template puts each message in such a stretch,
-//     so a conversation's next turn encodes only its new messages;
+//     (prefixcache.go): a chat template puts each message in such a
+//     stretch, so a conversation's next turn encodes only its new
+//     messages, and a stretch that shares a long prefix with a cached one
+//     (the same document with a new question) resumes from a mark of it,
+//     exactly, when the pre-tokenizer is the scanner (its reads stop at
+//     an ASCII non-space byte) and the normalizer is none or NFC. The
+//     cache is bounded by bytes (--tokenizer-cache-bytes) and counted in
+//     loxilb_tokenizer_cache_lookups_total and
+//     loxilb_tokenizer_cache_evictions_total;
 //  5. with add_special_tokens, the post-processor (TemplateProcessing,
 //     e.g. Llama-3's <|begin_of_text|>) wraps the result.
 //

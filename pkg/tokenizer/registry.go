@@ -90,6 +90,13 @@ func WithRecheckInterval(d time.Duration) RegistryOption {
 	return func(r *Registry) { r.recheck = d }
 }
 
+// WithCacheBytes bounds each loaded tokenizer's prefix cache (the ids of
+// recent prompt segments, resumable from a shared prefix; prefixcache.go)
+// to n bytes; 0 turns it off. Default DefaultCacheBytes.
+func WithCacheBytes(n int64) RegistryOption {
+	return func(r *Registry) { r.cacheBytes = max(n, 0) }
+}
+
 // WithClock replaces time.Now (tests).
 func WithClock(now func() time.Time) RegistryOption {
 	return func(r *Registry) { r.now = now }
@@ -110,6 +117,9 @@ type Registry struct {
 	failures *prometheus.CounterVec
 	loads    *prometheus.CounterVec
 	loaded   prometheus.Gauge
+
+	cacheBytes int64
+	cacheStats *CacheMetrics // shared by every tokenizer the registry loads
 
 	mu      sync.Mutex
 	entries map[string]*regEntry // by slug
@@ -148,11 +158,13 @@ func NewRegistry(dir string, logger *slog.Logger, reg prometheus.Registerer, opt
 		logger = slog.New(slog.DiscardHandler)
 	}
 	r := &Registry{
-		dir:     dir,
-		log:     logger,
-		recheck: 2 * time.Second,
-		now:     time.Now,
-		entries: map[string]*regEntry{},
+		dir:        dir,
+		log:        logger,
+		recheck:    2 * time.Second,
+		now:        time.Now,
+		entries:    map[string]*regEntry{},
+		cacheBytes: DefaultCacheBytes,
+		cacheStats: NewCacheMetrics(),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "loxilb_tokenizer_lookup_failures_total",
 			Help: "Tokenizer lookups that returned no tokenizer, by reason (not_staged, unreadable, invalid, invalid_model_name).",
@@ -170,7 +182,7 @@ func NewRegistry(dir string, logger *slog.Logger, reg prometheus.Registerer, opt
 		o(r)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{r.failures, r.loads, r.loaded} {
+		for _, c := range append([]prometheus.Collector{r.failures, r.loads, r.loaded}, r.cacheStats.Collectors()...) {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("tokenizer registry: register metrics: %w", err)
 			}
@@ -358,6 +370,7 @@ func (r *Registry) load(e *regEntry, stamp fileStamp) {
 		e.stamp = stamp
 		return
 	}
+	tok.cache.configure(r.cacheBytes, r.cacheStats) // before anyone encodes with it
 	if e.tok == nil {
 		r.loaded.Inc()
 	}

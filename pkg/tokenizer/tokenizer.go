@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // Tokenizer encodes text exactly as the HuggingFace Rust tokenizer does for
@@ -41,8 +44,11 @@ type core struct {
 	tokenToID  map[string]uint32 // vocab strings and added token contents, for lookups by text
 	specialIDs map[uint32]bool
 
-	pool sync.Pool // *encodeScratch
-	segs segCache
+	pool  sync.Pool // *encodeScratch
+	cache prefixCache
+	// resumable: a segment sharing a prefix with a cached one may resume
+	// tokenizing from a mark of it (prefixcache.go says when that is exact).
+	resumable bool
 }
 
 // Config is the subset of tokenizer_config.json the gateway needs.
@@ -70,6 +76,8 @@ type encodeScratch struct {
 	segs   []segment
 	nsegs  []segment
 	pieces []string
+	keys   []uint64 // a segment's prefix hashes
+	marks  []mark   // a segment's resume marks
 }
 
 // Load reads dir/tokenizer.json and, when present, dir/tokenizer_config.json.
@@ -212,7 +220,8 @@ func LoadJSON(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
 		}
 	}
 	t.pool.New = func() any { return &encodeScratch{} }
-	t.segs.init()
+	t.resumable = t.scan != nil && !t.normMatch.any && (t.normalizer == nil || t.normalizer == normalizer(normForm{norm.NFC}))
+	t.cache.init(DefaultCacheBytes, NewCacheMetrics())
 	return t, nil
 }
 
@@ -312,30 +321,86 @@ func (t *Tokenizer) encodeBody(dst []uint32, text string, limit int) ([]uint32, 
 	for _, seg := range sc.segs {
 		if seg.added {
 			dst = append(dst, seg.id)
-			if limit >= 0 && len(dst) > limit {
-				return dst, false
-			}
-			continue
-		}
-		s := text[seg.start:seg.end]
-		if !t.segs.cacheable(s) {
-			if dst, ok = t.encodeSegment(dst, sc, s, limit); !ok {
-				return dst, false
-			}
-			continue
-		}
-		if ids, hit := t.segs.get(s); hit {
+		} else if s := text[seg.start:seg.end]; !t.cache.cacheable(s) {
+			dst, ok = t.encodeSegment(dst, sc, s, limit)
+		} else if ids, hit := t.cache.get(s); hit {
 			dst = append(dst, ids...)
 		} else {
-			start := len(dst)
-			if dst, ok = t.encodeSegment(dst, sc, s, limit); !ok {
-				return dst, false
-			}
-			t.segs.put(s, dst[start:])
+			dst, ok = t.encodeCached(dst, sc, s, limit)
 		}
+		if !ok || limit >= 0 && len(dst) > limit {
+			return dst, false
+		}
+	}
+	return dst, true
+}
+
+// encodeCached encodes segment s, which the cache does not hold whole:
+// from the last usable mark of a cached segment sharing its prefix when
+// there is one, else from its start. It stores the result with s's own
+// marks unless only a small tail was new.
+func (t *Tokenizer) encodeCached(dst []uint32, sc *encodeScratch, s string, limit int) ([]uint32, bool) {
+	start := len(dst)
+	sc.keys, sc.marks = sc.keys[:0], sc.marks[:0]
+	// NFC cuts at an ASCII byte only in valid UTF-8 (normalize.go).
+	resumable := t.resumable && t.scan != nil && (t.normalizer == nil || utf8.ValidString(s))
+	from := 0
+	if resumable {
+		sc.keys = t.cache.prefixHashes(sc.keys, s)
+		if e, m, found := t.cache.resume(s, sc.keys); found {
+			dst = append(dst, e.ids[:m.n]...)
+			sc.marks = append(sc.marks, e.marks[:sort.Search(len(e.marks), func(i int) bool { return e.marks[i].off > m.off })]...)
+			from = int(m.off)
+			t.cache.stats.resumed.Inc()
+			t.cache.stats.ResumedBytes.Add(float64(from))
+		}
+	}
+	if from == 0 {
+		t.cache.stats.miss.Inc()
+	}
+	if limit >= 0 && len(dst) > limit {
+		return dst, false
+	}
+	ok := true
+	if !resumable {
+		dst, ok = t.encodeSegment(dst, sc, s, limit)
+	} else if rest := s[from:]; t.normalizer != nil && t.normalizer.normalize(rest) != rest {
+		// Marks hold only where the text is its own normal form: keep
+		// those before from, encode the rest as usual.
+		dst, ok = t.encodeSegment(dst, sc, rest, limit)
+	} else {
+		dst, ok = t.encodeMarked(dst, sc, s, from, start, limit)
+	}
+	// A stretch resumed for all but a small tail is not stored: it would
+	// be a near copy of the entry it came from (a new question after the
+	// same document each time), and copying it costs about as much as
+	// resuming it again; the cache keeps room for other prefixes.
+	if ok && (from == 0 || len(s)-from > len(s)/resumeStoreFraction) {
+		t.cache.put(s, dst[start:], sc.marks, sc.keys)
+	}
+	return dst, ok
+}
+
+// encodeMarked is encodePlain's scanner walk over s[from:] (s needing no
+// normalization) that also records resume marks in sc.marks: match starts
+// at an ASCII byte that is not white space, at least markGap bytes apart;
+// base is where s's ids start in dst.
+func (t *Tokenizer) encodeMarked(dst []uint32, sc *encodeScratch, s string, from, base, limit int) ([]uint32, bool) {
+	last := 0 // a mark at 0 would save nothing
+	if n := len(sc.marks); n > 0 {
+		last = int(sc.marks[n-1].off)
+	}
+	for i := from; i < len(s); {
+		if c := s[i]; i-last >= markGap && c < utf8.RuneSelf && asciiClass[c] != clsSpace {
+			sc.marks = append(sc.marks, mark{off: uint32(i), n: uint32(len(dst) - base)})
+			last = i
+		}
+		end := t.scan.matchAt(s, i)
+		dst = t.model.encodeWord(dst, s[i:end])
 		if limit >= 0 && len(dst) > limit {
 			return dst, false
 		}
+		i = end
 	}
 	return dst, true
 }
@@ -367,7 +432,8 @@ func (t *Tokenizer) encodeSegment(dst []uint32, sc *encodeScratch, s string, lim
 const maxPooledScratch = 1 << 16
 
 func (t *Tokenizer) putScratch(sc *encodeScratch) {
-	if cap(sc.segs) > maxPooledScratch || cap(sc.nsegs) > maxPooledScratch || cap(sc.pieces) > maxPooledScratch {
+	if cap(sc.segs) > maxPooledScratch || cap(sc.nsegs) > maxPooledScratch || cap(sc.pieces) > maxPooledScratch ||
+		cap(sc.keys) > maxPooledScratch || cap(sc.marks) > maxPooledScratch {
 		return
 	}
 	t.pool.Put(sc)
