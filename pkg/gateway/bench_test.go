@@ -52,7 +52,9 @@ func chatBodyVariant(n int, suffix, next string) []byte {
 //
 // Every iteration sends the same body (a client retrying, or many clients
 // sending one prompt): caches keyed by the prompt's text all hit.
-func BenchmarkRoutingDecisionChat2k(b *testing.B) { benchmarkRoutingDecisionChat2k(b, false, false, nil) }
+func BenchmarkRoutingDecisionChat2k(b *testing.B) {
+	benchmarkRoutingDecisionChat2k(b, false, false, nil)
+}
 
 // BenchmarkRoutingDecisionChat2kNew sends a new prompt every iteration:
 // the long message ends differently each time, so its text was never seen
@@ -86,7 +88,9 @@ func BenchmarkRoutingDecisionChat2kNewBodyCache(b *testing.B) {
 // BenchmarkRoutingDecisionChat2kStrict is the same decision with strict
 // attestation on (every verdict ok): its cost is one verdict read per
 // healthy candidate.
-func BenchmarkRoutingDecisionChat2kStrict(b *testing.B) { benchmarkRoutingDecisionChat2k(b, true, false, nil) }
+func BenchmarkRoutingDecisionChat2kStrict(b *testing.B) {
+	benchmarkRoutingDecisionChat2k(b, true, false, nil)
+}
 
 // benchmarkRoutingDecisionChat2k times Pick on chatBody(2000), or on
 // vary(i) in iteration i when vary is set (bodies built before timing).
