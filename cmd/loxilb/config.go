@@ -49,6 +49,7 @@ type config struct {
 	tokMaxBytes    int
 	tokMaxTokens   int
 	tokConcurrency int
+	bodyCacheBytes int
 	proxyLimits    proxyLimits
 	resilience     resilience
 	outlier        outlier.Config

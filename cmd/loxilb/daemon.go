@@ -155,7 +155,7 @@ func (d *daemon) buildRouting() error {
 	gcfg := gateway.Config{Seed: cfg.seed, Outliers: outliers, PD: d.pdd, CoalesceWait: cfg.gatewayCoalesceWait(),
 		PrefillSlots: cfg.prefillSlots, PrefillQueueWait: cfg.prefillWait,
 		MaxModelNameBytes: cfg.maxModelName, MaxPromptBytes: cfg.tokMaxBytes, MaxPromptTokens: cfg.tokMaxTokens,
-		TokenizeConcurrency: cfg.tokConcurrency, KVParityStrict: cfg.kvParityStrict, Parity: d.events,
+		TokenizeConcurrency: cfg.tokConcurrency, BodyCacheBytes: int64(cfg.bodyCacheBytes), KVParityStrict: cfg.kvParityStrict, Parity: d.events,
 		ClusterLoad: cfg.clusterRoutingOn(), ClusterTieBreak: cfg.clusterTieBreak, Engine: signals}
 	if d.peers != nil {
 		// A nil *Node in the interface would be a peer set that is

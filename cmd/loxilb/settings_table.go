@@ -225,6 +225,8 @@ func (c *config) settings() []*setting {
 		{flag: "tokenize-max-tokens", table: tabProxy, def: "0 = the model's context length (staged `config.json` `max_position_embeddings`, else `tokenizer_config.json` `model_max_length`), else 262144",
 			val: intVal(&c.tokMaxTokens, 0, 1, 1<<24).with("0", 0), meaning: "prompt tokens per request, token-id prompts included; encoding stops at the bound",
 			beyond: "400, same counter"},
+		{flag: "tokenize-body-cache-bytes", table: tabProxy, val: intVal(&c.bodyCacheBytes, gateway.DefaultBodyCacheBytes, 0, 1<<30).in("bytes"),
+			meaning: "request bodies seen more than once, kept with their token ids, rendered prompt and block keys, so the same bytes again (a retry, one prompt from many clients) skip decoding, rendering, tokenizing and hashing; exact (whole-body comparison, same rule, tokenizer and hasher), least recently used evicted past the bound (`loxilb_gateway_body_cache_lookups_total`, `loxilb_gateway_body_cache_evictions_total`, `loxilb_gateway_body_cache_bytes`); 0 turns it off"},
 		{flag: "tokenize-concurrency", table: tabProxy, def: "0 = one per CPU", val: intVal(&c.tokConcurrency, 0, 1, 1024).with("0", 0),
 			meaning: "requests tokenizing at once; the others wait as long as their client does", beyond: "gauge `loxilb_gateway_tokenize_waiting`"},
 		{flag: "proxy-receipts", env: "LOXILB_PROXY_RECEIPTS", table: tabProxy, val: strVal(&c.receiptsText, "off"), rng: "`off`, `on-request`, `always`",

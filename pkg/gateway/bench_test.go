@@ -52,31 +52,49 @@ func chatBodyVariant(n int, suffix, next string) []byte {
 //
 // Every iteration sends the same body (a client retrying, or many clients
 // sending one prompt): caches keyed by the prompt's text all hit.
-func BenchmarkRoutingDecisionChat2k(b *testing.B) { benchmarkRoutingDecisionChat2k(b, false, nil) }
+func BenchmarkRoutingDecisionChat2k(b *testing.B) {
+	benchmarkRoutingDecisionChat2k(b, false, false, nil)
+}
 
 // BenchmarkRoutingDecisionChat2kNew sends a new prompt every iteration:
 // the long message ends differently each time, so its text was never seen
 // (the word cache is warm, as it is in a running gateway).
 func BenchmarkRoutingDecisionChat2kNew(b *testing.B) {
-	benchmarkRoutingDecisionChat2k(b, false, func(i int) []byte { return chatBodyVariant(2000, fmt.Sprintf(" Request %d.", i), "") })
+	benchmarkRoutingDecisionChat2k(b, false, false, func(i int) []byte { return chatBodyVariant(2000, fmt.Sprintf(" Request %d.", i), "") })
 }
 
 // BenchmarkRoutingDecisionChat2kNextTurn sends the next turn of one
 // conversation every iteration: the ~2k-token history and a new question.
 func BenchmarkRoutingDecisionChat2kNextTurn(b *testing.B) {
-	benchmarkRoutingDecisionChat2k(b, false, func(i int) []byte {
+	benchmarkRoutingDecisionChat2k(b, false, false, func(i int) []byte {
 		return chatBodyVariant(2000, "", fmt.Sprintf("Follow-up %d: how does the gateway pick an endpoint when two hold the same prefix?", i))
 	})
+}
+
+// BenchmarkRoutingDecisionChat2kBodyCache is the repeated body with the
+// body cache on, as the daemon runs by default: after its second sighting
+// the body is served from the cache (bodycache.go).
+func BenchmarkRoutingDecisionChat2kBodyCache(b *testing.B) {
+	benchmarkRoutingDecisionChat2k(b, false, true, nil)
+}
+
+// BenchmarkRoutingDecisionChat2kNewBodyCache is the new prompt with the
+// body cache on: every body is seen once, so this is what the cache costs
+// when it never hits.
+func BenchmarkRoutingDecisionChat2kNewBodyCache(b *testing.B) {
+	benchmarkRoutingDecisionChat2k(b, false, true, func(i int) []byte { return chatBodyVariant(2000, fmt.Sprintf(" Request %d.", i), "") })
 }
 
 // BenchmarkRoutingDecisionChat2kStrict is the same decision with strict
 // attestation on (every verdict ok): its cost is one verdict read per
 // healthy candidate.
-func BenchmarkRoutingDecisionChat2kStrict(b *testing.B) { benchmarkRoutingDecisionChat2k(b, true, nil) }
+func BenchmarkRoutingDecisionChat2kStrict(b *testing.B) {
+	benchmarkRoutingDecisionChat2k(b, true, false, nil)
+}
 
 // benchmarkRoutingDecisionChat2k times Pick on chatBody(2000), or on
 // vary(i) in iteration i when vary is set (bodies built before timing).
-func benchmarkRoutingDecisionChat2k(b *testing.B, strict bool, vary func(i int) []byte) {
+func benchmarkRoutingDecisionChat2k(b *testing.B, strict, bodyCache bool, vary func(i int) []byte) {
 	r := rule(3, "Qwen/Qwen3-0.6B")
 	r.Endpoints = nil
 	for i := 0; i < 8; i++ {
@@ -103,6 +121,9 @@ func benchmarkRoutingDecisionChat2k(b *testing.B, strict bool, vary func(i int) 
 		}
 	}
 	f.g.cfg.SpeculativeTTL = -1 // measure the decision, not the speculative write
+	if bodyCache {
+		f.g.bodies = newBodyCache(DefaultBodyCacheBytes)
+	}
 	if strict {
 		f.g.cfg.KVParityStrict, f.g.cfg.Parity = true, verdicts{}
 	}

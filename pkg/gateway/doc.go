@@ -47,6 +47,13 @@
 // serves and no staged tokenizer matches is counted as model="other",
 // never kept.
 //
+// A request body seen before byte for byte (a retry, one prompt from many
+// clients) takes its token ids, rendered prompt and block keys from the
+// body cache (bodycache.go) instead of decoding, rendering, tokenizing and
+// hashing again: exact (whole-body comparison, same rule, tokenizer and
+// hasher), bounded by Config.BodyCacheBytes, a body admitted on its
+// second sighting only, so new prompts copy nothing into it.
+//
 // Every miss has a counted reason (no tokenizer staged, unhashable request,
 // short prompt, ...) so a misconfiguration is visible in metrics and in the
 // routing receipt instead of silently falling through.

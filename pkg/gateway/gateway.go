@@ -131,6 +131,11 @@ type Config struct {
 	// the model's context length as staged (Tokenizer.MaxLength), else
 	// DefaultMaxPromptTokens.
 	MaxPromptTokens int
+	// BodyCacheBytes bounds the body cache (--tokenize-body-cache-bytes,
+	// bodycache.go): the token ids, rendered prompt and block keys of
+	// request bodies seen more than once, so an identical body skips
+	// decoding, rendering, tokenizing and hashing. 0 turns it off.
+	BodyCacheBytes int64
 	// TokenizeConcurrency is how many requests tokenize at once
 	// (--tokenize-concurrency); the others wait, for as long as their
 	// client does. 0 means GOMAXPROCS.
@@ -175,6 +180,9 @@ const (
 	// ("org/model-size-variant") and short enough to appear in a log
 	// line; the tokenizer directory's slugs stop at 255 bytes anyway.
 	DefaultMaxModelNameBytes = 256
+	// DefaultBodyCacheBytes holds about a hundred 2k-token chat requests
+	// (~35 KB each with their ids, keys and rendered prompt).
+	DefaultBodyCacheBytes = 4 << 20
 	// DefaultMaxPromptBytes is about 250k tokens of English, past the
 	// context of most served models. Encoding it costs at most ~0.7 s of
 	// one core (a megabyte of one repeated character).
@@ -221,7 +229,9 @@ type Gateway struct {
 	// idPool holds token-id buffers for Pick, which is done with a
 	// request's ids when it returns: a 2k-token chat's ids are ~11 KB of
 	// garbage per request otherwise.
-	idPool  sync.Pool
+	idPool sync.Pool
+	// bodies skips the pipeline for a body seen before (nil: off).
+	bodies  *bodyCache
 	leaders leaders
 	remote  remoteLeaders // the other nodes' announced prefills (remote.go)
 	prefill prefillGate
@@ -305,8 +315,13 @@ func New(cfg Config, tok Tokenizers, inv Inventory, rt *router.Router, health He
 	if cfg.ClusterLoad {
 		g.others = cfg.Engine.Others
 	}
+	collectors := []prometheus.Collector{&g.prefill, slotsCollector{g}}
+	if cfg.BodyCacheBytes > 0 {
+		g.bodies = newBodyCache(cfg.BodyCacheBytes)
+		collectors = append(collectors, g.bodies.collectors...)
+	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{&g.prefill, slotsCollector{g}} {
+		for _, c := range collectors {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -85,9 +85,10 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 	// and the plan are computed from them), so their array goes back to
 	// the pool, unless a long prompt made it larger than is worth keeping.
 	var ids []uint32
+	shared := false // ids are the body cache's, read-only: never pooled
 	ip := g.idPool.Get().(*[]uint32)
 	defer func() {
-		if cap(ids) <= maxPooledIDs {
+		if !shared && cap(ids) <= maxPooledIDs {
 			*ip = ids[:0]
 		}
 		g.idPool.Put(ip)
@@ -106,7 +107,7 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 		d = g.router.Fallback(view, ReasonNoModel, cands, st.sel, freq)
 	default:
 		var rendered, reason string
-		ids, rendered, reason, err = g.promptTokensRendered(ctx, st, model, req, body, *ip)
+		ids, rendered, keys, shared, reason, err = g.promptKeys(ctx, st, model, req, body, *ip, keys)
 		if err != nil {
 			return proxy.Plan{}, err
 		}
@@ -118,7 +119,6 @@ func (g *Gateway) Pick(ctx context.Context, req *proxy.Request) (proxy.Plan, err
 			break
 		}
 		promptTokens = len(ids)
-		keys = st.hasher.Keys(keys, ids)
 		if freq.Key == nil && usesKey(r.Service.Sel) {
 			switch {
 			case kr == nil:

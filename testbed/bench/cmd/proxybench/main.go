@@ -25,6 +25,7 @@
 //	make bench-ttfb
 //	make bench-ttfb TTFB_ARGS='-compare /tmp/loxilb-main'
 //	make bench-ttfb TTFB_ARGS='-daemon-env GODEBUG=gctrace=1 -daemon-log /tmp/ttfb-logs'
+//	make bench-ttfb TTFB_ARGS='-compare bin/loxilb -compare-env GOGC=off'
 //
 // Needs wrk and haproxy (apt-get install wrk haproxy); strace for -syscalls;
 // -ttfb needs neither.
@@ -65,6 +66,10 @@ type options struct {
 	// daemon's whole output, so a tail-latency hunt can read its GC trace.
 	daemonEnv []string
 	daemonLog string
+	// compareEnv is added to the compare daemon's environment only, after
+	// daemonEnv: -bin X -compare X -compare-env GOGC=off measures what
+	// one runtime setting changes, in the same loop.
+	compareEnv []string
 }
 
 func main() {
@@ -99,18 +104,17 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.ttfbRequests, "ttfb-requests", 200, "with -ttfb, requests per target and body kind in each repetition")
 	fs.StringVar(&o.tokenizers, "tokenizers", "", "with -ttfb, the staged tokenizers (default: the repository's testdata/tokenizers)")
 	denv := fs.String("daemon-env", "", "comma-separated NAME=VALUE pairs added to every daemon's environment (e.g. GODEBUG=gctrace=1)")
+	cenv := fs.String("compare-env", "", "comma-separated NAME=VALUE pairs added to the compare daemon's environment only")
 	fs.StringVar(&o.daemonLog, "daemon-log", "", "write each daemon's whole output (its GC trace, say) to DIR/NAME.log")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
-	for _, kv := range strings.Split(*denv, ",") {
-		if kv = strings.TrimSpace(kv); kv == "" {
-			continue
-		}
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			return o, fmt.Errorf("-daemon-env %q: want NAME=VALUE pairs", *denv)
-		}
-		o.daemonEnv = append(o.daemonEnv, kv)
+	var err error
+	if o.daemonEnv, err = envPairs("-daemon-env", *denv); err != nil {
+		return o, err
+	}
+	if o.compareEnv, err = envPairs("-compare-env", *cenv); err != nil {
+		return o, err
 	}
 	for _, f := range strings.Split(*conns, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -123,6 +127,21 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-reps >= 1, -duration >= 1s, -threads >= 1, -sse >= 0 and -ttfb-requests >= 1 please")
 	}
 	return o, nil
+}
+
+// envPairs splits a flag's comma-separated NAME=VALUE pairs.
+func envPairs(flagName, v string) ([]string, error) {
+	var out []string
+	for _, kv := range strings.Split(v, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return nil, fmt.Errorf("%s %q: want NAME=VALUE pairs", flagName, v)
+		}
+		out = append(out, kv)
+	}
+	return out, nil
 }
 
 func run(ctx context.Context, o options) error {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -201,6 +202,9 @@ type daemonRun struct {
 // runFor is the daemonRun of the daemon called name.
 func (o options) runFor(name string) daemonRun {
 	r := daemonRun{env: o.daemonEnv}
+	if name == "compare" {
+		r.env = append(slices.Clone(o.daemonEnv), o.compareEnv...)
+	}
 	if o.daemonLog != "" {
 		r.logPath = filepath.Join(o.daemonLog, name+".log")
 	}

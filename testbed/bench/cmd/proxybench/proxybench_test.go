@@ -104,6 +104,36 @@ func TestParseDaemonRun(t *testing.T) {
 		if _, err := parseFlags([]string{"-daemon-env", bad}); err == nil {
 			t.Errorf("-daemon-env %q accepted", bad)
 		}
+		if _, err := parseFlags([]string{"-compare-env", bad}); err == nil {
+			t.Errorf("-compare-env %q accepted", bad)
+		}
+	}
+	// -compare-env reaches the compare daemon only, after -daemon-env.
+	o, err = parseFlags([]string{"-daemon-env", "GODEBUG=gctrace=1", "-compare-env", "GOGC=off"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := o.runFor("compare"); !slices.Equal(r.env, []string{"GODEBUG=gctrace=1", "GOGC=off"}) {
+		t.Errorf("compare env %q", r.env)
+	}
+	if r := o.runFor("loxilb"); !slices.Equal(r.env, []string{"GODEBUG=gctrace=1"}) {
+		t.Errorf("loxilb env %q", r.env)
+	}
+}
+
+// procRunDelay reads this process's threads' run-queue wait: it only
+// grows, and an unknown pid reads 0.
+func TestProcRunDelay(t *testing.T) {
+	if _, err := os.Stat("/proc/self/task"); err != nil {
+		t.Skip("no /proc")
+	}
+	a := procRunDelay(os.Getpid())
+	b := procRunDelay(os.Getpid())
+	if a < 0 || b < a {
+		t.Fatalf("run delay went %v -> %v", a, b)
+	}
+	if procRunDelay(0) != 0 || procRunDelay(1<<30) != 0 {
+		t.Fatal("an unknown pid has a run delay")
 	}
 }
 

@@ -33,9 +33,17 @@ import (
 // emulator directly and through the VIP, one request at a time on a
 // keep-alive connection each, alternating which goes first. The added
 // time is the paired difference (VIP minus direct) of consecutive
-// requests, so the machine's noise at that moment hits both.
+// requests, so the machine's noise at that moment hits both. A third
+// connection straight to the emulator (the "control" row) is paired with
+// direct the same way: its difference is what the harness itself cannot
+// tell apart (the emulator's and this process's own pauses, the host's
+// run queue), the floor under every daemon's figures, the p99 above all.
 
 const ttfbModel = "Qwen/Qwen3-0.6B"
+
+// ttfbControl names the row of a second direct connection: its "added"
+// time is the harness's own noise.
+const ttfbControl = "control"
 
 // ttfbBodies are the request kinds of the mode: the same body every time
 // (a retry, or many clients sending one prompt) and a new prompt every
@@ -113,6 +121,7 @@ type ttfbRep struct {
 	diff   map[string][]time.Duration
 	cpu    map[string]float64 // µs of daemon CPU per request
 	alloc  map[string]float64 // KB the daemon allocated per request
+	wait   map[string]float64 // µs the daemon's threads waited for a CPU per request
 }
 
 func runTTFB(ctx context.Context, o options) error {
@@ -148,7 +157,9 @@ func runTTFB(ctx context.Context, o options) error {
 	}
 	defer os.RemoveAll(dir)
 	direct := newTTFBTarget("direct", eng.Addr(), 0)
-	var vips []*ttfbTarget
+	// vips are the targets paired with direct: the control first, then
+	// each daemon's VIP.
+	vips := []*ttfbTarget{newTTFBTarget(ttfbControl, eng.Addr(), 0)}
 	bins := []struct{ name, path string }{{"loxilb", o.bin}}
 	if o.compare != "" {
 		bins = append(bins, struct{ name, path string }{"compare", o.compare})
@@ -185,10 +196,13 @@ func runTTFB(ctx context.Context, o options) error {
 	res := map[string][]ttfbRep{}
 	for rep := range o.reps {
 		for _, kind := range ttfbBodies {
-			r := ttfbRep{vip: map[string][]time.Duration{}, diff: map[string][]time.Duration{}, cpu: map[string]float64{}, alloc: map[string]float64{}}
-			cpu0, alloc0 := map[string]time.Duration{}, map[string]float64{}
+			r := ttfbRep{vip: map[string][]time.Duration{}, diff: map[string][]time.Duration{}, cpu: map[string]float64{}, alloc: map[string]float64{}, wait: map[string]float64{}}
+			cpu0, alloc0, wait0 := map[string]time.Duration{}, map[string]float64{}, map[string]time.Duration{}
 			for _, v := range vips {
-				cpu0[v.name] = procCPU(v.pid)
+				if v.pid == 0 {
+					continue
+				}
+				cpu0[v.name], wait0[v.name] = procCPU(v.pid), procRunDelay(v.pid)
 				if alloc0[v.name], err = v.allocated(); err != nil {
 					return err
 				}
@@ -196,9 +210,7 @@ func runTTFB(ctx context.Context, o options) error {
 			for i := 0; i < o.ttfbRequests; i++ {
 				body := bodyFor(kind)
 				got := make([]time.Duration, len(targets))
-				// Rotate the order: neither side always goes first.
-				for k := range targets {
-					j := (k + i) % len(targets)
+				for _, j := range ttfbOrder(i, len(targets)) {
 					if got[j], err = targets[j].ttfb(ctx, body); err != nil {
 						return err
 					}
@@ -210,15 +222,21 @@ func runTTFB(ctx context.Context, o options) error {
 				}
 			}
 			for _, v := range vips {
+				if v.pid == 0 {
+					fmt.Fprintf(os.Stderr, "rep %d  %-4s  %-8s added p50 %6.3f ms p99 %6.3f ms\n",
+						rep+1, kind, v.name, ms(pct(r.diff[v.name], 50)), ms(pct(r.diff[v.name], 99)))
+					continue
+				}
 				r.cpu[v.name] = float64((procCPU(v.pid) - cpu0[v.name]).Microseconds()) / float64(o.ttfbRequests)
+				r.wait[v.name] = float64((procRunDelay(v.pid) - wait0[v.name]).Microseconds()) / float64(o.ttfbRequests)
 				a, err := v.allocated()
 				if err != nil {
 					return err
 				}
 				r.alloc[v.name] = (a - alloc0[v.name]) / 1024 / float64(o.ttfbRequests)
-				fmt.Fprintf(os.Stderr, "rep %d  %-4s  %-8s TTFB p50 %6.2f ms (direct %6.2f)  added p50 %6.3f ms p99 %6.3f ms  CPU %6.0f µs/req  %5.1f KB/req\n",
+				fmt.Fprintf(os.Stderr, "rep %d  %-4s  %-8s TTFB p50 %6.2f ms (direct %6.2f)  added p50 %6.3f ms p99 %6.3f ms  CPU %6.0f µs/req  run-queue wait %5.0f µs/req  %5.1f KB/req\n",
 					rep+1, kind, v.name, ms(pct(r.vip[v.name], 50)), ms(pct(r.direct, 50)),
-					ms(pct(r.diff[v.name], 50)), ms(pct(r.diff[v.name], 99)), r.cpu[v.name], r.alloc[v.name])
+					ms(pct(r.diff[v.name], 50)), ms(pct(r.diff[v.name], 99)), r.cpu[v.name], r.wait[v.name], r.alloc[v.name])
 			}
 			res[kind] = append(res[kind], r)
 		}
@@ -231,6 +249,31 @@ func runTTFB(ctx context.Context, o options) error {
 	return nil
 }
 
+// ttfbOrder is the order in which request i goes to the n targets (0 is
+// direct, 1 the control, then the daemons). It rotates, so no target
+// always goes first (the first carries a new prompt the engine has not
+// seen, and the engine's events for its new blocks then reach every
+// daemon while the next targets are timed), and on every other cycle of
+// n requests the daemons trade places, so each stands where the other
+// stood relative to direct, the control and that event burst: a rotation
+// alone times one daemon right after the control and the other right
+// after it, which showed as 0.1-0.3 ms between two identical builds on
+// new prompts.
+func ttfbOrder(i, n int) []int {
+	base := make([]int, n)
+	for k := range base {
+		base[k] = k
+	}
+	if (i/n)%2 == 1 && n > 2 {
+		slices.Reverse(base[2:])
+	}
+	out := make([]int, n)
+	for k := range out {
+		out[k] = base[(k+i)%n]
+	}
+	return out
+}
+
 // renderTTFB prints, per body kind and daemon, the medians over the
 // repetitions of each repetition's percentiles.
 func renderTTFB(o options, vips []*ttfbTarget, res map[string][]ttfbRep, load0, load1 string) string {
@@ -238,11 +281,11 @@ func renderTTFB(o options, vips []*ttfbTarget, res map[string][]ttfbRep, load0, 
 	fmt.Fprintf(&b, "proxybench -ttfb: %d requests per target and body kind in each of %d interleaved repetitions (medians), "+
 		"2,793-token Qwen3 chat, kvExactMode 3, one vLLM emulator; %d CPUs, load average %s -> %s, %s\n\n",
 		o.ttfbRequests, o.reps, runtime.NumCPU(), load0, load1, time.Now().UTC().Format(time.RFC3339))
-	b.WriteString("| body | daemon | added TTFB p50 ms | added TTFB p99 ms | TTFB p50 ms via VIP | direct | daemon CPU µs/req | daemon KB allocated/req | added p50 per repetition |\n|---|---|---:|---:|---:|---:|---:|---:|---|\n")
+	b.WriteString("| body | daemon | added TTFB p50 ms | added TTFB p99 ms | TTFB p50 ms via VIP | direct | daemon CPU µs/req | daemon run-queue wait µs/req | daemon KB allocated/req | added p50 per repetition |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, kind := range ttfbBodies {
 		reps := res[kind]
 		for _, v := range vips {
-			var d50, d99, v50, x50, cpu, alloc []float64
+			var d50, d99, v50, x50, cpu, wait, alloc []float64
 			var each []string
 			for _, r := range reps {
 				d50 = append(d50, ms(pct(r.diff[v.name], 50)))
@@ -251,10 +294,15 @@ func renderTTFB(o options, vips []*ttfbTarget, res map[string][]ttfbRep, load0, 
 				x50 = append(x50, ms(pct(r.direct, 50)))
 				cpu = append(cpu, r.cpu[v.name])
 				alloc = append(alloc, r.alloc[v.name])
+				wait = append(wait, r.wait[v.name])
 				each = append(each, fmt.Sprintf("%.3f", d50[len(d50)-1]))
 			}
-			fmt.Fprintf(&b, "| %s | %s | %.3f | %.3f | %.2f | %.2f | %.0f | %.1f | %s |\n", kind, v.name,
-				median(d50), median(d99), median(v50), median(x50), median(cpu), median(alloc), strings.Join(each, ", "))
+			cost := fmt.Sprintf("%.0f | %.0f | %.1f", median(cpu), median(wait), median(alloc))
+			if v.pid == 0 {
+				cost = "- | - | -"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.3f | %.3f | %.2f | %.2f | %s | %s |\n", kind, v.name,
+				median(d50), median(d99), median(v50), median(x50), cost, strings.Join(each, ", "))
 		}
 	}
 	return b.String()

@@ -247,3 +247,31 @@ func straceTotal(s string) (int64, error) {
 	}
 	return 0, errors.New("no total line in strace -c output:\n" + s)
 }
+
+// procRunDelay is the time pid's threads have spent runnable but waiting
+// for a CPU (the second field of /proc/PID/task/TID/schedstat, summed over
+// its threads; a thread that exited takes its share with it): the host
+// run-queue wait that a Go runtime trace cannot see. 0 when unknown.
+func procRunDelay(pid int) time.Duration {
+	if pid == 0 {
+		return 0
+	}
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	var sum int64
+	for _, de := range des {
+		b, err := os.ReadFile(filepath.Join(dir, de.Name(), "schedstat"))
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(b)); len(f) >= 2 {
+			if v, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				sum += v
+			}
+		}
+	}
+	return time.Duration(sum)
+}
