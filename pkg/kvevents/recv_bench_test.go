@@ -31,10 +31,11 @@ func zmtpFrames(frames ...[]byte) []byte {
 }
 
 // benchPub accepts one SUB on loopback, completes the ZMTP handshake with
-// zmq4's own NULL mechanism, then writes msgs (pre-encoded messages) n
-// times over the raw connection: the reader's cost is measured, not a
-// publisher's.
-func benchPub(b *testing.B, msgs []byte, perBlock, n int) string {
+// zmq4's own NULL mechanism, then writes msgs (pre-encoded messages, perBlock
+// of them) until n messages are out, over the raw connection: the reader's
+// cost is measured, not a publisher's. With paced set, each write waits
+// for a receive on paced (the reader has applied the previous one).
+func benchPub(b *testing.B, msgs []byte, perBlock, n int, paced chan struct{}) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -50,6 +51,9 @@ func benchPub(b *testing.B, msgs []byte, perBlock, n int) string {
 			return
 		}
 		for sent := 0; sent < n; sent += perBlock {
+			if paced != nil && sent > 0 {
+				<-paced
+			}
 			if _, err := c.Write(msgs); err != nil {
 				return
 			}
@@ -64,15 +68,19 @@ func benchPub(b *testing.B, msgs []byte, perBlock, n int) string {
 // benchRecvApply measures the live path of one publisher per message:
 // socket reads, framing and limit checks, seq checks, decoding and
 // applying. Messages are written back to back, as in an event burst.
-func benchRecvApply(b *testing.B, nEvents, blocksPer int) {
+func benchRecvApply(b *testing.B, nEvents, blocksPer int, paced bool) {
 	payload, _ := benchPayload(b, nEvents, blocksPer)
-	const perBlock = 64
+	perBlock := 64
+	var pace chan struct{}
+	if paced {
+		perBlock, pace = 1, make(chan struct{}, 1)
+	}
 	var msgs []byte
 	for i := 0; i < perBlock; i++ {
 		msgs = append(msgs, zmtpFrames(nil, seqFrame(0), payload)...)
 	}
 	n := (b.N + perBlock - 1) / perBlock * perBlock
-	ep := benchPub(b, msgs, perBlock, n)
+	ep := benchPub(b, msgs, perBlock, n, pace)
 	m := New(Config{}, nopSink{}, nil, nil)
 	spec := Spec{Service: 1, Engine: EngineVLLM, Host: "127.0.0.1", ZmqPort: 5557, BlockSize: 16, HashAlgo: "sha256_cbor", Seed: "42"}
 	s := newSubscription(m, spec)
@@ -96,6 +104,9 @@ func benchRecvApply(b *testing.B, nEvents, blocksPer int) {
 		// Every message carries seq 0: apply it directly so the seq
 		// checks do not treat the stream as restarts.
 		z.apply(uint64(i), frames[2])
+		if pace != nil {
+			pace <- struct{}{}
+		}
 	}
 	b.StopTimer()
 	if st := s.status(); st.DecodeErrors != 0 {
@@ -103,9 +114,15 @@ func benchRecvApply(b *testing.B, nEvents, blocksPer int) {
 	}
 }
 
-// BenchmarkRecvApplySmall is one small batch per message (one stored run
-// of 8 blocks and its removal), what an engine publishes per request.
-func BenchmarkRecvApplySmall(b *testing.B) { benchRecvApply(b, 1, 8) }
+// BenchmarkRecvApplySmall is a burst of small batches (one stored run of 8
+// blocks and its removal each), back to back on the socket.
+func BenchmarkRecvApplySmall(b *testing.B) { benchRecvApply(b, 1, 8, false) }
 
-// BenchmarkRecvApplyLarge is the burst batch of BenchmarkDecodeApply.
-func BenchmarkRecvApplyLarge(b *testing.B) { benchRecvApply(b, 32, 4) }
+// BenchmarkRecvApplyLarge is a burst of BenchmarkDecodeApply's batch.
+func BenchmarkRecvApplyLarge(b *testing.B) { benchRecvApply(b, 32, 4, false) }
+
+// BenchmarkRecvApplyPaced is one small batch at a time, the next written
+// only once the previous is applied, as an engine publishes one batch per
+// request: every message costs the reader a wakeup. ns/op includes the
+// writer's side and both goroutines' hand-offs.
+func BenchmarkRecvApplyPaced(b *testing.B) { benchRecvApply(b, 1, 8, true) }
