@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/loxilb-llm/loxilb/pkg/rawio"
 )
 
 // zmtpPeer is one ZMTP connection the package dials: a SUB to a publisher
@@ -22,7 +24,8 @@ import (
 // limits could reach. After the handshake messages are read by
 // zmtpReader, not by zmq4: zmq4 issues a read syscall for every frame
 // header and body and allocates every body, which made socket reads most
-// of the cost of a small event batch.
+// of the cost of a small event batch. The reader reads a TCP socket
+// through pkg/rawio.
 type zmtpPeer struct {
 	zc   *zmq4.Conn
 	rd   *zmtpReader
@@ -67,7 +70,14 @@ func openZMTP(conn net.Conn, typ zmq4.SocketType, lim zmtpLimits) (*zmtpPeer, er
 	if err != nil {
 		return nil, err
 	}
-	return &zmtpPeer{zc: zc, rd: newZMTPReader(conn, lim), raw: conn, stop: func() bool { return false }}, nil
+	var src io.Reader = conn
+	if rc := rawio.New(conn); rc != nil {
+		// Reads without the scheduler's system-call hand-off: on a busy
+		// host the hand-off's thread wakeups cost about as much as the
+		// read itself.
+		src = rc
+	}
+	return &zmtpPeer{zc: zc, rd: newZMTPReader(src, lim), raw: conn, stop: func() bool { return false }}, nil
 }
 
 // recv returns the next data message. Its frames alias the reader's
