@@ -94,8 +94,9 @@
 // body from its header, so the check must come first. After the handshake
 // the package reads frames itself (zmtppeer.go), with the same checks on
 // each header before its body, through one buffered read per burst into a
-// reused message buffer: zmq4's reader made a syscall per frame header and
-// body and allocated every body, most of a small batch's cost.
+// reused message buffer, with pkg/rawio's reads (no scheduler hand-off per
+// read): zmq4's reader made a syscall per frame header and body and
+// allocated every body, most of a small batch's cost.
 // The READY metadata is parsed with bounds checks and only peer socket types
 // that can serve ours are accepted (zmq4 panics on unknown ones). A
 // connection that ends in refused input is dropped and redialled with
@@ -128,5 +129,6 @@
 // loxilb_kv_quarantines_total.
 //
 // Neighbours: pkg/control builds the Specs; pkg/kvindex is the Sink;
-// pkg/blockhash provides the contracts; api serves Status and Parity.
+// pkg/blockhash provides the contracts; pkg/rawio reads the ZMQ sockets;
+// api serves Status and Parity.
 package kvevents
