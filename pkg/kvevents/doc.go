@@ -85,12 +85,18 @@
 // # Untrusted input
 //
 // Every byte a publisher, a replay ROUTER or a TensorRT-LLM drain sends is
-// untrusted. ZMQ peers are dialled by the package itself and read through
-// zmq4's Conn on the dialling goroutine (no zmq4 Socket, whose per-connection
-// reader goroutines are out of reach of a recover), over a net.Conn that
-// follows the ZMTP framing and fails the read of any frame header that would
-// take a message over Config.MaxMessageBytes or Config.MaxMessageFrames:
-// zmq4 sizes each frame body from its header, so the check must come first.
+// untrusted. ZMQ peers are dialled by the package itself and read on the
+// dialling goroutine (no zmq4 Socket, whose per-connection reader
+// goroutines are out of reach of a recover). zmq4's Conn runs the
+// handshake over a net.Conn that follows the ZMTP framing and fails the
+// read of any frame header that would take a message over
+// Config.MaxMessageBytes or Config.MaxMessageFrames: zmq4 sizes each frame
+// body from its header, so the check must come first. After the handshake
+// the package reads frames itself (zmtppeer.go), with the same checks on
+// each header before its body, through one buffered read per burst into a
+// reused message buffer, with pkg/rawio's reads (no scheduler hand-off per
+// read): zmq4's reader made a syscall per frame header and body and
+// allocated every body, most of a small batch's cost.
 // The READY metadata is parsed with bounds checks and only peer socket types
 // that can serve ours are accepted (zmq4 panics on unknown ones). A
 // connection that ends in refused input is dropped and redialled with
@@ -123,5 +129,6 @@
 // loxilb_kv_quarantines_total.
 //
 // Neighbours: pkg/control builds the Specs; pkg/kvindex is the Sink;
-// pkg/blockhash provides the contracts; api serves Status and Parity.
+// pkg/blockhash provides the contracts; pkg/rawio reads the ZMQ sockets;
+// api serves Status and Parity.
 package kvevents

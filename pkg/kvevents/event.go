@@ -615,7 +615,8 @@ func (d *Decoder) tokenList(b *Batch, e *Event) error {
 	}
 	b.tokens = growExact(b.tokens, n, d.lim.Tokens)
 	e.tokLo = len(b.tokens)
-	for i := 0; i < n; i++ {
+	i := d.tokenRun(b, n)
+	for ; i < n; i++ {
 		// Fast path for the encodings token ids actually use (positive
 		// fixint, uint8/16/32); everything else goes through integer().
 		if r.off < len(r.b) {
@@ -655,6 +656,30 @@ func (d *Decoder) tokenList(b *Batch, e *Event) error {
 	}
 	e.tokHi = len(b.tokens)
 	return nil
+}
+
+// tokenRun decodes the leading run of uint32-encoded token ids (0xce, what
+// vLLM's msgpack writes for every id of a large vocabulary) of a token
+// list of n ids, straight into the room tokenList made, and returns how
+// many it decoded. It stops at the first other encoding, or where fewer
+// than 5 bytes remain, for the general loop to go on from there.
+func (d *Decoder) tokenRun(b *Batch, n int) int {
+	r := &d.r
+	k := min(n, (len(r.b)-r.off)/5)
+	lo := len(b.tokens)
+	dst := b.tokens[lo : lo+k]
+	src := r.b[r.off : r.off+5*k]
+	i := 0
+	for ; i < k; i++ {
+		p := src[5*i : 5*i+5 : 5*i+5]
+		if p[0] != 0xce {
+			break
+		}
+		dst[i] = binary.BigEndian.Uint32(p[1:])
+	}
+	b.tokens = b.tokens[:lo+i]
+	r.off += 5 * i
+	return i
 }
 
 func (d *Decoder) blockSize(e *Event) error { return d.optInt("block_size", 1<<20, &e.BlockSize) }

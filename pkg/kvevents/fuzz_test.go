@@ -86,8 +86,9 @@ func (c memConn) SetDeadline(time.Time) error      { return nil }
 func (c memConn) SetReadDeadline(time.Time) error  { return nil }
 func (c memConn) SetWriteDeadline(time.Time) error { return nil }
 
-// FuzzZMTPPeer feeds arbitrary bytes from a peer through the limited
-// connection into zmq4's Conn, as the subscriber reads them: after a valid
+// FuzzZMTPPeer feeds arbitrary bytes from a peer through the handshake
+// (zmq4 over the limited connection) and the frame reader, as the
+// subscriber reads them: after a valid
 // greeting (even first byte: and a valid READY, so data frames are
 // fuzzed; odd: the READY itself is fuzzed). Nothing may panic, and no
 // message may exceed the limits.
@@ -108,12 +109,10 @@ func FuzzZMTPPeer(f *testing.F) {
 			stream = append(stream, zmtpReady("PUB")...)
 		}
 		stream = append(stream, in[1:]...)
-		lc := &limitConn{Conn: memConn{bytes.NewReader(stream)}, sc: newZMTPScanner(zmtpLimits{maxMessage: maxMsg, maxFrames: maxFrames})}
-		zc, err := zmq4.Open(lc, zmtpNull{}, zmq4.Sub, nil, false, nil)
+		p, err := openZMTP(memConn{bytes.NewReader(stream)}, zmq4.Sub, zmtpLimits{maxMessage: maxMsg, maxFrames: maxFrames})
 		if err != nil {
 			return
 		}
-		p := &zmtpPeer{zc: zc}
 		for i := 0; i < len(in); i++ {
 			frames, err := p.recv()
 			if err != nil {

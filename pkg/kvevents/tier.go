@@ -1,7 +1,7 @@
 package kvevents
 
 import (
-	"strings"
+	"bytes"
 
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
 )
@@ -23,13 +23,25 @@ type TierSink interface {
 // offloaded copy and weighs as CPU. An absent medium (engines before the
 // field existed) is GPU. ok is false for a medium nobody documents: such
 // blocks are skipped and counted rather than guessed onto a tier.
+//
+// The names are matched case-insensitively without lowering a copy: this
+// runs for every block event, and strings.ToLower allocated for each
+// upper-case "GPU".
 func mediumTier(m []byte) (t kvindex.Tier, ok bool) {
-	switch s := strings.ToLower(string(m)); {
-	case s == "" || s == "gpu":
+	switch {
+	case len(m) == 0 || bytes.EqualFold(m, []byte("gpu")):
 		return kvindex.TierGPU, true
-	case s == "cpu", s == "cpu_pinned", s == "disk", s == "storage", s == "external",
-		strings.HasPrefix(s, "lmcache"), s == "localcpubackend", s == "localdiskbackend":
+	case len(m) >= len("lmcache") && bytes.EqualFold(m[:len("lmcache")], []byte("lmcache")):
 		return kvindex.TierCPU, true
+	}
+	for _, name := range offloadMedia {
+		if bytes.EqualFold(m, []byte(name)) {
+			return kvindex.TierCPU, true
+		}
 	}
 	return kvindex.TierGPU, false
 }
+
+// offloadMedia are the media names (lower case) of offloaded copies, bar
+// LMCache's "lmcache..." prefix.
+var offloadMedia = [...]string{"cpu", "cpu_pinned", "disk", "storage", "external", "localcpubackend", "localdiskbackend"}

@@ -1,15 +1,12 @@
 package kvevents
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/go-zeromq/zmq4"
 )
@@ -104,8 +101,8 @@ func (z *zmtpScanner) scan(p []byte) error {
 // header checks a frame header once its last byte has arrived.
 func (z *zmtpScanner) header() error {
 	fl := z.hdr[0]
-	if fl&^zmtpFlagsKnown != 0 {
-		return fmt.Errorf("%w: frame flags 0x%02x set reserved bits", ErrBadFraming, fl)
+	if err := zmtpCheckFlags(fl); err != nil {
+		return err
 	}
 	want := 2
 	if fl&zmtpFlagLong != 0 {
@@ -121,25 +118,44 @@ func (z *zmtpScanner) header() error {
 	} else {
 		size = binary.BigEndian.Uint64(z.hdr[1:9])
 	}
-	cmd := fl&zmtpFlagCommand != 0
 	z.more = fl&zmtpFlagMore != 0
-	switch {
-	case cmd && z.more:
-		return fmt.Errorf("%w: command frame with the MORE flag", ErrBadFraming)
-	case cmd && z.msgFrames > 0:
-		return fmt.Errorf("%w: command frame inside a multi-frame message", ErrBadFraming)
-	case cmd && size > zmtpMaxCommand:
-		return fmt.Errorf("%w: command frame of %d bytes, limit %d", ErrInputTooLarge, size, zmtpMaxCommand)
-	case size > z.lim.maxMessage-z.msgBytes:
-		return fmt.Errorf("%w: frame of %d bytes after %d in the message, limit %d", ErrInputTooLarge, size, z.msgBytes, z.lim.maxMessage)
-	case z.msgFrames+1 > z.lim.maxFrames:
-		return fmt.Errorf("%w: more than %d frames in one message", ErrInputTooLarge, z.lim.maxFrames)
+	if err := z.lim.check(fl, size, z.msgBytes, z.msgFrames); err != nil {
+		return err
 	}
 	z.msgBytes += size
 	z.msgFrames++
 	z.body = size
 	if size == 0 {
 		z.endFrame()
+	}
+	return nil
+}
+
+// zmtpCheckFlags refuses a frame flags byte with reserved bits set; it is
+// checked as soon as the byte arrives, before the size is read.
+func zmtpCheckFlags(fl byte) error {
+	if fl&^zmtpFlagsKnown != 0 {
+		return fmt.Errorf("%w: frame flags 0x%02x set reserved bits", ErrBadFraming, fl)
+	}
+	return nil
+}
+
+// check refuses a frame (flags fl, announced body size) that breaks the
+// framing or the limits, given the body bytes and frames of its message
+// so far. It runs before anything is sized from the announcement.
+func (l zmtpLimits) check(fl byte, size, msgBytes uint64, msgFrames int) error {
+	cmd, more := fl&zmtpFlagCommand != 0, fl&zmtpFlagMore != 0
+	switch {
+	case cmd && more:
+		return fmt.Errorf("%w: command frame with the MORE flag", ErrBadFraming)
+	case cmd && msgFrames > 0:
+		return fmt.Errorf("%w: command frame inside a multi-frame message", ErrBadFraming)
+	case cmd && size > zmtpMaxCommand:
+		return fmt.Errorf("%w: command frame of %d bytes, limit %d", ErrInputTooLarge, size, zmtpMaxCommand)
+	case size > l.maxMessage-msgBytes:
+		return fmt.Errorf("%w: frame of %d bytes after %d in the message, limit %d", ErrInputTooLarge, size, msgBytes, l.maxMessage)
+	case msgFrames+1 > l.maxFrames:
+		return fmt.Errorf("%w: more than %d frames in one message", ErrInputTooLarge, l.maxFrames)
 	}
 	return nil
 }
@@ -250,67 +266,4 @@ func parseZMTPMetadata(p []byte, md zmq4.Metadata) error {
 		p = p[vl:]
 	}
 	return nil
-}
-
-// zmtpPeer is one ZMTP connection the package dials: a SUB to a publisher
-// or a DEALER to its replay ROUTER. It uses zmq4's Conn directly, without a
-// zmq4 Socket, so the goroutine that dialled it is the only one that ever
-// reads from the peer: a zmq4 Socket reads each connection in a goroutine of
-// its own, where neither a recover nor our limits could reach.
-type zmtpPeer struct {
-	zc   *zmq4.Conn
-	raw  net.Conn
-	stop func() bool
-}
-
-// dialZMTP connects to endpoint ("tcp://host:port") as a socket of type typ
-// and completes the ZMTP handshake within the dial timeout. The connection
-// is closed when ctx ends.
-func dialZMTP(ctx context.Context, endpoint string, typ zmq4.SocketType, cfg *Config) (*zmtpPeer, error) {
-	host, port, err := splitTCP(endpoint)
-	if err != nil {
-		return nil, err
-	}
-	d := net.Dialer{Timeout: cfg.DialTimeout}
-	raw, err := d.DialContext(ctx, "tcp", net.JoinHostPort(host, strconv.Itoa(port)))
-	if err != nil {
-		return nil, err
-	}
-	stop := context.AfterFunc(ctx, func() { _ = raw.Close() })
-	lc := &limitConn{Conn: raw, sc: newZMTPScanner(zmtpLimits{maxMessage: uint64(cfg.MaxMessageBytes), maxFrames: cfg.MaxMessageFrames})}
-	// A peer that accepts and then stalls must not hold the handshake.
-	_ = raw.SetDeadline(time.Now().Add(cfg.DialTimeout))
-	zc, err := zmq4.Open(lc, zmtpNull{}, typ, nil, false, nil)
-	if err != nil {
-		stop()
-		_ = raw.Close()
-		return nil, fmt.Errorf("ZMTP handshake with %s: %w", endpoint, err)
-	}
-	_ = raw.SetDeadline(time.Time{})
-	return &zmtpPeer{zc: zc, raw: raw, stop: stop}, nil
-}
-
-// recv returns the next data message; commands (PING, answered by zmq4)
-// are skipped.
-func (p *zmtpPeer) recv() ([][]byte, error) {
-	for {
-		msg, err := p.zc.RecvMsg()
-		if err != nil {
-			return nil, err
-		}
-		if msg.Type == zmq4.CmdMsg {
-			continue
-		}
-		return msg.Frames, nil
-	}
-}
-
-// send writes one multi-frame message.
-func (p *zmtpPeer) send(frames ...[]byte) error {
-	return p.zc.SendMsg(zmq4.NewMsgFrom(frames...))
-}
-
-func (p *zmtpPeer) close() {
-	p.stop()
-	_ = p.raw.Close()
 }

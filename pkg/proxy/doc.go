@@ -25,7 +25,7 @@
 // Client side: a lean HTTP/1.1 server (h1conn.go, h1parse.go, h1body.go,
 // h1writer.go) serves every listener, plaintext or TLS, in place of
 // net/http's server. On Linux both sides' plain TCP sockets are read and
-// written with raw system calls through their RawConn (rawio_linux.go):
+// written with raw system calls through their RawConn (pkg/rawio):
 // the same poller, locks and deadlines, without the scheduler's hand-off
 // of the thread's P around each call, which under load cost the runtime's
 // monitor and thread wakeups about a tenth of the CPU. One goroutine per connection parses each request

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/loxilb-llm/loxilb/pkg/rawio"
 )
 
 // connSlots counts the open client connections of one listener against
@@ -41,7 +43,7 @@ func (s *connSlots) take() bool {
 // is closed or fails (a reset, a write error).
 type trackedConn struct {
 	net.Conn
-	raw    *rawIO // Conn's socket when it is plain TCP (rawio_linux.go)
+	raw    *rawio.Conn // Conn's socket when it is plain TCP (pkg/rawio)
 	slots  *connSlots
 	closed atomic.Bool
 

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/loxilb-llm/loxilb/pkg/rawio"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -519,7 +520,7 @@ func (l *demuxListener) Accept() (net.Conn, error) {
 			_ = c.Close()
 			continue
 		}
-		tc := &trackedConn{Conn: c, raw: newRawIO(c), slots: &l.slots}
+		tc := &trackedConn{Conn: c, raw: rawio.New(c), slots: &l.slots}
 		if svc.serverTLS != nil {
 			return tls.Server(tc, svc.serverTLS), nil
 		}

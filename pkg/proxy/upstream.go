@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/loxilb-llm/loxilb/pkg/rawio"
 )
 
 // upstream is the proxy's HTTP/1.1 client for one service: a pool of
@@ -63,10 +65,10 @@ type pconn struct {
 	u      *upstream
 	addr   string
 	conn   net.Conn
-	raw    net.Conn  // the TCP connection under TLS, for the liveness peek
-	lr     capReader // conn, capped while response headers are read
-	rio    *rawIO    // conn's socket when it is plain TCP (rawio_linux.go, flushAwait)
-	writes int       // writes to conn through bw (see flushAwait)
+	raw    net.Conn    // the TCP connection under TLS, for the liveness peek
+	lr     capReader   // conn, capped while response headers are read
+	rio    *rawio.Conn // conn's socket when it is plain TCP (pkg/rawio; flushAwait)
+	writes int         // writes to conn through bw (see flushAwait)
 	// flushAwait's state, with its callback bound once.
 	awaitFn  func(uintptr) bool
 	flushed  bool
@@ -395,7 +397,7 @@ func (u *upstream) newPconn(addr string, conn, raw net.Conn) *pconn {
 		conn: conn,
 		raw:  raw,
 	}
-	pc.rio = newRawIO(conn)
+	pc.rio = rawio.New(conn)
 	pc.lr.conn = conn
 	if pc.rio != nil {
 		pc.lr.conn = pc.rio
@@ -444,7 +446,7 @@ func (pc *pconn) flushAwait(whole bool) error {
 	}
 	pc.flushed, pc.flushErr = false, nil
 	pc.u.awaits.Add(1)
-	_ = pc.rio.rc.Read(pc.awaitFn)
+	_ = pc.rio.RawConn().Read(pc.awaitFn)
 	if !pc.flushed {
 		// The wait could not begin (closed, or the deadline poisoned):
 		// send the request the plain way, which reports it.

@@ -1,4 +1,4 @@
-package proxy
+package rawio
 
 import (
 	"io"
@@ -8,7 +8,7 @@ import (
 	"syscall"
 )
 
-// rawIO reads and writes a TCP connection's socket with raw system calls
+// Conn reads and writes a TCP connection's socket with raw system calls
 // through its syscall.RawConn: the same poller, locks and deadlines as
 // net.Conn's Read and Write, without telling the Go scheduler that a
 // system call is under way.
@@ -23,7 +23,7 @@ import (
 // these calls, and profiles at 256 connections put that monitor and the
 // thread hand-offs at about a tenth of the process's CPU. A call that
 // cannot block needs none of it.
-type rawIO struct {
+type Conn struct {
 	rc     syscall.RawConn
 	local  net.Addr
 	remote net.Addr
@@ -43,9 +43,9 @@ type rawOp struct {
 	fn    func(uintptr) bool
 }
 
-// newRawIO returns the raw reader and writer of c, or nil if c is not a
+// New returns the raw reader and writer of c, or nil if c is not a
 // TCP connection (TLS sits above it and uses it as its net.Conn).
-func newRawIO(c net.Conn) *rawIO {
+func New(c net.Conn) *Conn {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return nil
@@ -54,14 +54,18 @@ func newRawIO(c net.Conn) *rawIO {
 	if err != nil {
 		return nil
 	}
-	r := &rawIO{rc: rc, local: tc.LocalAddr(), remote: tc.RemoteAddr()}
+	r := &Conn{rc: rc, local: tc.LocalAddr(), remote: tc.RemoteAddr()}
 	r.r.fn, r.w.fn = r.r.readStep, r.w.writeStep
 	return r
 }
 
+// RawConn is the socket's syscall.RawConn, for a caller that waits on the
+// poller with a step of its own (the proxy's flushAwait).
+func (r *Conn) RawConn() syscall.RawConn { return r.rc }
+
 // Read is net.Conn.Read: io.EOF at the end of the stream, errors wrapped
 // as the net package wraps them.
-func (r *rawIO) Read(p []byte) (int, error) {
+func (r *Conn) Read(p []byte) (int, error) {
 	n, err := r.call(&r.r, p, "read", r.rc.Read)
 	if err == nil && n == 0 && len(p) > 0 {
 		return 0, io.EOF
@@ -70,13 +74,13 @@ func (r *rawIO) Read(p []byte) (int, error) {
 }
 
 // Write is net.Conn.Write: all of p, or an error with what was written.
-func (r *rawIO) Write(p []byte) (int, error) {
+func (r *Conn) Write(p []byte) (int, error) {
 	return r.call(&r.w, p, "write", r.rc.Write)
 }
 
 // call runs op's step on p under the RawConn's Read or Write (wait),
 // which waits on the poller whenever the step asks to.
-func (r *rawIO) call(op *rawOp, p []byte, name string, wait func(func(uintptr) bool) error) (int, error) {
+func (r *Conn) call(op *rawOp, p []byte, name string, wait func(func(uintptr) bool) error) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -133,7 +137,7 @@ func (r *rawOp) writeStep(fd uintptr) bool {
 // opError wraps err as net.Conn's Read and Write do; a RawConn's own
 // error (a deadline, a closed connection) is unwrapped first, so the
 // message names one operation, as net's does.
-func (r *rawIO) opError(op string, err error) error {
+func (r *Conn) opError(op string, err error) error {
 	if oe, ok := err.(*net.OpError); ok {
 		err = oe.Err
 	}

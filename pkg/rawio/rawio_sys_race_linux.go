@@ -1,10 +1,10 @@
 //go:build linux && race
 
-package proxy
+package rawio
 
 import "syscall"
 
-// Under the race detector, rawIO goes through syscall.Read and
+// Under the race detector, Conn goes through syscall.Read and
 // syscall.Write: they tell the detector that what one goroutine wrote to
 // a socket happens before what another read from it, as every net.Conn
 // does, so tests that learn of a result through a connection do not
