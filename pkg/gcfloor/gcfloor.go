@@ -1,0 +1,128 @@
+package gcfloor
+
+import (
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"sync"
+)
+
+// DefaultPercent is Go's own GOGC, the least the pacer sets.
+const DefaultPercent = 100
+
+// DefaultFloor is the daemon's default floor: with a few MB live, a
+// cycle per 64 MiB of garbage (about 30,000 small proxied requests)
+// instead of one per few MB.
+const DefaultFloor = 64 << 20
+
+// minLive is the live heap assumed when the runtime reports less (at
+// start), so the percentage stays finite.
+const minLive = 1 << 20
+
+// Percent returns the GOGC percentage that puts the next heap goal at
+// least floor bytes above a live heap of live bytes, and never below
+// DefaultPercent. The runtime's goal is live + live*GOGC/100 (plus the
+// stacks' and globals' share, which only adds room).
+func Percent(live, floor uint64) int {
+	live = max(live, minLive)
+	p := (floor*100 + live - 1) / live
+	return int(max(p, DefaultPercent))
+}
+
+// Pacer sets GOGC after every GC cycle (see the package doc). Stop
+// restores the percentage in force when it started.
+type Pacer struct {
+	floor uint64
+	prev  int // GOGC before Start
+
+	mu      sync.Mutex
+	stopped bool
+	cur     int // the percentage last set
+}
+
+// Start begins pacing with the given floor. A floor of 0 does nothing
+// but is still a Pacer that Stop accepts.
+func Start(floor uint64) *Pacer {
+	p := &Pacer{floor: floor, prev: GOGC()}
+	p.cur = p.prev
+	if floor == 0 {
+		p.stopped = true
+		return p
+	}
+	p.adjust()
+	p.arm()
+	return p
+}
+
+// arm schedules adjust for the end of the next GC cycle: the sentinel is
+// unreachable at once, so the cycle frees it and the runtime then runs
+// its cleanup. A pointer-free object of 16 bytes or more is allocated on
+// its own (smaller ones share a block, whose cleanup may never run).
+func (p *Pacer) arm() {
+	s := new([32]byte)
+	runtime.AddCleanup(s, func(p *Pacer) {
+		if p.adjust() {
+			p.arm()
+		}
+	}, p)
+}
+
+// adjust sets GOGC from the live heap of the cycle that just ended. It
+// reports false once the pacer is stopped.
+func (p *Pacer) adjust() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		return false
+	}
+	pct := Percent(Live(), p.floor)
+	// Moved only by more than an eighth: a setting recomputes the
+	// runtime's goal under the heap lock, pointless for a small change.
+	if d := pct - p.cur; d > p.cur/8 || -d > p.cur/8 {
+		debug.SetGCPercent(pct)
+		p.cur = pct
+	}
+	return true
+}
+
+// Current returns the percentage the pacer last set.
+func (p *Pacer) Current() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cur
+}
+
+// Stop ends pacing and restores the GOGC in force before Start.
+func (p *Pacer) Stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped && p.cur == p.prev {
+		return
+	}
+	p.stopped = true
+	debug.SetGCPercent(p.prev)
+	p.cur = p.prev
+}
+
+// GOGC returns the GC percentage in force.
+func GOGC() int {
+	if v, ok := readUint64("/gc/gogc:percent"); ok {
+		return int(v)
+	}
+	return DefaultPercent
+}
+
+// Live returns the heap the last GC cycle marked live.
+func Live() uint64 {
+	v, _ := readUint64("/gc/heap/live:bytes")
+	return v
+}
+
+func readUint64(name string) (uint64, bool) {
+	s := []metrics.Sample{{Name: name}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0, false
+	}
+	return s[0].Value.Uint64(), true
+}
