@@ -12,9 +12,12 @@
 // the floor costs is bounded and does not scale with the heap.
 //
 // How: after every GC cycle (a cleanup on a sentinel object, so no timer
-// and no goroutine between cycles), the live heap the cycle marked is read
-// from runtime/metrics and GOGC is set to the percentage that puts the
-// next goal at live+Floor, or Go's default if that is higher (Percent).
+// and no goroutine between cycles), the live heap the cycle marked, with
+// the stacks and globals it scanned, is read from runtime/metrics and
+// GOGC is set to the percentage that puts the next goal at live+Floor,
+// or Go's default if that is higher (Percent). A heap under the
+// runtime's 4 MiB minimum counts as 4 MiB, whose minimum goal also
+// scales with GOGC.
 // A memory limit (GOMEMLIMIT) still applies: the runtime collects earlier
 // when the heap nears it. The daemon leaves pacing alone when GOGC is set
 // in its environment, the operator's choice.

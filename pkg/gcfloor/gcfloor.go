@@ -15,17 +15,22 @@ const DefaultPercent = 100
 // instead of one per few MB.
 const DefaultFloor = 64 << 20
 
-// minLive is the live heap assumed when the runtime reports less (at
-// start), so the percentage stays finite.
-const minLive = 1 << 20
+// minLive is the live heap assumed when the runtime reports less (none
+// before the first cycle). The runtime never aims under 4 MiB x GOGC/100
+// (its minimum heap), so for a smaller live heap the percentage that
+// floor needs above 4 MiB is the one that keeps the goal near floor:
+// counted from the real live heap it would put the goal at
+// 4 MiB x floor/live (256 MiB for 1 MiB live and a 64 MiB floor).
+const minLive = 4 << 20
 
-// Percent returns the GOGC percentage that puts the next heap goal at
-// least floor bytes above a live heap of live bytes, and never below
-// DefaultPercent. The runtime's goal is live + live*GOGC/100 (plus the
-// stacks' and globals' share, which only adds room).
-func Percent(live, floor uint64) int {
-	live = max(live, minLive)
-	p := (floor*100 + live - 1) / live
+// Percent returns the GOGC percentage that puts the next heap goal
+// floor bytes above the live heap, and never below DefaultPercent. scan
+// is what the runtime multiplies by GOGC/100 to get that room: the live
+// heap plus the goroutine stacks and globals it scans (so a thousand
+// idle connections' stacks do not multiply the floor).
+func Percent(scan, floor uint64) int {
+	scan = max(scan, minLive)
+	p := (floor*100 + scan - 1) / scan
 	return int(max(p, DefaultPercent))
 }
 
@@ -75,7 +80,7 @@ func (p *Pacer) adjust() bool {
 	if p.stopped {
 		return false
 	}
-	pct := Percent(Live(), p.floor)
+	pct := Percent(Scan(), p.floor)
 	// Moved only by more than an eighth: a setting recomputes the
 	// runtime's goal under the heap lock, pointless for a small change.
 	if d := pct - p.cur; d > p.cur/8 || -d > p.cur/8 {
@@ -115,6 +120,20 @@ func GOGC() int {
 // Live returns the heap the last GC cycle marked live.
 func Live() uint64 {
 	v, _ := readUint64("/gc/heap/live:bytes")
+	return v
+}
+
+// Scan returns the live heap plus the stacks and globals the collector
+// scans: what GOGC/100 multiplies into the room above the live heap.
+func Scan() uint64 {
+	st, _ := readUint64("/gc/scan/stack:bytes")
+	gl, _ := readUint64("/gc/scan/globals:bytes")
+	return Live() + st + gl
+}
+
+// Goal returns the heap size the runtime aims to collect at.
+func Goal() uint64 {
+	v, _ := readUint64("/gc/heap/goal:bytes")
 	return v
 }
 

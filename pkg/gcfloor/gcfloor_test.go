@@ -10,23 +10,23 @@ import (
 func TestPercent(t *testing.T) {
 	const mib = 1 << 20
 	for _, c := range []struct {
-		live, floor uint64
+		scan, floor uint64
 		want        int
 	}{
 		{6 * mib, 64 * mib, 1067},    // a small proxy-only heap: the goal is live+64 MiB
 		{64 * mib, 64 * mib, 100},    // the floor equals the default's growth
 		{1 << 30, 64 * mib, 100},     // a large heap keeps Go's default
-		{0, 64 * mib, 6400},          // at start: minLive assumed
-		{minLive / 2, 8 * mib, 800},  // below minLive counts as minLive
+		{0, 64 * mib, 1600},          // before the first cycle: minLive assumed
+		{minLive / 2, 8 * mib, 200},  // below minLive counts as minLive
 		{6 * mib, 0, DefaultPercent}, // no floor
 	} {
-		if got := Percent(c.live, c.floor); got != c.want {
-			t.Errorf("Percent(%d, %d) = %d, want %d", c.live, c.floor, got, c.want)
+		if got := Percent(c.scan, c.floor); got != c.want {
+			t.Errorf("Percent(%d, %d) = %d, want %d", c.scan, c.floor, got, c.want)
 		}
-		// The goal the percentage gives is at least live+floor.
-		live := max(c.live, minLive)
-		if goal := live + live*uint64(Percent(c.live, c.floor))/100; goal < live+c.floor {
-			t.Errorf("live %d floor %d: goal %d under live+floor", c.live, c.floor, goal)
+		// The room the percentage gives is at least floor.
+		scan := max(c.scan, minLive)
+		if room := scan * uint64(Percent(c.scan, c.floor)) / 100; room < c.floor {
+			t.Errorf("scan %d floor %d: room %d under floor", c.scan, c.floor, room)
 		}
 	}
 }
@@ -44,6 +44,13 @@ func TestPacerFollowsLiveHeap(t *testing.T) {
 		return GOGC() > 1000 && p.Current() == GOGC()
 	})
 	small := GOGC()
+	// The runtime's goal is now about floor above the live heap: not
+	// floor times anything (its minimum heap scales with GOGC), and at
+	// most an eighth off (the pacer's hysteresis).
+	runtime.GC()
+	if goal, live := Goal(), Live(); goal > live+floor+floor/8 || goal < live+floor-floor/8 {
+		t.Errorf("heap goal %d MiB with %d MiB live, want about live + %d MiB", goal>>20, live>>20, floor>>20)
+	}
 
 	// 128 MiB more live heap: the floor needs a smaller percentage.
 	hold := make([][]byte, 128)
@@ -55,8 +62,8 @@ func TestPacerFollowsLiveHeap(t *testing.T) {
 		runtime.GC()
 		return GOGC() < small
 	})
-	if got, want := GOGC(), Percent(Live(), floor); got > want+want/8 || got < want-want/8 {
-		t.Errorf("GOGC %d with a live heap of %d, want about %d", got, Live(), want)
+	if got, want := GOGC(), Percent(Scan(), floor); got > want+want/8 || got < want-want/8 {
+		t.Errorf("GOGC %d with %d bytes to scan, want about %d", got, Scan(), want)
 	}
 	runtime.KeepAlive(hold)
 
