@@ -4,12 +4,15 @@
 // Why: the daemon's live heap is small when its tables are (a few MB for
 // a proxy-only node), and Go's default pacing (GOGC=100) collects every
 // time the heap doubles: at 20,000 small proxied requests a second, each
-// leaving about 2 KB of garbage, that was a cycle every 3,000 requests and
-// about 2.3 µs of GC CPU per request, a twentieth of the proxy's CPU.
-// Letting the heap grow by at least Floor bytes between cycles cuts that
-// to a fraction, at the price of at most Floor more memory; a large live
-// heap (big KV indexes) is paced as Go's default paces it, so the memory
-// the floor costs is bounded and does not scale with the heap.
+// leaving about 2 KB of garbage, that was a cycle every 3,000 requests,
+// six a second, each marking the live heap and turning on the write
+// barrier, and on a host with an idle core running mark workers there.
+// Letting the heap grow by at least the floor between cycles makes them
+// rare (one per 30,000 such requests with 64 MiB), at the price of at
+// most the floor in memory; a large live heap (big KV indexes) is paced
+// as Go's default paces it, so what the floor costs does not scale with
+// the heap. Sweeping and span set-up follow the allocation, not the
+// cycles, and are not saved (BENCHMARKS.md, proxy efficiency).
 //
 // How: after every GC cycle (a cleanup on a sentinel object, so no timer
 // and no goroutine between cycles), the live heap the cycle marked, with
