@@ -35,6 +35,7 @@ type config struct {
 	stateDir       string
 	tokenizerDir   string
 	tokenizerCache int64 // bytes of each staged model's prefix cache
+	gcHeapFloor    int64 // bytes the heap may grow between GC cycles (gcfloor)
 	interfaces     []string
 	noDataplane    bool
 	bpfPinPath     string

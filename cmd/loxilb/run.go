@@ -17,6 +17,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane"
 	"github.com/loxilb-llm/loxilb/pkg/dataplane/ebpf"
+	"github.com/loxilb-llm/loxilb/pkg/gcfloor"
 	"github.com/loxilb-llm/loxilb/pkg/health"
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
 	"github.com/loxilb-llm/loxilb/pkg/kvindex"
@@ -49,6 +50,13 @@ func run(ctx context.Context, args []string, env func(string) (string, bool)) er
 	apiCfg := cfg.apiConfig()
 	if err := apiCfg.Validate(); err != nil {
 		return err
+	}
+	// GC pacing first: the start-up's own allocations (tokenizers, the
+	// store) are paced by it too. GOGC in the environment is the
+	// operator's choice and wins.
+	if _, set := env("GOGC"); !set && cfg.gcHeapFloor > 0 {
+		pacer := gcfloor.Start(uint64(cfg.gcHeapFloor))
+		defer pacer.Stop()
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -7,6 +7,7 @@ import (
 	"github.com/loxilb-llm/loxilb/pkg/cluster"
 	"github.com/loxilb-llm/loxilb/pkg/dispatch"
 	"github.com/loxilb-llm/loxilb/pkg/gateway"
+	"github.com/loxilb-llm/loxilb/pkg/gcfloor"
 	"github.com/loxilb-llm/loxilb/pkg/kvevents"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
 	"github.com/loxilb-llm/loxilb/pkg/outlier"
@@ -87,6 +88,9 @@ func (c *config) settings() []*setting {
 		{flag: "tokenizer-cache-bytes", env: "LOXILB_TOKENIZER_CACHE_BYTES", table: tabDaemon,
 			val:     intVal(&c.tokenizerCache, tokenizer.DefaultCacheBytes, 0, 1<<30).in("bytes"),
 			meaning: "per staged model: the token ids of recent prompt segments (each chat message, a long prompt) kept so that a repeated segment is not tokenized again and one sharing a long prefix with a kept one (a new question after the same document) tokenizes only from where they differ; past the bound the segments not hit recently are evicted (`loxilb_tokenizer_cache_evictions_total`; hits, resumes, misses: `loxilb_tokenizer_cache_lookups_total`); 0 turns it off"},
+		{flag: "gc-heap-floor", env: "LOXILB_GC_HEAP_FLOOR", table: tabDaemon,
+			val:     intVal(&c.gcHeapFloor, gcfloor.DefaultFloor, 0, 1<<40).in("bytes"),
+			meaning: "the heap may grow by at least this much between garbage collections (GOGC is raised after each cycle until the next goal is the live heap plus this, never under Go's 100): a small heap is no longer collected every few thousand proxied requests; a heap larger than this is paced as Go's default paces it; GOMEMLIMIT still applies; 0, or GOGC set in the environment, leaves the runtime's pacing alone"},
 		{flag: "interfaces", table: tabDaemon, val: strVal(&c.interfacesText, ""),
 			meaning: "comma-separated interfaces the eBPF data plane attaches to; never \"all\""},
 		{flag: "no-dataplane", table: tabDaemon, val: boolVal(&c.noDataplane, false), meaning: "run proxy-only: never load BPF programs"},

@@ -96,6 +96,7 @@ var rules = []rule{
 			{mod + "/pkg/proxy", mod + "/testbed/wait"},
 			{mod + "/pkg/peerprefill", mod + "/testbed/wait"},
 			{mod + "/pkg/rawio", mod + "/testbed/wait"},
+			{mod + "/pkg/gcfloor", mod + "/testbed/wait"},
 		},
 	},
 	{
