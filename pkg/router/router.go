@@ -612,7 +612,14 @@ func (r *Router) spillRelief(svc ServiceView) bool {
 //     ShortestFirst), a request waits only behind queued work shorter than
 //     its own, so a candidate's penalty is capped at the request's own
 //     uncached tokens there: a warm chat turn with little new text stays
-//     on its history under load that would move a long cold prompt.
+//     on its history under load that would move a long cold prompt. The
+//     cap applies to the load past the endpoint's sequence budget
+//     (Candidate.Slots, when known) only: the requests its sequences run
+//     cannot be overtaken and keep the full penalty, so cheap hits of a
+//     popular document do not pile onto its endpoint behind long prefills
+//     (measured: with the cap on all load, a 2-sequence vLLM fleet's
+//     document hits had a TTFT p90 of 132 ms against 91 ms with the queue
+//     off).
 //
 //  3. Spill relief (when enabled). cap = ceil(MeanLoadFactor/100·(L+1)/n),
 //     L the summed load of the n healthy candidates. If the winner has at
@@ -688,7 +695,7 @@ func (r *Router) decide(st *serviceState, svc ServiceView, keys []uint64, blockS
 	}
 
 	// 2. Blend.
-	b := blend{s: s, penalty: r.penalty(st, warmUncached, blockSize), minBlocks: minBlocks,
+	b := blend{s: s, cands: cands, penalty: r.penalty(st, warmUncached, blockSize), minBlocks: minBlocks,
 		total: total, blockSize: blockSize, shortestFirst: svc.ShortestFirst}
 	c := b.pick(warm)
 
@@ -808,7 +815,8 @@ type choice struct {
 // blend is step 2's scoring of the gathered candidates of one hit.
 type blend struct {
 	s                           *scratch
-	penalty                     float64 // tokens one request of load is worth
+	cands                       []selector.Candidate // by s.pos
+	penalty                     float64              // tokens one request of load is worth
 	minBlocks, total, blockSize int
 	shortestFirst               bool // cap the penalty at the request's own uncached tokens
 }
@@ -821,11 +829,19 @@ func (b *blend) score(i int) float64 {
 	if s.match[i] < b.minBlocks {
 		m = 0
 	}
-	p := b.penalty
+	p, load := b.penalty, s.load[i]
 	if b.shortestFirst {
-		p = min(p, float64(max((b.total-s.match[i])*b.blockSize, b.blockSize)))
+		own := min(p, float64(max((b.total-s.match[i])*b.blockSize, b.blockSize)))
+		if slots := b.cands[s.pos[i]].Slots; slots > 0 {
+			// Shortest first overtakes queued work, not the requests
+			// the engine's sequences are already running: those keep
+			// the full price, the rest cost at most the request's own.
+			running := min(load, float64(slots))
+			return m*float64(b.blockSize) - p*running - own*(load-running)
+		}
+		p = own
 	}
-	return m*float64(b.blockSize) - p*s.load[i]
+	return m*float64(b.blockSize) - p*load
 }
 
 // better reports whether position i is preferred over j: higher score,
