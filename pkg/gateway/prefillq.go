@@ -82,9 +82,9 @@ type waiter struct {
 	overtaken  int64 // uncached tokens admitted ahead of it since it queued
 	overtakers int   // requests admitted ahead of it since it queued
 	seq        uint64
-	lead      *leader       // this request's coalescing leadership, if any
-	ready     chan struct{} // closed when a slot is handed over
-	granted   bool
+	lead       *leader       // this request's coalescing leadership, if any
+	ready      chan struct{} // closed when a slot is handed over
+	granted    bool
 }
 
 // before orders waiters by weighted shortest prefill first: predicted
