@@ -95,6 +95,7 @@ var rules = []rule{
 			{mod + "/pkg/dispatch", mod + "/testbed/wait"}, // the shared Eventually
 			{mod + "/pkg/proxy", mod + "/testbed/wait"},
 			{mod + "/pkg/peerprefill", mod + "/testbed/wait"},
+			{mod + "/pkg/enginemetrics", mod + "/testbed/wait"},
 		},
 	},
 	{
