@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/loxilb-llm/loxilb/pkg/selector"
 )
@@ -33,11 +34,20 @@ import (
 //   - vLLM, TensorRT-LLM, llama.cpp: none publishes its budget (vLLM's
 //     vllm:cache_config_info carries the cache configuration, not
 //     max_num_seqs), so the budget is observed: once the engine has been
-//     seen queueing (waiting > 0 while requests run), the most requests
-//     seen running at once. Running never exceeds the budget, so the value
-//     is a lower bound that only grows towards it; the queue's bounded
-//     wait (PrefillQueueWait) forwards over a low estimate, which lets the
-//     engine show a higher one. Source "observed".
+//     seen queueing at its peak (waiting > 0 while as many requests run
+//     as were ever seen running) in two consecutive samples, the most
+//     requests seen running at once. Running never exceeds the budget, so
+//     the value is a lower bound that only grows towards it: the engine
+//     also runs the sequences that are past their first byte, which the
+//     gateway's queue does not hold back, and the queue's bounded wait
+//     (PrefillQueueWait) forwards over a low estimate. Source "observed".
+//     An engine queues only in bursts, which scrapes a second apart
+//     rarely catch twice in a row (at the load of the routing suite a
+//     vLLM fleet learned nothing in a run), so while a budget is unknown
+//     the scraper also samples an endpoint whenever this node has more
+//     requests open there than the engine was ever seen running (it may
+//     be queueing now) and right after a sample that saw it queueing
+//     (probe.go).
 //
 // Until a budget is known the queue admits every request at once, as it
 // did when it was off, so learning never costs a request anything. Engine
@@ -92,20 +102,30 @@ type learnedBudget struct {
 	infoTried   bool // server info was read at least once
 	infoScrapes int  // scrapes since it was last read
 	peak        int  // most requests seen running at once
-	saturated   int  // consecutive samples with requests waiting while others ran
+	saturated   int  // consecutive samples queueing at the peak
 	queued      bool // saturated for queuedSamples samples in a row at least once
+	// sampledAt is when the endpoint was last sampled or probed, probing
+	// whether a probe of it is under way (probe.go).
+	sampledAt time.Time
+	probing   bool
 }
 
-// queuedSamples is how many consecutive scrapes must see requests waiting
-// while others run before the engine counts as having queued: a real
-// queue persists from one scrape to the next, the instant between a
-// request's arrival and its scheduling does not.
+// queuedSamples is how many consecutive samples must see the engine
+// queueing at its peak before it counts as having queued: a real queue
+// persists from one sample to the next, the instant between a request's
+// arrival and its scheduling (or between a sequence's end and the next
+// one's start) does not.
 const queuedSamples = 2
 
-// observe folds one metrics sample in.
-func (b *learnedBudget) observe(m selector.EngineMetrics) {
+// observe folds one metrics sample in. A sample shows queueing at the
+// budget when requests wait while as many run as were ever seen running:
+// an engine at its budget runs exactly that many, so waiting requests
+// beside fewer running ones are a request not yet scheduled, or a freed
+// sequence not yet refilled, and prove no budget (on a busy machine a
+// scrape lands in that instant often enough to teach a budget one short).
+func (b *learnedBudget) observe(m selector.EngineMetrics, now time.Time) {
 	b.peak = max(b.peak, m.Running)
-	if m.Waiting > 0 && m.Running > 0 {
+	if m.Waiting > 0 && m.Running > 0 && m.Running >= b.peak {
 		b.saturated++
 	} else {
 		b.saturated = 0
@@ -114,6 +134,7 @@ func (b *learnedBudget) observe(m selector.EngineMetrics) {
 		b.queued = true
 	}
 	b.infoScrapes++
+	b.sampledAt = now
 }
 
 func (b *learnedBudget) slots() (int, string, bool) {
@@ -157,7 +178,7 @@ func (s *Scraper) learn(ctx context.Context, k epKey, t scrapeTarget, m selector
 		b = &learnedBudget{}
 		s.budgets[k] = b
 	}
-	b.observe(m)
+	b.observe(m, time.Now())
 	want := b.wantsInfo(t.engine)
 	s.mu.Unlock()
 	if !want {

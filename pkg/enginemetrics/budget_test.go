@@ -8,13 +8,16 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/testbed/wait"
 )
 
 func TestParseServerInfoBudget(t *testing.T) {
@@ -197,17 +200,17 @@ func vllmStep(eng *fakeEngine, s *Scraper) func(running, waiting string) {
 }
 
 // vLLM publishes no cap: the budget is the most requests seen running,
-// once the engine was seen queueing in consecutive scrapes; bad gauges
-// teach nothing.
+// once the engine was seen queueing at that peak in consecutive scrapes;
+// bad gauges teach nothing.
 func TestScraperObservesBudget(t *testing.T) {
 	eng := newFakeEngine(t)
 	s, reg := newTestScraper(t, eng.rule("vllm"))
 	step := vllmStep(eng, s)
 	step("3", "0")
 	expectSlots(t, s, 0, "") // busy, but nothing queued yet
-	step("2", "4")
+	step("3", "4")
 	expectSlots(t, s, 0, "") // one sample may be an arrival not yet scheduled
-	step("2", "4")
+	step("3", "4")
 	expectSlots(t, s, 3, BudgetObserved)
 	step("5", "0") // running never exceeds the budget: it is at least 5
 	expectSlots(t, s, 5, BudgetObserved)
@@ -239,4 +242,96 @@ func TestScraperIgnoresTransientQueue(t *testing.T) {
 	step("2", "3")
 	step("2", "3")
 	expectSlots(t, s, 2, BudgetObserved)
+}
+
+// Requests waiting beside fewer running than the engine was seen running
+// are requests not yet scheduled by an engine short of its budget (for up
+// to a step; a busy machine stretches the instant), not a queue: however
+// often consecutive samples land there, they must not teach the peak as
+// a budget the engine is far from.
+func TestScraperIgnoresQueueBelowPeak(t *testing.T) {
+	eng := newFakeEngine(t)
+	s, _ := newTestScraper(t, eng.rule("vllm"))
+	step := vllmStep(eng, s)
+	step("5", "0")
+	for range 3 {
+		step("3", "1")
+	}
+	expectSlots(t, s, 0, "")
+	step("5", "2")
+	step("5", "1")
+	expectSlots(t, s, 5, BudgetObserved)
+}
+
+// An engine queues in bursts that scrapes a second apart rarely see twice
+// in a row: while its budget is unknown and this node has more requests
+// open there than it was seen running, the scraper samples it again
+// within a probe gap and learns the budget from the burst. Once learned,
+// nothing is probed.
+func TestScraperProbesWhileLearning(t *testing.T) {
+	eng := newFakeEngine(t)
+	eng.say("vllm:num_requests_running 2\nvllm:num_requests_waiting 1\n", "")
+	var open atomic.Int64
+	open.Store(3)
+	s, err := New(Config{Interval: time.Hour, SelfInFlight: func(uint32, int) int { return int(open.Load()) }}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reconcile(context.Background(), []control.Service{{ID: 3, Rule: eng.rule("vllm")}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	wait.Eventually(t, "a budget learned from probes", func() bool {
+		n, _, _ := s.LearnedSlots(3, 0)
+		return n == 2
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if p := s.dueProbes(time.Now().Add(time.Hour)); len(p) != 0 {
+		t.Fatalf("probes after the budget was learned: %v", p)
+	}
+}
+
+// Probes are taken only where the engine may be queueing at a new peak
+// or a queue awaits confirmation, never twice within a gap.
+func TestDueProbes(t *testing.T) {
+	eng := newFakeEngine(t)
+	var open atomic.Int64
+	s, err := New(Config{SelfInFlight: func(uint32, int) int { return int(open.Load()) }}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reconcile(context.Background(), []control.Service{{ID: 3, Rule: eng.rule("vllm")}}); err != nil {
+		t.Fatal(err)
+	}
+	step := vllmStep(eng, s)
+	now := time.Now()
+	if p := s.dueProbes(now); len(p) != 0 {
+		t.Fatalf("probed before the first scrape: %v", p)
+	}
+	step("2", "0")
+	open.Store(2) // no more open than the engine runs: it is not queueing
+	if p := s.dueProbes(now.Add(time.Second)); len(p) != 0 {
+		t.Fatalf("probed an engine running all it has: %v", p)
+	}
+	open.Store(3)
+	if p := s.dueProbes(now.Add(time.Second)); len(p) != 1 {
+		t.Fatalf("not probed with more open than seen running: %v", p)
+	}
+	if p := s.dueProbes(now.Add(time.Second)); len(p) != 0 {
+		t.Fatalf("probed while a probe is under way: %v", p)
+	}
+	s.probeDone(epKey{3, 0}, s.targets[epKey{3, 0}])
+	if p := s.dueProbes(now.Add(time.Second + probeGap/2)); len(p) != 0 {
+		t.Fatalf("probed twice within a gap: %v", p)
+	}
+	open.Store(0)
+	step("2", "1") // queueing at the peak: confirm it soon
+	if p := s.dueProbes(time.Now().Add(probeGap)); len(p) != 1 {
+		t.Fatalf("a queue at the peak not confirmed: %v", p)
+	}
 }

@@ -14,7 +14,9 @@
 //     other gateway nodes put there;
 //   - LearnedSlots: each endpoint's concurrent-sequence budget, read from
 //     SGLang's server info or observed while the engine queues
-//     (budget.go), for the gateway's prefill admission queue.
+//     (budget.go), for the gateway's prefill admission queue; while it is
+//     unknown the endpoint is also sampled between scrapes when it may be
+//     queueing (probe.go), as a burst's queue is short.
 //
 // It also counts the prompt tokens an LMCache tier served
 // (loxilb_kv_lmcache_hit_tokens_total, lmcache.go).

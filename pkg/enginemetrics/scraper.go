@@ -195,10 +195,15 @@ func (s *Scraper) Others(service uint32, ep int) (int, bool) {
 	return max(smp.m.Running+smp.m.Waiting-smp.self, 0), true
 }
 
-// Run scrapes every target each interval until ctx ends.
+// Run scrapes every target each interval, and the endpoints whose budget
+// is still being learned more often while they may be queueing (probe.go),
+// until ctx ends.
 func (s *Scraper) Run(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
+	var probes sync.WaitGroup
+	defer probes.Wait()
+	probes.Go(func() { s.probeLoop(ctx, &probes) })
 	for {
 		s.scrapeAll(ctx)
 		select {
@@ -218,41 +223,49 @@ func (s *Scraper) scrapeAll(ctx context.Context) {
 	s.mu.RUnlock()
 	var wg sync.WaitGroup
 	for k, t := range targets {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var ranks rankSample
-			m, hits, hasHits, reason := s.scrape(ctx, t, &ranks)
-			if hasHits {
-				s.mu.Lock()
-				if s.targets[k] == t {
-					s.lmcacheObserve(k, hits)
-				}
-				s.mu.Unlock()
-			}
-			if reason != "" {
-				s.errs.WithLabelValues(strconv.FormatUint(uint64(k.service), 10), strconv.Itoa(k.ep), reason).Inc()
-				if reason == budgetBadValue {
-					s.budgetRejected.WithLabelValues(budgetBadValue).Inc()
-				}
-				return
-			}
-			if ranks.bad != "" {
-				s.errs.WithLabelValues(strconv.FormatUint(uint64(k.service), 10), strconv.Itoa(k.ep), ranks.bad).Inc()
-			}
-			self := 0
-			if f := s.cfg.SelfInFlight; f != nil {
-				self = f(k.service, k.ep)
-			}
-			s.mu.Lock()
-			if s.targets[k] == t {
-				s.samples[k] = sample{m: m, at: time.Now(), self: self, ranks: ranks}
-			}
-			s.mu.Unlock()
-			s.learn(ctx, k, t, m)
-		}()
+		wg.Go(func() { s.sampleOne(ctx, k, t) })
 	}
 	wg.Wait()
+}
+
+// sampleOne scrapes target t of k once and keeps what it says: the load
+// sample, the LMCache hits, the learned budget (or the failure, counted).
+func (s *Scraper) sampleOne(ctx context.Context, k epKey, t scrapeTarget) {
+	var ranks rankSample
+	m, hits, hasHits, reason := s.scrape(ctx, t, &ranks)
+	if hasHits {
+		s.mu.Lock()
+		if s.targets[k] == t {
+			s.lmcacheObserve(k, hits)
+		}
+		s.mu.Unlock()
+	}
+	if reason != "" {
+		s.errs.WithLabelValues(strconv.FormatUint(uint64(k.service), 10), strconv.Itoa(k.ep), reason).Inc()
+		if reason == budgetBadValue {
+			s.budgetRejected.WithLabelValues(budgetBadValue).Inc()
+		}
+		return
+	}
+	if ranks.bad != "" {
+		s.errs.WithLabelValues(strconv.FormatUint(uint64(k.service), 10), strconv.Itoa(k.ep), ranks.bad).Inc()
+	}
+	self := s.self(k)
+	s.mu.Lock()
+	if s.targets[k] == t {
+		s.samples[k] = sample{m: m, at: time.Now(), self: self, ranks: ranks}
+	}
+	s.mu.Unlock()
+	s.learn(ctx, k, t, m)
+}
+
+// self returns this node's requests open to k (0 without
+// Config.SelfInFlight).
+func (s *Scraper) self(k epKey) int {
+	if f := s.cfg.SelfInFlight; f != nil {
+		return f(k.service, k.ep)
+	}
+	return 0
 }
 
 // scrape reads one target: its load signals (or the failure reason), its

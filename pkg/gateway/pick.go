@@ -407,6 +407,7 @@ func (g *Gateway) candidates(st *service) []selector.Candidate {
 		// So are requests queued for one of its prefill slots.
 		c.InFlight += g.prefill.queuedFor(st.id, i)
 		c.PrefillTokens = g.work.outstanding(st.id, i)
+		c.Slots, _ = g.prefill.budget(st.id, i)
 		if g.others != nil {
 			// What other nodes sent, as of the last scrape (Config.ClusterLoad).
 			if o, ok := g.others.Others(st.id, i); ok {

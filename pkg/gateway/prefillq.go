@@ -29,10 +29,13 @@ import (
 // request that arrives overtakes them, for up to PrefillQueueWait, and
 // round robin, which queues nothing, then has the shorter tail. So a waiting
 // request yields at most its own predicted work: once requests admitted
-// ahead of it since it arrived add up to its own uncached tokens, it goes
+// ahead of it since it arrived add up to its own uncached tokens, or
+// number as many as the endpoint's budget (one engine's worth of
+// sequences, each held for decode steps its tokens do not show), it goes
 // next, oldest such first. Its extra wait is then bounded by about its own
-// prefill time, while a cold prompt still lets a burst of cached turns
-// (each a few blocks) through ahead of it. A request is never queued
+// prefill time or one round of the engine's sequences, while a cold
+// prompt still lets a burst of cached turns (each a few blocks) through
+// ahead of it, since one cached turn overtakes every cold prompt queued. A request is never queued
 // longer than PrefillQueueWait either: then it is forwarded anyway and the
 // engine's own queue takes it.
 //
@@ -75,12 +78,13 @@ type slotQueue struct {
 }
 
 type waiter struct {
-	uncached  int64
-	overtaken int64 // uncached tokens admitted ahead of it since it queued
-	seq       uint64
-	lead      *leader       // this request's coalescing leadership, if any
-	ready     chan struct{} // closed when a slot is handed over
-	granted   bool
+	uncached   int64
+	overtaken  int64 // uncached tokens admitted ahead of it since it queued
+	overtakers int   // requests admitted ahead of it since it queued
+	seq        uint64
+	lead       *leader       // this request's coalescing leadership, if any
+	ready      chan struct{} // closed when a slot is handed over
+	granted    bool
 }
 
 // before orders waiters by weighted shortest prefill first: predicted
@@ -97,20 +101,28 @@ func (w *waiter) before(o *waiter) bool {
 	return w.seq < o.seq
 }
 
-// yielded tells whether w has let its own predicted work be admitted
-// ahead of it: it may be overtaken no more.
-func (w *waiter) yielded() bool { return w.overtaken >= w.uncached }
+// yielded tells whether w has let its own predicted work, or a whole
+// engine's worth of requests (lim, the endpoint's sequence budget), be
+// admitted ahead of it: it may be overtaken no more. Tokens alone
+// undercount what a request ahead costs: each also holds one of the
+// engine's sequences for its decode steps, which its few uncached tokens
+// do not show, so a long prompt yielding only by tokens let dozens of
+// cached requests by and waited several of its own prefills.
+func (w *waiter) yielded(lim int) bool {
+	return w.overtaken >= w.uncached || lim > 0 && w.overtakers >= lim
+}
 
 // next removes and returns the waiter to admit first: the oldest that has
-// yielded its own work, else the first in weighted shortest-prefill order.
-// Every earlier arrival it overtakes is charged its uncached tokens.
-func (q *slotQueue) next() *waiter {
+// yielded (lim: the endpoint's budget), else the first in weighted
+// shortest-prefill order. Every earlier arrival it overtakes is charged
+// its uncached tokens and one request.
+func (q *slotQueue) next(lim int) *waiter {
 	best, aged := 0, -1
 	for i, w := range q.waiting {
 		if i > 0 && w.before(q.waiting[best]) {
 			best = i
 		}
-		if w.yielded() && (aged < 0 || w.seq < q.waiting[aged].seq) {
+		if w.yielded(lim) && (aged < 0 || w.seq < q.waiting[aged].seq) {
 			aged = i
 		}
 	}
@@ -122,6 +134,7 @@ func (q *slotQueue) next() *waiter {
 	for _, o := range q.waiting {
 		if o.seq < w.seq {
 			o.overtaken += w.uncached
+			o.overtakers++
 		}
 	}
 	return w
@@ -259,7 +272,7 @@ func (pg *prefillGate) releaser(k heldKey) func() {
 			}
 			q.busy--
 			for q.free(lim) && len(q.waiting) > 0 {
-				w := q.next()
+				w := q.next(lim)
 				w.granted = true
 				q.busy++
 				close(w.ready)

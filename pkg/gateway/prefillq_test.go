@@ -42,8 +42,8 @@ func expectNone(t *testing.T, got <-chan admitResult) {
 	}
 }
 
-// admitFirst takes the only slot of a one-slot gate on endpoint 0 and
-// returns its release.
+// admitFirst takes a free slot of the gate on endpoint 0 (the only one of
+// a one-slot gate) and returns its release.
 func admitFirst(t *testing.T, pg *prefillGate) func() {
 	t.Helper()
 	release, out := pg.admit(context.Background(), 1, 0, 100, nil, time.Minute, false)
@@ -54,33 +54,50 @@ func admitFirst(t *testing.T, pg *prefillGate) func() {
 }
 
 // A long prompt lets shorter ones overtake it only up to its own
-// predicted work: a stream of cached requests queued behind a cold one
-// used to go first however long it had waited, and the cold ones set the
-// TTFT tail. Here a 1000-token prompt yields to four 300-token ones
-// (1200 tokens), then goes before the fifth.
+// predicted work, or as many requests as the endpoint's budget, whichever
+// comes first: a stream of cached requests queued behind a cold one used
+// to go first however long it had waited, and the cold ones set the TTFT
+// tail. With three slots a 1000-token prompt yields to three 300-token
+// ones (the budget, before their 900 tokens reach its own), then goes
+// before the fourth; a 500-token one yields to two (600 tokens).
 func TestPrefillGateBoundsOvertaking(t *testing.T) {
-	pg := &prefillGate{slots: 1}
-	release := admitFirst(t, pg)
-	got := make(chan admitResult, 6)
-	admitAsync(context.Background(), pg, "cold", 1000, nil, time.Minute, got)
-	waitQueued(t, pg, 1)
-	for i := range 5 {
-		admitAsync(context.Background(), pg, fmt.Sprintf("hit%d", i+1), 300, nil, time.Minute, got)
-		waitQueued(t, pg, i+2)
-	}
-	var order []string
-	for range 6 {
-		release()
-		r := <-got
-		if r.out != admitQueued {
-			t.Fatalf("%s: %s, want queued", r.id, r.out)
+	for _, c := range []struct {
+		cold int64
+		want string
+	}{
+		{1000, "hit hit hit cold hit hit"},
+		{500, "hit hit cold hit hit hit"},
+	} {
+		pg := &prefillGate{slots: 3}
+		var held []func()
+		for range 3 {
+			held = append(held, admitFirst(t, pg))
 		}
-		order = append(order, strings.TrimRight(r.id, "0123456789"))
-		release = r.release
-	}
-	release()
-	if want := "hit hit hit hit cold hit"; strings.Join(order, " ") != want {
-		t.Fatalf("admitted %v, want %s", order, want)
+		got := make(chan admitResult, 6)
+		admitAsync(context.Background(), pg, "cold", c.cold, nil, time.Minute, got)
+		waitQueued(t, pg, 1)
+		for i := range 5 {
+			admitAsync(context.Background(), pg, fmt.Sprintf("hit%d", i+1), 300, nil, time.Minute, got)
+			waitQueued(t, pg, i+2)
+		}
+		// One slot at a time: the other two stay taken throughout.
+		release := held[0]
+		var order []string
+		for range 6 {
+			release()
+			r := <-got
+			if r.out != admitQueued {
+				t.Fatalf("%s: %s, want queued", r.id, r.out)
+			}
+			order = append(order, strings.TrimRight(r.id, "0123456789"))
+			release = r.release
+		}
+		release()
+		held[1]()
+		held[2]()
+		if strings.Join(order, " ") != c.want {
+			t.Fatalf("cold %d: admitted %v, want %s", c.cold, order, c.want)
+		}
 	}
 }
 
@@ -88,8 +105,11 @@ func TestPrefillGateBoundsOvertaking(t *testing.T) {
 // prefill, whatever the arrival order; a leader is weighed by the requests
 // coalesced onto it.
 func TestPrefillGateShortestFirst(t *testing.T) {
-	pg := &prefillGate{slots: 1}
+	// Three slots, two held throughout, so no waiter is overtaken by as
+	// many requests as the budget (which would make it go next).
+	pg := &prefillGate{slots: 3}
 	first := admitFirst(t, pg)
+	held := []func(){admitFirst(t, pg), admitFirst(t, pg)}
 	got := make(chan admitResult, 4)
 	lead := &leader{done: make(chan struct{})}
 	admitAsync(context.Background(), pg, "cold-2000", 2000, nil, time.Minute, got)
@@ -119,6 +139,9 @@ func TestPrefillGateShortestFirst(t *testing.T) {
 	}
 	release()
 	release() // once only: the slot count must not go negative
+	for _, h := range held {
+		h()
+	}
 	if n := len(pg.eps); n != 0 {
 		t.Fatalf("%d endpoint queues left after every request released", n)
 	}

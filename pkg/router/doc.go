@@ -7,8 +7,9 @@
 // calls Decide (or Fallback when it cannot): the request's block hashes
 // (package blockhash), the rule's candidates with health (package health)
 // and load (in-flight requests counted by the proxy plus those the gateway
-// holds or queues for the endpoint, outstanding prefill tokens, engine
-// metrics scraped from /metrics), the rule's fallback selector (package
+// holds or queues for the endpoint, outstanding prefill tokens, the
+// endpoint's sequence budget when the gateway knows it, engine metrics
+// scraped from /metrics), the rule's fallback selector (package
 // selector), and an Inventory (package kvindex, fed by the engines' KV
 // events).
 // Out: a Decision naming the endpoint, the tier (tier1.5, spill, cold_seed,

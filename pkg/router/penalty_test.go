@@ -170,6 +170,49 @@ func TestShortestFirstPricesLoadAtOwnWork(t *testing.T) {
 	}
 }
 
+// Shortest first lets a request overtake queued work, not the requests
+// the engine's sequences already run: with the budget known, load up to
+// it keeps the full penalty and only the rest is capped at the request's
+// own work. A document question with 64 new tokens on a 2-sequence
+// engine stays beside one long prefill but leaves two, where the cap on
+// all load kept it behind any number of them.
+func TestShortestFirstPricesRunningSequencesInFull(t *testing.T) {
+	q := chain(5, 104) // 100 blocks cached, 4 new
+	for _, c := range []struct {
+		name    string
+		slots   int
+		load0   int
+		wantEP  int
+		wantWhy string
+	}{
+		{"budget unknown: capped", 0, 2, 0, ReasonLongestPrefix},
+		{"one running beside a free sequence", 2, 1, 0, ReasonLongestPrefix},
+		{"both sequences running", 2, 2, 1, ReasonLoadBlend},
+		{"a larger budget: running requests keep the full price", 4, 2, 1, ReasonLoadBlend},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			inv := newFakeInv()
+			cfg := DefaultConfig()
+			cfg.ColdSeedN = 0
+			cfg.SpillRelief = boolp(false)
+			cfg.LoadPenalty = 1152
+			r, _ := newRouter(t, cfg, inv)
+			inv.add(7, 0, q[:100]...)
+			cs := cands(4)
+			for i := range cs {
+				cs[i].Slots = c.slots
+			}
+			cs[0].InFlight = c.load0
+			view := mode3
+			view.ShortestFirst = true
+			d := r.Decide(view, q, 16, cs, rr(t), selector.Request{})
+			if d.EP != c.wantEP || d.Reason != c.wantWhy {
+				t.Fatalf("got %+v, want ep %d reason %s", d, c.wantEP, c.wantWhy)
+			}
+		})
+	}
+}
+
 // SeedLoss is the median prefix a hit's warmest endpoint holds: nothing
 // before the first hit (no seed may throw anything away on a guess), then
 // the typical history, which a minority of long ones does not drag up.

@@ -827,6 +827,44 @@ func TestMissGoesToLeastPrefillWork(t *testing.T) {
 	}
 }
 
+// Outstanding tokens do not say when a miss starts: an endpoint whose
+// every sequence is taken by short cached requests queues it, while one
+// running a long prefill beside a free sequence starts it at once. With
+// the budgets known a miss goes to a free sequence first, by tokens among
+// those; when every endpoint is full, or no budget is known, by tokens
+// alone.
+func TestMissPrefersAFreeSequence(t *testing.T) {
+	q := chain(1, 16)
+	cfg := DefaultConfig()
+	cfg.ColdSeedN = 0
+	r, _ := newRouter(t, cfg, newFakeInv())
+	cs := cands(3)
+	// 0: two short hits in its two sequences; 1: one long prefill, one
+	// sequence free; 2: two long prefills.
+	cs[0].PrefillTokens, cs[0].InFlight = 120, 2
+	cs[1].PrefillTokens, cs[1].InFlight = 1600, 1
+	cs[2].PrefillTokens, cs[2].InFlight = 3000, 2
+	view := ServiceView{ID: 9, KVExactMode: 3}
+	if d := r.Decide(view, q, 16, cs, rr(t), selector.Request{}); d.EP != 0 {
+		t.Fatalf("budgets unknown: %+v, want endpoint 0 (least tokens)", d)
+	}
+	for i := range cs {
+		cs[i].Slots = 2
+	}
+	if d := r.Decide(view, q, 16, cs, rr(t), selector.Request{}); d.EP != 1 {
+		t.Fatalf("budgets known: %+v, want endpoint 1 (a free sequence)", d)
+	}
+	cs[1].InFlight = 2
+	if d := r.Decide(view, q, 16, cs, rr(t), selector.Request{}); d.EP != 0 {
+		t.Fatalf("all full: %+v, want endpoint 0 (least tokens)", d)
+	}
+	// A sick endpoint's free sequence is no reason to go there.
+	cs[1].InFlight, cs[1].Healthy = 0, false
+	if d := r.Decide(view, q, 16, cs, rr(t), selector.Request{}); d.EP != 0 {
+		t.Fatalf("free endpoint unhealthy: %+v, want endpoint 0", d)
+	}
+}
+
 // A one-shot question after a system prompt every endpoint holds: overlap
 // cannot choose, so the request goes where the least prefill is queued,
 // not to the lowest index the blend's tie-break would pick.

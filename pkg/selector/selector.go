@@ -60,7 +60,13 @@ type Candidate struct {
 	// first byte has not come back yet. 0 when the gateway does not track
 	// it (prompts not tokenized). The KV router places misses by it.
 	PrefillTokens int64
-	Metrics       EngineMetrics
+	// Slots is the endpoint's concurrent-sequence budget as the gateway
+	// applies it to prefill admission (learned from the engine or
+	// configured); 0 when unknown. With InFlight it tells whether the
+	// engine has a sequence free for one more request now, which the
+	// KV router prefers for a miss.
+	Slots   int
+	Metrics EngineMetrics
 }
 
 // Request carries what a selector may key on.

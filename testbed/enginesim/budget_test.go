@@ -1,10 +1,20 @@
 package enginesim
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/netip"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/loxilb-llm/loxilb/pkg/control"
 	"github.com/loxilb-llm/loxilb/pkg/enginemetrics"
+	"github.com/loxilb-llm/loxilb/pkg/lbrule"
+	"github.com/loxilb-llm/loxilb/testbed/wait"
 )
 
 // The emulated SGLang server info carries the sequence cap where SGLang
@@ -56,5 +66,50 @@ func TestSGLangMetricsPerRank(t *testing.T) {
 	one := startEngine(t, Config{Engine: EngineSGLang, TimeScaleSet: true}, Deps{})
 	if text := string(do(t, "GET", one.URL()+"/metrics", nil).body); strings.Contains(text, "dp_rank") {
 		t.Fatalf("a single-rank engine labels a dp_rank:\n%s", text)
+	}
+}
+
+// A vLLM engine queueing behind its sequence budget shows it in nothing
+// but its running and waiting gauges, and only while the burst lasts. The
+// gateway's scraper, sampling while this node has more requests open than
+// the engine was seen running, learns the budget within the burst, with
+// its regular scrape an hour away.
+func TestScraperLearnsVLLMBudgetFromAQueue(t *testing.T) {
+	// Two sequences; each 48-token prefill takes about a second.
+	e := startEngine(t, Config{Engine: EngineVLLM, MaxRunning: 2, PrefillUsPerToken: 20000, TimeScale: 1, TimeScaleSet: true}, Deps{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for i := range 3 {
+		wg.Go(func() {
+			body, _ := json.Marshal(map[string]any{"model": "sim-model", "prompt": seqTokens(100*i+1, 48), "max_tokens": 1})
+			resp, err := http.Post(e.URL()+"/v1/completions", "application/json", bytes.NewReader(body))
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+				return
+			}
+			resp.Body.Close()
+		})
+	}
+	s, err := enginemetrics.New(enginemetrics.Config{Interval: time.Hour, SelfInFlight: func(uint32, int) int { return 3 }}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ap := netip.MustParseAddrPort(e.Addr())
+	rule := &lbrule.Rule{Service: lbrule.ServiceArgs{Mode: lbrule.ModeFullProxy, KVEngine: "vllm"},
+		Endpoints: []lbrule.Endpoint{{IP: ap.Addr().String(), Port: int(ap.Port())}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := s.Reconcile(ctx, []control.Service{{ID: 1, Rule: rule}}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	wait.Eventually(t, "the budget learned from the engine's queue", func() bool {
+		n, src, _ := s.LearnedSlots(1, 0)
+		return n == 2 && src == enginemetrics.BudgetObserved
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

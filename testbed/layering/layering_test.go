@@ -93,6 +93,7 @@ var rules = []rule{
 			{mod + "/pkg/reconcilers", mod + "/testbed/pki"},
 			{mod + "/pkg/proxy", mod + "/testbed/pki"},
 			{mod + "/pkg/dispatch", mod + "/testbed/wait"}, // the shared Eventually
+			{mod + "/pkg/enginemetrics", mod + "/testbed/wait"},
 			{mod + "/pkg/proxy", mod + "/testbed/wait"},
 			{mod + "/pkg/peerprefill", mod + "/testbed/wait"},
 			{mod + "/pkg/rawio", mod + "/testbed/wait"},
