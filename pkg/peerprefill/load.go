@@ -37,6 +37,12 @@ const (
 	LoadRejectStale       = "stale"         // older than the sender's last snapshot held
 )
 
+// DefaultLoadInterval is how often a node's load snapshot is read and,
+// when changed, sent: a few times within one short prefill (tens of
+// milliseconds), so the other nodes see a burst while it builds, at most
+// 50 datagrams a second per peer.
+const DefaultLoadInterval = 20 * time.Millisecond
+
 // DefaultLoadExpiry is how long a peer's snapshot counts when no newer one
 // arrives: several keepalives (LoadExpiry/4), so one lost datagram does
 // not drop a live peer's load, and short against the engines' scrape
