@@ -88,6 +88,9 @@ type config struct {
 	prefillWait  time.Duration
 	// clusterTieBreak is the cross-node tie-break's deferral (0: off).
 	clusterTieBreak time.Duration
+	// clusterLoadInterval is how often nodes share their in-flight
+	// counts (0: not shared, the scraped estimate only).
+	clusterLoadInterval time.Duration
 }
 
 // routingSettings are the settings that change where a request goes, by

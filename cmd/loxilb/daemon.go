@@ -161,6 +161,9 @@ func (d *daemon) buildRouting() error {
 		// A nil *Node in the interface would be a peer set that is
 		// there and fails; alone, the gateway is given none.
 		gcfg.Peers = d.peers
+		if cfg.clusterLoadInterval > 0 {
+			gcfg.PeerLoad = d.peers
+		}
 	}
 	d.gw, err = gateway.New(gcfg, d.tokens, d.index, rt, d.prober, d.inflight, logger, reg)
 	return err
@@ -176,7 +179,7 @@ func (d *daemon) buildPeers() error {
 		return nil
 	}
 	// The members are read when the node runs, after joinCluster.
-	node, err := peerprefill.New(peerprefill.Config{Listen: cfg.cluster.peerListen(),
+	node, err := peerprefill.New(peerprefill.Config{Listen: cfg.cluster.peerListen(), LoadInterval: cfg.clusterLoadInterval,
 		Peers: func() []string { return d.members.PeerAddrs() }}, d.logger, d.reg)
 	if err != nil {
 		return fmt.Errorf("--cluster-peer-port: %w", err)
@@ -389,7 +392,7 @@ func (d *daemon) startAPI(apiCtx context.Context, apiCfg api.Config, errc chan e
 		"store", d.st.Health().Backend+" "+d.st.Health().Where, "node", cfg.cluster.name, "node_address", cfg.cluster.address,
 		"tokenizer_dir", cfg.tokenizerDir, "rules", len(d.ctl.List()), "auth", cfg.apiToken != "", "tls", cfg.tlsCert != "",
 		"api_read_timeout", cfg.api.readTimeout, "api_max_body", cfg.api.maxBody, "api_max_conns", cfg.api.maxConns,
-		"coalesce_wait", cfg.coalesceWait, "cluster_tiebreak", cfg.clusterTieBreak, "prefill_slots", cfg.prefillSlots, "prefill_queue_wait", cfg.prefillWait,
+		"coalesce_wait", cfg.coalesceWait, "cluster_tiebreak", cfg.clusterTieBreak, "cluster_load_interval", cfg.clusterLoadInterval, "prefill_slots", cfg.prefillSlots, "prefill_queue_wait", cfg.prefillWait,
 		"proxy_receipts", cfg.receipts.String(), "tokenize_max_bytes", cfg.tokMaxBytes, "tokenize_max_tokens", cfg.tokMaxTokens,
 		"tokenize_concurrency", cfg.tokConcurrency)
 	go func() {

@@ -32,8 +32,10 @@
 // rank, with the prefill budgets learned from them: Config.Engine
 // (EngineSignals), which pkg/enginemetrics's scraper serves from outside
 // the request path. With several gateway nodes (Config.ClusterLoad) the
-// in-flight count also carries what the others sent, as of the last
-// scrape, so every node ranks endpoints alike.
+// in-flight count also carries what the others sent: their own counts as
+// they shared them a few tens of milliseconds ago (Config.PeerLoad,
+// pkg/peerprefill), else as of the last scrape, so every node ranks
+// endpoints alike (peerload.go).
 //
 // The Gateway's own Reconcile only rebuilds its routing table. The other
 // stages a rule touches (proxy listeners, KV-event subscriptions and

@@ -163,8 +163,10 @@ type Config struct {
 	// ClusterLoad blends other gateway nodes' load into each candidate's
 	// in-flight count (LOXILB_KV_CLUSTER_ROUTING; on with a shared rule
 	// store): in-flight = this node's open, held and queued requests +
-	// others, where others = max(0, engine running+waiting at the last
-	// scrape − this node's open requests at that scrape). The engines'
+	// others, where others = the other nodes' own counts as their latest
+	// load snapshots say (PeerLoad) or, without fresh ones from every
+	// node, max(0, engine running+waiting at the last scrape − this
+	// node's open requests at that scrape) (peerload.go). The engines'
 	// gauges are what every node reads alike, the local count is what
 	// changed since, so every node ranks endpoints by nearly the same
 	// load and its own decisions count at once. Off, a node alone sees
@@ -172,6 +174,11 @@ type Config struct {
 	// own decisions by up to a scrape interval when the engine's count is
 	// the larger. Needs Engine.Others.
 	ClusterLoad bool
+	// PeerLoad, when not nil, is the other nodes' own in-flight counts
+	// (*peerprefill.Node, which the gateway feeds as its LoadSource):
+	// ClusterLoad uses them in place of the scraped estimate while every
+	// other node's are fresh (peerload.go).
+	PeerLoad PeerLoad
 }
 
 // Defaults of the request bounds.

@@ -400,19 +400,15 @@ func (g *Gateway) candidates(st *service) []selector.Candidate {
 		if g.health != nil && c.Healthy {
 			c.Healthy = g.health.Healthy(st.id, i)
 		}
-		c.InFlight = g.inflight.Count(st.id, i)
-		// Requests held for a shared prefill on this endpoint will be sent
-		// to it: they are its load already.
-		c.InFlight += g.leaders.heldFor(st.id, i)
-		// So are requests queued for one of its prefill slots.
-		c.InFlight += g.prefill.queuedFor(st.id, i)
+		// Requests held for a shared prefill on this endpoint or queued
+		// for one of its prefill slots will be sent to it: they are its
+		// load already.
+		c.InFlight = g.localInFlight(st, i)
 		c.PrefillTokens = g.work.outstanding(st.id, i)
 		c.Slots, _ = g.prefill.budget(st.id, i)
 		if g.others != nil {
-			// What other nodes sent, as of the last scrape (Config.ClusterLoad).
-			if o, ok := g.others.Others(st.id, i); ok {
-				c.InFlight += o
-			}
+			// What other nodes sent (Config.ClusterLoad, peerload.go).
+			c.InFlight += g.otherNodes(st, i)
 		}
 		if g.engine != nil {
 			if m, ok := g.engine.Metrics(st.id, i); ok {

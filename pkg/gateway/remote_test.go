@@ -18,11 +18,19 @@ import (
 // announce their prefills to each other over real UDP sockets.
 func linkedGateways(t *testing.T) (a, b fixture, na, nb *peerprefill.Node) {
 	t.Helper()
+	return linkedGatewaysLoad(t, 0)
+}
+
+// linkedGatewaysLoad links two gateways that, with loadInterval > 0, also
+// share their load every loadInterval and add each other's to their own
+// (ClusterLoad, with no scraped engine metrics).
+func linkedGatewaysLoad(t *testing.T, loadInterval time.Duration) (a, b fixture, na, nb *peerprefill.Node) {
+	t.Helper()
 	var addrA, addrB atomic.Pointer[string]
 	// Each node's socket is built first and given to its gateway; the
 	// gateway is then the handler the node's Run serves, as in the daemon.
 	node := func(peer *atomic.Pointer[string]) *peerprefill.Node {
-		n, err := peerprefill.New(peerprefill.Config{Listen: "127.0.0.1:0", Refresh: 5 * time.Millisecond,
+		n, err := peerprefill.New(peerprefill.Config{Listen: "127.0.0.1:0", Refresh: 5 * time.Millisecond, LoadInterval: loadInterval,
 			Peers: func() []string {
 				if p := peer.Load(); p != nil {
 					return []string{*p}
@@ -36,8 +44,15 @@ func linkedGateways(t *testing.T) (a, b fixture, na, nb *peerprefill.Node) {
 	}
 	na, nb = node(&addrB), node(&addrA)
 	// The wait outlasts any pause of a loaded test machine.
-	a = newFixtureConfig(t, Config{Seed: "1", CoalesceWait: time.Minute, Peers: na}, rule(3, ""))
-	b = newFixtureConfig(t, Config{Seed: "1", CoalesceWait: time.Minute, Peers: nb}, rule(3, ""))
+	cfg := func(n *peerprefill.Node) Config {
+		c := Config{Seed: "1", CoalesceWait: time.Minute, Peers: n}
+		if loadInterval > 0 {
+			c.ClusterLoad, c.PeerLoad, c.Engine.Others = true, n, &fakeOthers{}
+		}
+		return c
+	}
+	a = newFixtureConfig(t, cfg(na), rule(3, ""))
+	b = newFixtureConfig(t, cfg(nb), rule(3, ""))
 	for _, f := range []fixture{a, b} {
 		// Loaded before the test's requests, which then only tokenize.
 		if _, err := f.g.tok.Get("Qwen/Qwen3-0.6B"); err != nil {

@@ -28,6 +28,20 @@
 // costs (a duplicate prefill); a lost "done" holds the other nodes'
 // followers until the announcement's expiry, at most the coalescing wait.
 //
+// Load: the same socket carries each node's per-endpoint requests in
+// flight (Config.LoadInterval, load.go), one snapshot per datagram, sent
+// every interval when it changed and every LoadExpiry/4 when it did not;
+// a receiver adds the other nodes' latest snapshots to its own counts
+// (Node.PeerInFlight) and stops trusting a snapshot older than
+// LoadExpiry. Behind ECMP a node alone sees only its share of an
+// engine's requests; the engines' scraped gauges say the rest a scrape
+// interval late, long enough for a hot prefix to queue on one endpoint
+// that every node believes idle. Load snapshots are accepted from the
+// same peer addresses as announcements, hold at most MaxLoads entries of
+// at most MaxLoadInFlight requests each, in ascending endpoint order, and
+// a sender's older snapshot never replaces a newer one; rejects are
+// counted in loxilb_cluster_load_rejected_total{reason}.
+//
 // Bounds: a datagram is at most MaxDatagram bytes (MaxKeys block keys);
 // datagrams from an address and port that are not a member's peer address
 // (a node sends from the socket it receives on), with a

@@ -37,6 +37,13 @@ type Config struct {
 	// Refresh is how often Peers is read again. Default 1s (the
 	// membership's own refresh).
 	Refresh time.Duration
+	// LoadInterval is how often this node's load snapshot is read from
+	// the Handler (a LoadSource) and sent when it changed (load.go); 0:
+	// no load is shared, sent or used.
+	LoadInterval time.Duration
+	// LoadExpiry is how long a peer's snapshot counts; default
+	// DefaultLoadExpiry.
+	LoadExpiry time.Duration
 }
 
 // maxPeers bounds the peers a node sends to (and accepts from).
@@ -65,6 +72,8 @@ type Node struct {
 	sent, received *prometheus.CounterVec
 	dropped        *prometheus.CounterVec
 	sendErrors     prometheus.Counter
+
+	load loadState
 }
 
 // peerSet is the peers' addresses, which are also the only source
@@ -81,6 +90,9 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Node, err
 	}
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = time.Second
+	}
+	if cfg.LoadExpiry <= 0 {
+		cfg.LoadExpiry = DefaultLoadExpiry
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -104,7 +116,8 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Node, err
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "loxilb_cluster_prefill_dropped_total",
 			Help: "Datagrams on the prefill announcement port dropped, by reason (unknown_peer, malformed, rule, full)."}, []string{"reason"}),
 		sendErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "loxilb_cluster_prefill_send_errors_total",
-			Help: "Prefill announcements that could not be sent to a peer."}),
+			Help: "Datagrams (prefill announcements, load snapshots) that could not be sent to a peer."}),
+		load: newLoadState(),
 	}
 	n.peers.Store(&peerSet{})
 	n.heard = map[netip.AddrPort]uint64{}
@@ -113,7 +126,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Node, err
 		peers := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "loxilb_cluster_prefill_peers",
 			Help: "Other gateway nodes this node sends its prefill announcements to."},
 			func() float64 { return float64(n.Peers()) })
-		for _, c := range []prometheus.Collector{n.sent, n.received, n.dropped, n.sendErrors, peers} {
+		for _, c := range append([]prometheus.Collector{n.sent, n.received, n.dropped, n.sendErrors, peers}, n.loadCollectors()...) {
 			if err := reg.Register(c); err != nil {
 				_ = conn.Close()
 				return nil, fmt.Errorf("peerprefill metrics: %w", err)
@@ -175,6 +188,10 @@ func (n *Node) Run(ctx context.Context, h Handler) error {
 		return errors.New("peerprefill: Run needs a handler")
 	}
 	n.refresh()
+	var wg sync.WaitGroup
+	if src, ok := h.(LoadSource); ok && n.cfg.LoadInterval > 0 {
+		wg.Go(func() { n.shareLoad(ctx, src) })
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -192,6 +209,7 @@ func (n *Node) Run(ctx context.Context, h Handler) error {
 	}()
 	n.receive(h)
 	<-done
+	wg.Wait()
 	return nil
 }
 
@@ -224,12 +242,14 @@ func (n *Node) refresh() {
 	n.peers.Store(ps)
 	n.rankLocked(ps)
 	n.heardMu.Unlock()
+	n.forgetLoads(ps)
 }
 
 // receive reads datagrams until the socket is closed.
 func (n *Node) receive(h Handler) {
 	buf := make([]byte, MaxDatagram+1) // one more: a longer datagram is seen as such
 	keys := make([]uint64, 0, MaxKeys)
+	loads := make([]Load, 0, MaxLoads)
 	for {
 		sz, from, err := n.conn.ReadFromUDPAddrPort(buf)
 		if err != nil {
@@ -238,23 +258,43 @@ func (n *Node) receive(h Handler) {
 			}
 			continue
 		}
-		n.handle(h, buf[:sz], netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), keys)
+		n.handle(h, buf[:sz], netip.AddrPortFrom(from.Addr().Unmap(), from.Port()), keys, loads)
 	}
 }
 
-// handle checks and hands over one datagram.
-func (n *Node) handle(h Handler, b []byte, from netip.AddrPort, keys []uint64) {
+// handle checks and hands over one datagram (keys and loads are the
+// receiver's scratch buffers).
+func (n *Node) handle(h Handler, b []byte, from netip.AddrPort, keys []uint64, loads []Load) {
+	drop := func(why string) {
+		n.dropped.WithLabelValues(why).Inc()
+		if isLoad(b) {
+			n.load.rejected.WithLabelValues(why).Inc()
+		}
+	}
 	if !n.peers.Load().from[from] {
-		n.dropped.WithLabelValues(DropUnknownPeer).Inc()
+		drop(DropUnknownPeer)
 		return
 	}
 	if len(b) > MaxDatagram {
-		n.dropped.WithLabelValues(DropMalformed).Inc()
+		drop(DropMalformed)
 		return
 	}
 	d, err := decode(b, keys)
 	if err != nil {
-		n.dropped.WithLabelValues(DropMalformed).Inc()
+		drop(DropMalformed)
+		return
+	}
+	if d.kind == kindLoad {
+		switch why := n.takeLoad(from, d.p.ID, d.body, loads, time.Now()); why {
+		case "":
+			n.load.received.Inc()
+		case LoadRejectMalformed:
+			drop(why)
+			return
+		default:
+			n.load.rejected.WithLabelValues(why).Inc()
+		}
+		n.hear(from, d.p.ID.Instance)
 		return
 	}
 	n.hear(from, d.p.ID.Instance)

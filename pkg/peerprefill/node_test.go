@@ -66,17 +66,31 @@ type testNode struct {
 
 func startNode(t *testing.T) testNode {
 	t.Helper()
-	tn := testNode{h: &recorder{}, peers: &peerAddrs{}}
-	n, err := New(Config{Listen: "127.0.0.1:0", Peers: tn.peers.get}, nil, prometheus.NewRegistry())
+	tn, _ := startNodeWith(t, Config{}, nil)
+	return tn
+}
+
+// startNodeWith runs a node with cfg (Listen and Peers filled in) serving
+// h (tn.h when nil); stop ends its Run and waits for it.
+func startNodeWith(t *testing.T, cfg Config, h Handler) (tn testNode, stop func()) {
+	t.Helper()
+	tn = testNode{h: &recorder{}, peers: &peerAddrs{}}
+	if h == nil {
+		h = tn.h
+	}
+	cfg.Listen, cfg.Peers = "127.0.0.1:0", tn.peers.get
+	n, err := New(cfg, nil, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	tn.n = n
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { _ = n.Run(ctx, tn.h); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return tn
+	go func() { _ = n.Run(ctx, h); close(done) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return tn, stop
 }
 
 // Run without a handler is refused (and frees the socket) instead of

@@ -98,10 +98,12 @@ func appendHeader(b []byte, kind byte, id ID) []byte {
 	return binary.BigEndian.AppendUint64(b, id.Seq)
 }
 
-// decoded is one datagram: a begin (p set) or a done (only p.ID).
+// decoded is one datagram: a begin (p set), a done (only p.ID) or a
+// load snapshot (p.ID, and body for decodeLoads).
 type decoded struct {
 	kind byte
 	p    Prefill
+	body []byte
 }
 
 // decode reads one datagram; keys are appended to keyBuf (reused by the
@@ -122,6 +124,9 @@ func decode(b []byte, keyBuf []uint64) (decoded, error) {
 		if len(b) != 0 {
 			return d, fmt.Errorf("%w: %d bytes after a done", errMalformed, len(b))
 		}
+		return d, nil
+	case kindLoad:
+		d.body = b
 		return d, nil
 	case kindBegin:
 	default:

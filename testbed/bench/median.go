@@ -69,7 +69,7 @@ func medianRun(runs []ArmResult) ArmResult {
 	out.MaxOverMeanLoad = get(func(r ArmResult) float64 { return r.MaxOverMeanLoad })
 	out.EndpointsPerGroup = get(func(r ArmResult) float64 { return r.EndpointsPerGroup })
 	out.Errors, out.Spills, out.Requests, out.PrefillQueued = 0, 0, 0, 0
-	out.Cold, out.DuplicateLeaders, out.TieYielded = 0, 0, 0
+	out.Cold, out.DuplicateLeaders, out.TieYielded, out.LoadSnapshots = 0, 0, 0, 0
 	out.Tiers = map[string]int{}
 	out.HitRatioRuns, out.TTFTP90Runs, out.MaxOverMeanRuns, out.TTFTLaterTurnsP90Runs = nil, nil, nil, nil
 	for _, r := range runs {
@@ -78,6 +78,7 @@ func medianRun(runs []ArmResult) ArmResult {
 		out.Cold += r.Cold
 		out.DuplicateLeaders += r.DuplicateLeaders
 		out.TieYielded += r.TieYielded
+		out.LoadSnapshots += r.LoadSnapshots
 		out.PrefillQueued += r.PrefillQueued
 		out.Requests += r.Requests
 		if out.FirstError == "" {

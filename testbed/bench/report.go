@@ -65,9 +65,13 @@ type ArmResult struct {
 	// loxilb_cluster_prefill_duplicate_leaders_total and
 	// loxilb_cluster_prefill_tiebreak_total{outcome="yielded"} over runs
 	// (several nodes only).
-	DuplicateLeaders int     `json:"duplicate_leaders,omitempty"`
-	TieYielded       int     `json:"tiebreak_yielded,omitempty"`
-	MaxOverMeanLoad  float64 `json:"max_over_mean_load"`
+	DuplicateLeaders int `json:"duplicate_leaders,omitempty"`
+	TieYielded       int `json:"tiebreak_yielded,omitempty"`
+	// LoadSnapshots sums the nodes' loxilb_cluster_load_received_total
+	// over runs: the other nodes' in-flight counts each node took
+	// (several nodes only; 0 with a build or setting that shares none).
+	LoadSnapshots   int     `json:"load_snapshots_received,omitempty"`
+	MaxOverMeanLoad float64 `json:"max_over_mean_load"`
 	// EndpointsPerGroup is the mean number of distinct endpoints a prefix
 	// group (burst, session, shared prefix) was routed to, from receipts.
 	EndpointsPerGroup float64        `json:"endpoints_per_group"`
@@ -312,8 +316,8 @@ func (r *Report) WriteTable(w io.Writer) {
 				fmt.Fprintf(w, "   %s prefill budgets per endpoint (slots source): %s; %d requests queued in the gateway\n", a.Arm, strings.Join(a.PrefillBudgets, ", "), a.PrefillQueued)
 			}
 			if a.PerNode != nil {
-				fmt.Fprintf(w, "   %s requests per gateway node: %v; %d cold requests, %d duplicate leaders seen, %d tie-break yields (over %d runs)\n",
-					a.Arm, a.PerNode, a.Cold, a.DuplicateLeaders, a.TieYielded, a.Runs)
+				fmt.Fprintf(w, "   %s requests per gateway node: %v; %d cold requests, %d duplicate leaders seen, %d tie-break yields, %d load snapshots received (over %d runs)\n",
+					a.Arm, a.PerNode, a.Cold, a.DuplicateLeaders, a.TieYielded, a.LoadSnapshots, a.Runs)
 			}
 		}
 		for _, a := range wr.Arms {

@@ -510,6 +510,8 @@ func runArm(ctx context.Context, s Suite, o Options, fl *fleet, w Workload, arm 
 			ar.DuplicateLeaders += int(v)
 			v, _ = n.metricWith("loxilb_cluster_prefill_tiebreak_total", `outcome="yielded"`)
 			ar.TieYielded += int(v)
+			v, _ = n.metric("loxilb_cluster_load_received_total")
+			ar.LoadSnapshots += int(v)
 		}
 	}
 	if arm.KVExactMode != 0 {
