@@ -138,10 +138,11 @@ func (d *Dataplane) GC() int {
 	expired := map[lbCtKey]lbCtVal{}
 	// Stale entries; counted when removed if still of their service.
 	type deadEntry struct {
+		k     lbCtKey
 		v     lbCtVal
 		count bool
 	}
-	dead := map[lbCtKey]deadEntry{}
+	var dead []deadEntry
 	live := map[lbCtKey]bool{}
 	it := ct.Iterate()
 	for it.Next(&k, &v) {
@@ -152,7 +153,7 @@ func (d *Dataplane) GC() int {
 		}
 		switch {
 		case isStale:
-			dead[k] = deadEntry{v, same}
+			dead = append(dead, deadEntry{k, v, same})
 		case ctIdle(now, v.LastSeen) > timeoutOf(&k, &v):
 			expired[k] = v
 		default:
@@ -163,8 +164,8 @@ func (d *Dataplane) GC() int {
 		d.log.Warn("conntrack GC", "err", err)
 	}
 	removed := 0
-	for k, e := range dead {
-		if ct.Delete(k) == nil {
+	for _, e := range dead {
+		if ct.Delete(e.k) == nil {
 			removed++
 			if e.count {
 				sums.gone[e.v.SvcIdx].add(&e.v)
