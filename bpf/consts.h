@@ -50,6 +50,9 @@
 #define CT_SYN_TIMEOUT 60
 #define CT_FIN_TIMEOUT 10
 
+/* lb_ep_epoch: the service generation is the high half of an epoch. */
+#define EPOCH_SVC_SHIFT 16
+
 /* Conntrack times (last_seen, fib_stamp) count units of 2^CT_TIME_SHIFT ns
  * (~1.05 ms) of the coarse CLOCK_MONOTONIC. */
 #define CT_TIME_SHIFT 20

@@ -42,15 +42,17 @@ static __always_inline void count(__u32 idx)
 		*v += 1; /* per-CPU slot: no atomic needed */
 }
 
-static __always_inline void svc_account(__u32 idx, __u64 bytes, int new_flow)
+/* svc_flow counts a new connection of service idx and the conntrack
+ * entries it inserted. Packets and bytes are not counted here: they are
+ * in the flow's entries, which the GC sums per service (see lb_svc_gc),
+ * so a conntrack hit reads no service statistics. */
+static __always_inline void svc_flow(__u32 idx, __u64 entries)
 {
 	struct svc_stats *s = bpf_map_lookup_elem(&lb_svc_stats, &idx);
 	if (!s)
 		return;
-	s->pkts += 1;
-	s->bytes += bytes;
-	if (new_flow)
-		s->flows += 1;
+	s->flows += 1;
+	s->entries += entries;
 }
 
 /* filter_hash is the bit of {addr, port, proto} in lb_filter (twin of
@@ -347,6 +349,16 @@ static __always_inline int ct_stale(const struct ct_val *ct)
 	return !e || *e != ct->epoch;
 }
 
+/* ct_same_service reports whether the flow's service still holds its index
+ * (same service generation, see lb_ep_epoch), stale or not: its counts are
+ * then still that service's. */
+static __always_inline int ct_same_service(const struct ct_val *ct)
+{
+	__u32 i = (__u32)ct->svc_idx * MAX_EPS + ct->cell;
+	__u32 *e = bpf_map_lookup_elem(&lb_ep_epoch, &i);
+	return e && (*e >> EPOCH_SVC_SHIFT) == (ct->epoch >> EPOCH_SVC_SHIFT);
+}
+
 static __always_inline void lc_release(struct ct_val *ct)
 {
 	if (!(ct->flags & CT_F_LC_HELD))
@@ -414,7 +426,6 @@ static __always_inline int ct_hit(struct __sk_buff *skb, struct pkt *p, struct c
 	 * write costs more than the rare lost increment of a statistic. */
 	ct->pkts += 1;
 	ct->bytes += skb->len;
-	svc_account(ct->svc_idx, skb->len, 0);
 	ct_track(ct, p);
 	__u8 after = ct->state;
 
@@ -637,6 +648,10 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 		}
 	}
 
+	/* The connection's first packet is counted in its entry (the reply
+	 * entry, copied from fv above, starts at zero). */
+	fv.pkts = 1;
+	fv.bytes = skb->len;
 	if (svc->sel == SEL_LC) {
 		__s64 *c = bpf_map_lookup_elem(&lb_active_conns, &cell_key);
 		if (c) {
@@ -657,7 +672,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 		bpf_map_update_elem(&lb_affinity, &ak, &av, BPF_ANY);
 	}
 	count(CNT_NEW_FLOW);
-	svc_account(idx, skb->len, 1);
+	svc_flow(idx, mode == MODE_DSR ? 1 : 2);
 
 	if (mode == MODE_DSR)
 		return lb_forward(skb, p, be_addr, NULL, 0, 0);
@@ -668,7 +683,23 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, const 
 	return lb_forward(skb, p, 0, NULL, 0, 0);
 }
 
-/* ct_forget removes a finished flow's entries before its tuple is reused. */
+/* ct_fold adds the packets and bytes of entries the program removed to
+ * their service's statistics, so what the GC has not summed yet is not
+ * lost, and takes them off the service's entry count. */
+static __always_inline void ct_fold(__u32 idx, __u64 pkts, __u64 bytes, __u64 removed)
+{
+	struct svc_stats *s = bpf_map_lookup_elem(&lb_svc_stats, &idx);
+	if (!s)
+		return;
+	s->pkts += pkts;
+	s->bytes += bytes;
+	s->entries -= removed;
+}
+
+/* ct_forget removes a finished or stale flow's entries before its tuple is
+ * reused. Their counts go to the service's statistics while the service
+ * still holds its index; a previous service's entries are dropped with
+ * their counts (its statistics went with it). */
 static __always_inline void ct_forget(struct ct_key *k, struct ct_val *ct)
 {
 	struct ct_key rk = {};
@@ -688,9 +719,33 @@ static __always_inline void ct_forget(struct ct_key *k, struct ct_val *ct)
 		rk.dport = k->sport;
 	}
 	lc_release(ct);
-	if (!(ct->flags & CT_F_DSR))
-		bpf_map_delete_elem(&lb_conntrack, &rk);
-	bpf_map_delete_elem(&lb_conntrack, k);
+	/* Counts are read before the deletes (an element may be reused at once
+	 * after) and folded only for the deletes that succeed: an entry the GC
+	 * removed meanwhile is the GC's to count. */
+	__u64 pkts = 0, bytes = 0, removed = 0;
+	if (!(ct->flags & CT_F_DSR)) {
+		struct ct_val *peer = bpf_map_lookup_elem(&lb_conntrack, &rk);
+		__u64 pp = 0, pb = 0;
+		if (peer && peer->svc_idx == ct->svc_idx) {
+			pp = peer->pkts;
+			pb = peer->bytes;
+		}
+		if (!bpf_map_delete_elem(&lb_conntrack, &rk)) {
+			pkts += pp;
+			bytes += pb;
+			removed++;
+		}
+	}
+	__u64 own_pkts = ct->pkts, own_bytes = ct->bytes;
+	__u32 idx = ct->svc_idx;
+	int fold = ct_same_service(ct);
+	if (!bpf_map_delete_elem(&lb_conntrack, k)) {
+		pkts += own_pkts;
+		bytes += own_bytes;
+		removed++;
+	}
+	if (fold && removed)
+		ct_fold(idx, pkts, bytes, removed);
 }
 
 /* tc_lb_nat is the part of tc_lb that may rewrite the packet, entered by a

@@ -62,7 +62,11 @@ struct {
 /* Epoch per endpoint cell, idx*MAX_EPS + cell. A conntrack entry records the
  * epoch of its cell; once Go bumps it (endpoint removed or replaced, service
  * deleted or its mode changed) the flow is stale: its entries are dropped on
- * the next packet or by the GC, and it never touches the cell's counter. */
+ * the next packet or by the GC, and it never touches the cell's counter.
+ * The high 16 bits are the index's service generation (EPOCH_SVC_SHIFT),
+ * bumped when the index passes to another service: a stale entry of the
+ * same generation is a flow of the service still there (an endpoint went),
+ * whose counts are still the service's; one of another generation is not. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MAX_SERVICES * MAX_EPS);
@@ -99,7 +103,8 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_counters SEC(".maps");
 
-/* Per-service packets, bytes and new flows, indexed by service idx. */
+/* Per-service new flows, and the packets and bytes of the entries the
+ * program removed, indexed by service idx (struct svc_stats). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, MAX_SERVICES);
@@ -107,6 +112,16 @@ struct {
 	__type(value, struct svc_stats);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } lb_svc_stats SEC(".maps");
+
+/* The conntrack GC's per-service sums, indexed by service idx (struct
+ * svc_gc). Go only: the program never reads or writes it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_SERVICES);
+	__type(key, __u32);
+	__type(value, struct svc_gc);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} lb_svc_gc SEC(".maps");
 
 /* The address prefilter (struct lb_filter), one element. */
 struct {

@@ -112,10 +112,25 @@ struct lb_filter {
 	__u64 bits[FILTER_BITS / 64];
 };
 
+/* Per-CPU service statistics, written by the program on the rare paths
+ * only: a conntrack hit does not touch them (its packets and bytes are in
+ * its entry, which the GC sums; see lb_svc_gc). */
 struct svc_stats {
-	__u64 pkts;
+	__u64 pkts;    /* of entries the program removed (ct_forget), their whole count */
 	__u64 bytes;
-	__u64 flows;
+	__u64 flows;   /* connections created */
+	__u64 entries; /* conntrack entries the program inserted minus those it removed (wraps) */
+};
+
+/* The GC's per-service state, written by Go only (so plain stores do not
+ * race with the program) and pinned, so the totals survive a restart. */
+struct svc_gc {
+	__u64 pkts;      /* of entries the GC removed, their whole count */
+	__u64 bytes;
+	__u64 entries;   /* entries the GC removed */
+	__u64 evicted;   /* entries gone without being removed by the GC or the program (LRU evictions) */
+	__u64 rep_pkts;  /* the totals last reported: they never go back */
+	__u64 rep_bytes;
 };
 
 #endif

@@ -77,6 +77,10 @@ type ServiceStats struct {
 	Packets uint64 // both directions
 	Bytes   uint64
 	Flows   uint64 // connections created
+	// Evicted counts connection-tracking entries the data plane lost to
+	// eviction (a full table), whose packets and bytes are missing from
+	// Packets and Bytes; 0 where nothing is evicted.
+	Evicted uint64
 }
 
 // Stats is a snapshot of the data plane's counters.

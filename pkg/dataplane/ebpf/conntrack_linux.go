@@ -90,13 +90,21 @@ func (d *Dataplane) GC() int {
 	// keep only the service index): entries of a removed service are
 	// stale by their epoch and go first.
 	timeouts := make(map[uint8]time.Duration, len(d.services))
+	idxs := make([]uint16, 0, len(d.services))
 	for _, st := range d.services {
 		timeouts[uint8(st.idx)] = dataplane.InactivityFor(st.svc)
+		idxs = append(idxs, st.idx)
 	}
+	gens := d.idxGen
 	d.mu.Unlock()
 	if ct == nil || epochs == nil || closed {
 		return 0
 	}
+	before, err := d.readProgramStats(idxs)
+	if err != nil {
+		d.log.Warn("conntrack GC", "err", err)
+	}
+	sums := new(svcSums)
 	timeoutOf := func(k *lbCtKey, v *lbCtVal) time.Duration {
 		est, ok := timeouts[v.SvcIdx]
 		if !ok {
@@ -106,29 +114,46 @@ func (d *Dataplane) GC() int {
 	}
 	now := ctTick(monotonicNow())
 	epochOf := map[uint32]uint32{}
-	stale := func(v *lbCtVal) bool {
+	// epoch reports whether the entry is stale and whether it is of the
+	// service now at its index (same service generation; an unreadable
+	// epoch counts as current).
+	epoch := func(v *lbCtVal) (stale, same bool) {
 		key := uint32(v.SvcIdx)*maxEPs + uint32(v.Cell)
 		e, ok := epochOf[key]
 		if !ok {
 			if err := epochs.Lookup(key, &e); err != nil {
-				return false
+				return false, true
 			}
 			epochOf[key] = e
 		}
-		return e != v.Epoch
+		return e != v.Epoch, e>>epochSvcShift == v.Epoch>>epochSvcShift
+	}
+	stale := func(v *lbCtVal) bool {
+		s, _ := epoch(v)
+		return s
 	}
 	var k lbCtKey
 	var v lbCtVal
 	total := 0
 	expired := map[lbCtKey]lbCtVal{}
-	var dead []lbCtKey
+	// Stale entries; counted when removed if still of their service.
+	type deadEntry struct {
+		k     lbCtKey
+		v     lbCtVal
+		count bool
+	}
+	var dead []deadEntry
 	live := map[lbCtKey]bool{}
 	it := ct.Iterate()
 	for it.Next(&k, &v) {
 		total++
+		isStale, same := epoch(&v)
+		if same {
+			sums.live[v.SvcIdx].add(&v)
+		}
 		switch {
-		case stale(&v):
-			dead = append(dead, k)
+		case isStale:
+			dead = append(dead, deadEntry{k, v, same})
 		case ctIdle(now, v.LastSeen) > timeoutOf(&k, &v):
 			expired[k] = v
 		default:
@@ -139,9 +164,12 @@ func (d *Dataplane) GC() int {
 		d.log.Warn("conntrack GC", "err", err)
 	}
 	removed := 0
-	for _, k := range dead {
-		if ct.Delete(k) == nil {
+	for _, e := range dead {
+		if ct.Delete(e.k) == nil {
 			removed++
+			if e.count {
+				sums.gone[e.v.SvcIdx].add(&e.v)
+			}
 		}
 	}
 	for k, v := range expired {
@@ -152,6 +180,7 @@ func (d *Dataplane) GC() int {
 			continue
 		}
 		removed++
+		sums.gone[v.SvcIdx].add(&v)
 		if v.Flags&ctLCHeld != 0 && !stale(&v) {
 			// Read-modify-write races with the program's atomic adds; the
 			// window is tiny and the count only steers least-connection.
@@ -162,8 +191,22 @@ func (d *Dataplane) GC() int {
 			}
 		}
 	}
+	after, err := d.readProgramStats(idxs)
+	if err != nil {
+		d.log.Warn("conntrack GC", "err", err)
+	}
 	d.mu.Lock()
 	d.ctEntries = total - removed
+	for _, idx := range idxs {
+		// An index that changed hands meanwhile: its sums are of the
+		// previous service.
+		if before == nil || after == nil || d.closed || d.idxGen[idx] != gens[idx] {
+			continue
+		}
+		if err := d.commitSums(idx, before[idx], after[idx], sums); err != nil {
+			d.log.Warn("conntrack GC: store service totals", "idx", idx, "err", err)
+		}
+	}
 	d.mu.Unlock()
 	return removed
 }

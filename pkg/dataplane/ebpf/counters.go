@@ -51,6 +51,8 @@ const (
 	ctClosed   = 3
 	ctSYNSecs  = 60
 	ctFINSecs  = 10
+	// EPOCH_SVC_SHIFT: the high half of an epoch is the service generation.
+	epochSvcShift = 16
 	// CT_TIME_SHIFT: conntrack times count units of 2^ctTimeShift ns.
 	ctTimeShift = 20
 	// FIB_TTL: lifetime of a cached FIB result, in conntrack time units.

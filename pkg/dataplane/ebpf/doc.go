@@ -33,6 +33,11 @@
 // lock. Entries record their endpoint's cell and its epoch; an update that
 // removes endpoints, or a delete, bumps the epochs instead of walking
 // conntrack, and the stale entries are dropped by the program or the GC.
+// Service packets and bytes are not counted per packet: each entry counts
+// its own, and the GC sums them per service on every pass (so they lag by
+// up to GCInterval), with the counts of removed entries folded in by
+// whoever removed them (svcstats_linux.go).
+//
 // Pinned maps with another layout are recreated at start, with a warning.
 //
 // Everything kernel-specific is in *_linux.go; elsewhere Open returns

@@ -49,17 +49,20 @@ type Dataplane struct {
 	// Close, Purge or an abandoned start.
 	pinLock *os.File
 
-	mu         sync.Mutex
-	gcMu       sync.Mutex // serialises GC passes, which run without mu
-	closed     bool
-	objs       lbObjects
-	links      []tcxLink
-	clsIfaces  []int // interfaces using the cls_bpf fallback
-	skLink     link.Link
-	skFromPin  bool // skLink was re-used from its pin, so it serves the previous run's state
-	services   map[uint32]*svcState
-	frontends  map[lbSvcKey]uint32 // installed frontend -> service ID
-	idxUsed    [dataplane.MaxServices]bool
+	mu        sync.Mutex
+	gcMu      sync.Mutex // serialises GC passes, which run without mu
+	closed    bool
+	objs      lbObjects
+	links     []tcxLink
+	clsIfaces []int // interfaces using the cls_bpf fallback
+	skLink    link.Link
+	skFromPin bool // skLink was re-used from its pin, so it serves the previous run's state
+	services  map[uint32]*svcState
+	frontends map[lbSvcKey]uint32 // installed frontend -> service ID
+	idxUsed   [dataplane.MaxServices]bool
+	// idxGen counts the services an index has held (resetIndex), so a GC
+	// pass drops the sums it made for an index that changed hands.
+	idxGen     [dataplane.MaxServices]uint32
 	proxySlots map[uint16]uint32        // proxy listener port -> lb_proxy_socks key
 	routes     map[netip.Addr]*vipRoute // mode-4 VIPs made local, by VIP
 	nCPU       int
@@ -338,16 +341,10 @@ func (d *Dataplane) Stats(ctx context.Context) (dataplane.Stats, error) {
 		st.Counters[name] = sum
 	}
 	foldCachedHits(st.Counters)
-	ss := make([]lbSvcStats, d.nCPU)
 	for id, s := range d.services {
-		if err := d.objs.LbSvcStats.Lookup(uint32(s.idx), &ss); err != nil {
+		out, err := d.serviceStats(s.idx)
+		if err != nil {
 			return dataplane.Stats{}, fmt.Errorf("read counters of service %d: %w", id, err)
-		}
-		var out dataplane.ServiceStats
-		for _, v := range ss {
-			out.Packets += v.Pkts
-			out.Bytes += v.Bytes
-			out.Flows += v.Flows
 		}
 		st.Services[id] = out
 	}

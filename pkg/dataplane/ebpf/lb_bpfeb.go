@@ -114,6 +114,16 @@ type lbProxyVal struct {
 	SvcId   uint32
 }
 
+type lbSvcGc struct {
+	_        structs.HostLayout
+	Pkts     uint64
+	Bytes    uint64
+	Entries  uint64
+	Evicted  uint64
+	RepPkts  uint64
+	RepBytes uint64
+}
+
 type lbSvcKey struct {
 	_     structs.HostLayout
 	Vip   uint32
@@ -123,10 +133,11 @@ type lbSvcKey struct {
 }
 
 type lbSvcStats struct {
-	_     structs.HostLayout
-	Pkts  uint64
-	Bytes uint64
-	Flows uint64
+	_       structs.HostLayout
+	Pkts    uint64
+	Bytes   uint64
+	Flows   uint64
+	Entries uint64
 }
 
 type lbSvcVal struct {
@@ -162,6 +173,7 @@ const (
 	lbMapLbRrCursor      = "lb_rr_cursor"
 	lbMapLbServices      = "lb_services"
 	lbMapLbSlots         = "lb_slots"
+	lbMapLbSvcGc         = "lb_svc_gc"
 	lbMapLbSvcStats      = "lb_svc_stats"
 	lbProgSkLookupProxy  = "sk_lookup_proxy"
 	lbProgTcLb           = "tc_lb"
@@ -236,6 +248,7 @@ type lbMapSpecs struct {
 	LbRrCursor    *ebpf.MapSpec `ebpf:"lb_rr_cursor"`
 	LbServices    *ebpf.MapSpec `ebpf:"lb_services"`
 	LbSlots       *ebpf.MapSpec `ebpf:"lb_slots"`
+	LbSvcGc       *ebpf.MapSpec `ebpf:"lb_svc_gc"`
 	LbSvcStats    *ebpf.MapSpec `ebpf:"lb_svc_stats"`
 }
 
@@ -282,6 +295,7 @@ type lbMaps struct {
 	LbRrCursor    *ebpf.Map `ebpf:"lb_rr_cursor"`
 	LbServices    *ebpf.Map `ebpf:"lb_services"`
 	LbSlots       *ebpf.Map `ebpf:"lb_slots"`
+	LbSvcGc       *ebpf.Map `ebpf:"lb_svc_gc"`
 	LbSvcStats    *ebpf.Map `ebpf:"lb_svc_stats"`
 }
 
@@ -301,6 +315,7 @@ func (m *lbMaps) Close() error {
 		m.LbRrCursor,
 		m.LbServices,
 		m.LbSlots,
+		m.LbSvcGc,
 		m.LbSvcStats,
 	)
 }

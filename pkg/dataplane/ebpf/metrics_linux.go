@@ -13,17 +13,21 @@ import (
 type collector struct {
 	d                          *Dataplane
 	verdicts, pkts, bytes, new *prometheus.Desc
-	ct, stale                  *prometheus.Desc
+	evicted, ct, stale         *prometheus.Desc
 }
 
 func newCollector(d *Dataplane) *collector {
 	return &collector{
 		d:        d,
 		verdicts: prometheus.NewDesc("loxilb_dataplane_packets_total", "Packets seen by the eBPF data plane, by verdict or drop reason.", []string{"reason"}, nil),
-		pkts:     prometheus.NewDesc("loxilb_dataplane_service_packets_total", "Packets of a service's flows, both directions.", []string{"service"}, nil),
-		bytes:    prometheus.NewDesc("loxilb_dataplane_service_bytes_total", "Bytes of a service's flows, both directions.", []string{"service"}, nil),
-		new:      prometheus.NewDesc("loxilb_dataplane_service_flows_total", "Connections created for a service.", []string{"service"}, nil),
-		ct:       prometheus.NewDesc("loxilb_dataplane_conntrack_entries", "Conntrack entries after the last GC pass (two per NATed flow).", nil, nil),
+		pkts: prometheus.NewDesc("loxilb_dataplane_service_packets_total",
+			"Packets of a service's flows, both directions, as of the last conntrack GC pass.", []string{"service"}, nil),
+		bytes: prometheus.NewDesc("loxilb_dataplane_service_bytes_total",
+			"Bytes of a service's flows, both directions, as of the last conntrack GC pass.", []string{"service"}, nil),
+		new: prometheus.NewDesc("loxilb_dataplane_service_flows_total", "Connections created for a service.", []string{"service"}, nil),
+		evicted: prometheus.NewDesc("loxilb_dataplane_service_conntrack_evicted_total",
+			"Conntrack entries of a service lost to eviction from a full table; their packets and bytes are missing from the service's totals.", []string{"service"}, nil),
+		ct: prometheus.NewDesc("loxilb_dataplane_conntrack_entries", "Conntrack entries after the last GC pass (two per NATed flow).", nil, nil),
 		stale: prometheus.NewDesc("loxilb_dataplane_stale_services_removed_total",
 			"Services left in the pinned maps by a previous run that the rule store does not hold, removed at start.", nil, nil),
 	}
@@ -34,6 +38,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.pkts
 	ch <- c.bytes
 	ch <- c.new
+	ch <- c.evicted
 	ch <- c.ct
 	ch <- c.stale
 }
@@ -52,6 +57,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.pkts, prometheus.CounterValue, float64(s.Packets), l)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(s.Bytes), l)
 		ch <- prometheus.MustNewConstMetric(c.new, prometheus.CounterValue, float64(s.Flows), l)
+		ch <- prometheus.MustNewConstMetric(c.evicted, prometheus.CounterValue, float64(s.Evicted), l)
 	}
 	ch <- prometheus.MustNewConstMetric(c.ct, prometheus.GaugeValue, float64(st.ConntrackEntries))
 	ch <- prometheus.MustNewConstMetric(c.stale, prometheus.CounterValue, float64(c.d.StaleServicesRemoved()))

@@ -359,37 +359,59 @@ func (d *Dataplane) removeFrontend(st *svcState, k lbSvcKey) {
 }
 
 // resetIndex zeroes the per-index state a previous service may have left
-// and makes every flow of that service stale (bumps all its cells).
+// and makes every flow of that service stale: every cell gets a new service
+// generation (see lb_ep_epoch), so the previous service's entries are
+// neither forwarded nor counted as the next one's.
 func (d *Dataplane) resetIndex(idx uint16) {
 	zero := make([]lbSvcStats, d.nCPU)
 	if err := d.objs.LbSvcStats.Put(uint32(idx), zero); err != nil {
 		d.log.Warn("reset service counters", "idx", idx, "err", err)
 	}
-	d.objs.LbRrCursor.Put(uint32(idx), uint32(0))
-	all := make([]uint8, maxEPs)
-	for i := range all {
-		all[i] = uint8(i)
+	if err := d.objs.LbSvcGc.Put(uint32(idx), lbSvcGc{}); err != nil {
+		d.log.Warn("reset service totals", "idx", idx, "err", err)
 	}
-	d.resetCells(idx, all)
+	// A GC pass under way drops what it summed for this index.
+	d.idxGen[idx]++
+	d.objs.LbRrCursor.Put(uint32(idx), uint32(0))
+	for c := range uint32(maxEPs) {
+		d.bumpEpoch(uint32(idx)*maxEPs+c, true)
+	}
 }
 
 // resetCells gives cells of service idx a new epoch and a zero count: the
 // flows recorded with the old epoch are stale (dropped on their next packet
-// or by the GC) and never decrement the count again.
+// or by the GC) and never decrement the count again. The service
+// generation stays: those flows' counts are still the service's.
 func (d *Dataplane) resetCells(idx uint16, cells []uint8) {
 	for _, c := range cells {
-		key := uint32(idx)*maxEPs + uint32(c)
-		var e uint32
-		if err := d.objs.LbEpEpoch.Lookup(key, &e); err != nil {
-			d.log.Warn("read endpoint epoch", "idx", idx, "cell", c, "err", err)
-		}
-		if err := d.objs.LbEpEpoch.Put(key, e+1); err != nil {
-			d.log.Warn("bump endpoint epoch", "idx", idx, "cell", c, "err", err)
-		}
-		if err := d.objs.LbActiveConns.Put(key, int64(0)); err != nil {
-			d.log.Warn("reset connection count", "idx", idx, "cell", c, "err", err)
-		}
+		d.bumpEpoch(uint32(idx)*maxEPs+uint32(c), false)
 	}
+}
+
+// bumpEpoch gives cell key a new epoch (and, with newService, a new
+// service generation) and a zero least-connection count.
+func (d *Dataplane) bumpEpoch(key uint32, newService bool) {
+	var e uint32
+	if err := d.objs.LbEpEpoch.Lookup(key, &e); err != nil {
+		d.log.Warn("read endpoint epoch", "cell", key, "err", err)
+	}
+	if err := d.objs.LbEpEpoch.Put(key, nextEpoch(e, newService)); err != nil {
+		d.log.Warn("bump endpoint epoch", "cell", key, "err", err)
+	}
+	if err := d.objs.LbActiveConns.Put(key, int64(0)); err != nil {
+		d.log.Warn("reset connection count", "cell", key, "err", err)
+	}
+}
+
+// nextEpoch is the epoch after e: the cell's half always moves (so a flow
+// recorded with e is stale), the service generation (the high half) only
+// when the index passes to another service.
+func nextEpoch(e uint32, newService bool) uint32 {
+	svc := e >> epochSvcShift
+	if newService {
+		svc++
+	}
+	return svc<<epochSvcShift | (e+1)&(1<<epochSvcShift-1)
 }
 
 // DeleteService implements dataplane.Dataplane.
