@@ -2,11 +2,12 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/loxilb-llm/loxilb/testbed/daemontest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/loxilb-llm/loxilb/testbed/daemontest"
 )
 
 // These tests drive the real daemon process with the real CLI binary.
