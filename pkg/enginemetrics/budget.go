@@ -104,6 +104,7 @@ type learnedBudget struct {
 	peak        int  // most requests seen running at once
 	saturated   int  // consecutive samples queueing at the peak
 	queued      bool // saturated for queuedSamples samples in a row at least once
+	blind       int  // consecutive samples with nothing running while this node had requests open there
 	// sampledAt is when the endpoint was last sampled or probed, probing
 	// whether a probe of it is under way (probe.go).
 	sampledAt time.Time
@@ -117,14 +118,28 @@ type learnedBudget struct {
 // one's start) does not.
 const queuedSamples = 2
 
+// blindSamples is how many consecutive samples may show nothing running
+// while this node has requests open at the endpoint before probing it
+// stops (probe.go): an engine whose gauge never counts what it runs (one
+// publishing only its waiting gauge) would otherwise be sampled every
+// probeGap for as long as it has work, without ever teaching a budget.
+// A regular scrape that sees something running resumes the probes.
+const blindSamples = 3
+
 // observe folds one metrics sample in. A sample shows queueing at the
 // budget when requests wait while as many run as were ever seen running:
 // an engine at its budget runs exactly that many, so waiting requests
 // beside fewer running ones are a request not yet scheduled, or a freed
 // sequence not yet refilled, and prove no budget (on a busy machine a
 // scrape lands in that instant often enough to teach a budget one short).
-func (b *learnedBudget) observe(m selector.EngineMetrics, now time.Time) {
+func (b *learnedBudget) observe(m selector.EngineMetrics, busy bool, now time.Time) {
 	b.peak = max(b.peak, m.Running)
+	switch {
+	case m.Running > 0:
+		b.blind = 0
+	case busy:
+		b.blind++
+	}
 	if m.Waiting > 0 && m.Running > 0 && m.Running >= b.peak {
 		b.saturated++
 	} else {
@@ -178,7 +193,7 @@ func (s *Scraper) learn(ctx context.Context, k epKey, t scrapeTarget, m selector
 		b = &learnedBudget{}
 		s.budgets[k] = b
 	}
-	b.observe(m, time.Now())
+	b.observe(m, s.self(k) > 0, time.Now())
 	want := b.wantsInfo(t.engine)
 	s.mu.Unlock()
 	if !want {

@@ -335,3 +335,37 @@ func TestDueProbes(t *testing.T) {
 		t.Fatalf("a queue at the peak not confirmed: %v", p)
 	}
 }
+
+// TestProbesStopOnABlindGauge: an engine whose running gauge stays at 0
+// while this node has requests open there teaches no budget, so it is not
+// probed every probeGap for as long as it has work; a sample that sees
+// something running resumes the probes.
+func TestProbesStopOnABlindGauge(t *testing.T) {
+	eng := newFakeEngine(t)
+	var open atomic.Int64
+	s, err := New(Config{SelfInFlight: func(uint32, int) int { return int(open.Load()) }}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reconcile(context.Background(), []control.Service{{ID: 3, Rule: eng.rule("vllm")}}); err != nil {
+		t.Fatal(err)
+	}
+	step := vllmStep(eng, s)
+	step("0", "0") // idle: nothing open, not blind
+	open.Store(3)
+	for i := 1; i < blindSamples; i++ {
+		step("0", "0")
+		if p := s.dueProbes(time.Now().Add(time.Second)); len(p) != 1 {
+			t.Fatalf("after %d blind samples: probes %v, want 1", i, p)
+		}
+		s.probeDone(epKey{3, 0}, s.targets[epKey{3, 0}])
+	}
+	step("0", "0")
+	if p := s.dueProbes(time.Now().Add(time.Second)); len(p) != 0 {
+		t.Fatalf("still probed after %d samples that saw nothing running: %v", blindSamples, p)
+	}
+	step("1", "0")
+	if p := s.dueProbes(time.Now().Add(time.Second)); len(p) != 1 {
+		t.Fatalf("not probed again once something ran: %v", p)
+	}
+}

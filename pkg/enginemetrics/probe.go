@@ -22,6 +22,11 @@ import (
 //   - the last sample saw it queueing at its peak: the next one, a gap
 //     later, tells a queue that persists from an instant.
 //
+// An endpoint never seen running anything stops being probed after
+// blindSamples samples that showed nothing running while this node had
+// requests open there (a gauge that does not count what the engine runs);
+// a regular scrape that sees something running resumes it.
+//
 // A probe is an ordinary sample: it refreshes the load signals too. Once
 // the budget is known the endpoint is sampled at Config.Interval only
 // (the peak still grows from those samples). Probing needs
@@ -79,6 +84,9 @@ func (s *Scraper) dueProbes(now time.Time) []probe {
 		}
 		if b.saturated == 0 && s.self(k) <= b.peak {
 			continue
+		}
+		if b.peak == 0 && b.blind >= blindSamples {
+			continue // its gauge shows nothing of what it runs
 		}
 		b.probing, b.sampledAt = true, now // a failed probe waits its gap too
 		out = append(out, probe{k, t})
