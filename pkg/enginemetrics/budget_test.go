@@ -351,6 +351,9 @@ func TestProbesStopOnABlindGauge(t *testing.T) {
 		t.Fatal(err)
 	}
 	step := vllmStep(eng, s)
+	if !s.learning() {
+		t.Fatal("an endpoint not scraped yet does not count as learning")
+	}
 	step("0", "0") // idle: nothing open, not blind
 	open.Store(3)
 	for i := 1; i < blindSamples; i++ {
@@ -364,8 +367,24 @@ func TestProbesStopOnABlindGauge(t *testing.T) {
 	if p := s.dueProbes(time.Now().Add(time.Second)); len(p) != 0 {
 		t.Fatalf("still probed after %d samples that saw nothing running: %v", blindSamples, p)
 	}
+	if s.learning() {
+		t.Fatal("the probe loop keeps its fast tick for an endpoint it no longer probes")
+	}
 	step("1", "0")
+	if !s.learning() {
+		t.Fatal("an endpoint seen running with no budget yet does not count as learning")
+	}
 	if p := s.dueProbes(time.Now().Add(time.Second)); len(p) != 1 {
 		t.Fatalf("not probed again once something ran: %v", p)
+	}
+	s.probeDone(epKey{3, 0}, s.targets[epKey{3, 0}])
+	for range queuedSamples {
+		step("1", "2") // queueing at its peak: the budget is learned
+	}
+	if _, _, ok := s.LearnedSlots(3, 0); !ok {
+		t.Fatal("no budget learned from a queue at the peak")
+	}
+	if s.learning() {
+		t.Fatal("still learning with every budget known")
 	}
 }

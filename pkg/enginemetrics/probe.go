@@ -47,7 +47,8 @@ func (s *Scraper) probeLoop(ctx context.Context, wg *sync.WaitGroup) {
 	if s.cfg.Interval <= 2*probeGap {
 		return // regular scrapes are as frequent as probes would be
 	}
-	t := time.NewTicker(probeTick)
+	tick := probeTick
+	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {
 		select {
@@ -61,7 +62,43 @@ func (s *Scraper) probeLoop(ctx context.Context, wg *sync.WaitGroup) {
 				s.probeDone(p.k, p.t)
 			})
 		}
+		// Nothing left to learn: look again once per idleProbeTick
+		// instead of waking a hundred times a second for nothing.
+		next := probeTick
+		if !s.learning() {
+			next = min(idleProbeTick, s.cfg.Interval)
+		}
+		if next != tick {
+			tick = next
+			t.Reset(tick)
+		}
 	}
+}
+
+// idleProbeTick is how often the probe loop looks while no endpoint can
+// be probed: a new endpoint, or one whose gauge starts to show what it
+// runs, is probed at most this much later.
+const idleProbeTick = time.Second
+
+// learning tells whether some endpoint may still be probed: not scraped
+// yet, a probe under way, or a budget unknown on a gauge that shows what
+// the engine runs.
+func (s *Scraper) learning() bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for k := range s.targets {
+		b := s.budgets[k]
+		if b == nil || b.probing {
+			return true
+		}
+		if _, _, ok := b.slots(); ok {
+			continue
+		}
+		if b.peak > 0 || b.blind < blindSamples {
+			return true
+		}
+	}
+	return false
 }
 
 type probe struct {
