@@ -296,11 +296,13 @@ func TestScraperProbesWhileLearning(t *testing.T) {
 	}
 }
 
-// Probes are taken only where the engine may be queueing at a new peak
-// or a queue awaits confirmation, never twice within a gap.
-func TestDueProbes(t *testing.T) {
+// probedVLLM is a scraper of one emulated vLLM endpoint (service 3,
+// endpoint 0) whose open requests on this node are *open, and the step
+// that sets the engine's gauges and scrapes it once.
+func probedVLLM(t *testing.T) (*Scraper, func(running, waiting string), *atomic.Int64) {
+	t.Helper()
 	eng := newFakeEngine(t)
-	var open atomic.Int64
+	open := new(atomic.Int64)
 	s, err := New(Config{SelfInFlight: func(uint32, int) int { return int(open.Load()) }}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -308,7 +310,13 @@ func TestDueProbes(t *testing.T) {
 	if err := s.Reconcile(context.Background(), []control.Service{{ID: 3, Rule: eng.rule("vllm")}}); err != nil {
 		t.Fatal(err)
 	}
-	step := vllmStep(eng, s)
+	return s, vllmStep(eng, s), open
+}
+
+// Probes are taken only where the engine may be queueing at a new peak
+// or a queue awaits confirmation, never twice within a gap.
+func TestDueProbes(t *testing.T) {
+	s, step, open := probedVLLM(t)
 	now := time.Now()
 	if p := s.dueProbes(now); len(p) != 0 {
 		t.Fatalf("probed before the first scrape: %v", p)
@@ -341,16 +349,7 @@ func TestDueProbes(t *testing.T) {
 // probed every probeGap for as long as it has work; a sample that sees
 // something running resumes the probes.
 func TestProbesStopOnABlindGauge(t *testing.T) {
-	eng := newFakeEngine(t)
-	var open atomic.Int64
-	s, err := New(Config{SelfInFlight: func(uint32, int) int { return int(open.Load()) }}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Reconcile(context.Background(), []control.Service{{ID: 3, Rule: eng.rule("vllm")}}); err != nil {
-		t.Fatal(err)
-	}
-	step := vllmStep(eng, s)
+	s, step, open := probedVLLM(t)
 	if !s.learning() {
 		t.Fatal("an endpoint not scraped yet does not count as learning")
 	}
